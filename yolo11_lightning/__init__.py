@@ -1,0 +1,35 @@
+"""YOLO11 object detection trained with PyTorch Lightning.
+
+``YOLO11`` (the detector) imports only torch. ``YOLODataModule`` and ``YOLO11Module`` pull in
+Lightning, so they are loaded on first access: model, loss and ops stay usable in scripts and
+exports that have no Trainer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "YOLO11": "yolo11_lightning.nn",
+    "DetectionLoss": "yolo11_lightning.loss",
+    "TaskAlignedAssigner": "yolo11_lightning.loss",
+    "YOLODataModule": "yolo11_lightning.data.datamodule",
+    "YOLO11Module": "yolo11_lightning.training.module",
+}
+
+__all__ = ["DetectionLoss", "TaskAlignedAssigner", "YOLO11", "YOLO11Module", "YOLODataModule", "__version__"]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.loss import DetectionLoss, TaskAlignedAssigner
+    from yolo11_lightning.nn import YOLO11
+    from yolo11_lightning.training.module import YOLO11Module
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'yolo11_lightning' has no attribute {name!r}")
