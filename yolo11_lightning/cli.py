@@ -14,6 +14,8 @@ from collections.abc import Sequence
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
 UTILITY_COMMANDS = {
     "info": "yolo11_lightning.nn.summary:main",
+    "synthetic": "yolo11_lightning.data.synthetic:main",
+    "check-data": "yolo11_lightning.data.check_data:main",
 }
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
