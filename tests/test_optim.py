@@ -1,0 +1,100 @@
+"""Optimiser recipe: parameter groups as the reference, warmup and LR schedule, EMA decay."""
+
+import math
+import os
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+
+from yolo11_lightning.training.ema import ModelEMA, ramped_decay
+from yolo11_lightning.training.optim import (
+    OptimizerRecipe,
+    WarmupSchedule,
+    build_optimizer,
+    nominal_accumulation,
+    parameter_groups,
+)
+
+os.environ.setdefault("YOLO_OFFLINE", "1")
+
+
+def test_parameter_groups_match_reference_trainer() -> None:
+    tasks = pytest.importorskip("ultralytics.nn.tasks")
+    trainer_mod = pytest.importorskip("ultralytics.engine.trainer")
+    model = tasks.DetectionModel("yolo11n.yaml", nc=3, verbose=False)
+    fake_trainer = SimpleNamespace(
+        args=SimpleNamespace(lr0=0.01, momentum=0.937, warmup_bias_lr=0.1), data={"nc": 3}
+    )
+    reference = trainer_mod.BaseTrainer.build_optimizer(fake_trainer, model, "SGD", 0.01, 0.937, 5e-4)
+    # Reference order: biases, decayed weights, norm weights. Frozen tensors (DFL) never get a gradient.
+    ref_groups = [{id(p) for p in g["params"] if p.requires_grad} for g in reference.param_groups]
+    biases, norm_weights, weights = parameter_groups(model)
+    assert [{id(p) for p in g} for g in (biases, weights, norm_weights)] == ref_groups
+
+    ours = build_optimizer(model, OptimizerRecipe(), global_batch=16)
+    assert [g["weight_decay"] for g in ours.param_groups] == [0.0, pytest.approx(5e-4 * 16 * 4 / 64), 0.0]
+    assert ours.defaults["nesterov"] is True
+
+
+@pytest.mark.parametrize(("batch", "accumulate"), [(1, 64), (16, 4), (24, 3), (64, 1), (256, 1)])
+def test_nominal_accumulation(batch: int, accumulate: int) -> None:
+    assert nominal_accumulation(batch) == accumulate
+
+
+def test_warmup_ramps_then_follows_linear_schedule() -> None:
+    recipe = OptimizerRecipe(lr0=0.01, lrf=0.01, warmup_epochs=3)
+    schedule = WarmupSchedule(recipe, max_epochs=100, batches_per_epoch=50)
+    assert schedule.warmup_iters == 150  # max(3 * 50, 100)
+    lrs, momentum = schedule.values(0, epoch=0, num_groups=3)
+    assert lrs == [0.1, 0.0, 0.0] and momentum == pytest.approx(0.8)
+    lrs, momentum = schedule.values(75, epoch=1, num_groups=3)  # half-way: means of the end points
+    target = 0.01 * schedule.lr_factor(1)
+    assert lrs == pytest.approx([(0.1 + target) / 2, target / 2, target / 2])
+    assert momentum == pytest.approx((0.8 + 0.937) / 2)
+    lrs, momentum = schedule.values(500, epoch=10, num_groups=3)
+    assert lrs == pytest.approx([0.01 * (0.9 * 0.99 + 0.01)] * 3) and momentum == 0.937
+    assert schedule.lr_factor(100) == pytest.approx(0.01)  # ends at lr0 * lrf
+
+
+def test_cosine_schedule_end_points() -> None:
+    schedule = WarmupSchedule(OptimizerRecipe(cos_lr=True, lrf=0.05), max_epochs=10, batches_per_epoch=10)
+    assert schedule.lr_factor(0) == pytest.approx(1.0)
+    assert schedule.lr_factor(5) == pytest.approx((1 + 0.05) / 2)
+    assert schedule.lr_factor(10) == pytest.approx(0.05)
+
+
+def test_recipe_resolution_auto_and_lr_scaling() -> None:
+    short = OptimizerRecipe(name="auto").resolve(global_batch=16, num_classes=3, total_iterations=500)
+    assert (short.name, short.lr0, short.warmup_bias_lr) == ("AdamW", round(0.002 * 5 / 7, 6), 0.0)
+    long = OptimizerRecipe(name="auto").resolve(global_batch=16, num_classes=3, total_iterations=20_000)
+    assert (long.name, long.lr0, long.momentum) == ("SGD", 0.01, 0.9)
+    assert OptimizerRecipe(lr_scaling="linear").resolve(256, 3, 0).lr0 == pytest.approx(0.04)
+    assert OptimizerRecipe(lr_scaling="sqrt").resolve(256, 3, 0).lr0 == pytest.approx(0.02)
+
+
+def test_ema_follows_reference_formula() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))
+    ema = AveragedModel(model, multi_avg_fn=ModelEMA(decay=0.9999, tau=3.0)._blend, use_buffers=True)
+    expected = None
+    for update in range(1, 6):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+            model[1].running_mean.add_(1.0)
+            model[1].num_batches_tracked.add_(1)
+        ema.update_parameters(model)
+        current = {k: v.clone() for k, v in model.state_dict().items()}
+        if expected is None:
+            expected = current  # first update: copy
+        else:
+            d = 0.9999 * (1 - math.exp(-update / 3.0))
+            expected = {
+                k: (d * expected[k] + (1 - d) * v) if v.is_floating_point() else v for k, v in current.items()
+            }
+    for key, value in ema.module.state_dict().items():
+        torch.testing.assert_close(value, expected[key], rtol=1e-6, atol=1e-7)
+    assert ramped_decay(10_000) == pytest.approx(0.9999 * (1 - math.exp(-5)))

@@ -1,0 +1,71 @@
+"""From the detector's decoded output to per-image detections in original image pixels."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torchvision.ops import batched_nms, box_convert
+
+
+def non_max_suppression(
+    predictions: Tensor,
+    conf_threshold: float = 0.001,
+    iou_threshold: float = 0.7,
+    max_detections: int = 300,
+    multi_label: bool = True,
+    class_agnostic: bool = False,
+    max_candidates: int = 30000,
+) -> list[Tensor]:
+    """Score filter + class-aware NMS, image by image.
+
+    Args:
+        predictions: (B, 4 + nc, A) eval output of ``YOLO11``: xywh boxes in input pixels, then class scores.
+        conf_threshold: minimum class score kept.
+        iou_threshold: boxes of the same class overlapping more than this are suppressed.
+        max_detections: detections kept per image, best first.
+        multi_label: one box may yield a detection for every class above ``conf_threshold``
+            (as the reference validator); otherwise only its best class.
+        class_agnostic: suppress across classes too.
+        max_candidates: cap on boxes entering NMS, highest scores first (bounds the NMS cost).
+
+    Returns:
+        One (n, 6) tensor per image: ``[x1, y1, x2, y2, score, class]`` in input pixels, score-sorted.
+    """
+    num_classes = predictions.shape[1] - 4
+    preds = predictions.transpose(1, 2)  # (B, A, 4 + nc)
+    outputs = []
+    for image_preds in preds:
+        boxes = box_convert(image_preds[:, :4], "cxcywh", "xyxy")
+        scores = image_preds[:, 4:]
+        if multi_label and num_classes > 1:
+            anchor_idx, classes = (scores > conf_threshold).nonzero(as_tuple=True)
+            boxes, scores = boxes[anchor_idx], scores[anchor_idx, classes]
+        else:
+            scores, classes = scores.max(1)
+            keep = scores > conf_threshold
+            boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
+        if scores.numel() > max_candidates:
+            top = scores.topk(max_candidates).indices
+            boxes, scores, classes = boxes[top], scores[top], classes[top]
+        group = torch.zeros_like(classes) if class_agnostic else classes
+        keep = batched_nms(boxes.float(), scores.float(), group, iou_threshold)[:max_detections]
+        outputs.append(torch.cat((boxes[keep], scores[keep, None], classes[keep, None].to(boxes.dtype)), 1))
+    return outputs
+
+
+def letterbox_to_original(
+    boxes_xyxy: Tensor, scale: Tensor | float, pad: Tensor, orig_size: Tensor
+) -> Tensor:
+    """Map xyxy boxes from the letterboxed input back to original image pixels.
+
+    Args:
+        boxes_xyxy: (n, 4) boxes in letterboxed-input pixels.
+        scale: resize gain that was applied to the original image.
+        pad: (2,) left and top padding in input pixels.
+        orig_size: (2,) original (height, width), used to clip.
+    """
+    out = (boxes_xyxy - pad.repeat(2)) / scale
+    height, width = orig_size[0], orig_size[1]
+    out[:, 0::2] = out[:, 0::2].clamp(0, width)
+    out[:, 1::2] = out[:, 1::2].clamp(0, height)
+    return out

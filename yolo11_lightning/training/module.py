@@ -1,0 +1,236 @@
+"""YOLO11Module: the detector, its loss and the reference optimisation recipe as a LightningModule."""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+from yolo11_lightning.loss import DetectionLoss
+from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.training.callbacks import CloseMosaic, ValidationImages
+from yolo11_lightning.training.ema import ModelEMA
+from yolo11_lightning.training.evaluation import DetectionMAP
+from yolo11_lightning.training.optim import (
+    LRScaling,
+    OptimizerName,
+    OptimizerRecipe,
+    WarmupSchedule,
+    build_optimizer,
+    nominal_accumulation,
+)
+from yolo11_lightning.training.weights import load_pretrained
+
+log = logging.getLogger(__name__)
+
+
+class YOLO11Module(L.LightningModule):
+    """Train, validate and predict with a YOLO11 detector.
+
+    Batches follow the DataModule contract (``images`` uint8 (B, 3, H, W), ``targets`` (N, 6), per-image
+    letterbox metadata). Images become float on the device. The loss is scaled so that gradients equal the
+    reference trainer's for the same *global* batch whatever the number of devices: the loss normaliser is
+    summed over ranks, and the scale undoes DDP's gradient averaging and Lightning's accumulation division.
+
+    Args:
+        scale: YOLO11 scale, one of n, s, m, l, x.
+        num_classes: class count (the CLI links it from the dataset).
+        class_names: class names, index = class id (linked from the dataset).
+        weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; tensors whose shape
+            differs (the class head when the class count changes) keep their fresh initialisation.
+        optimizer, lr0, lrf, momentum, weight_decay, warmup_*, cos_lr: the reference recipe.
+        lr_scaling: ``none | linear | sqrt`` scaling of lr0 by global batch / ``lr_reference_batch``.
+        nominal_batch: images per optimiser step the recipe is tuned for (accumulation and decay follow it).
+        box, cls, dfl: loss gains.
+        ema, ema_decay, ema_tau: exponential moving average of the weights (used for validation and saving).
+        close_mosaic: last epochs trained without mosaic.
+        conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
+        grad_clip_norm: gradient norm clip (0 disables).
+        log_images: validation images drawn with predictions each epoch (0 disables).
+    """
+
+    def __init__(
+        self,
+        scale: str = "n",
+        num_classes: int = 80,
+        class_names: list[str] | None = None,
+        weights: str | None = None,
+        optimizer: OptimizerName = "SGD",
+        lr0: float = 0.01,
+        lrf: float = 0.01,
+        momentum: float = 0.937,
+        weight_decay: float = 5e-4,
+        warmup_epochs: float = 3.0,
+        warmup_momentum: float = 0.8,
+        warmup_bias_lr: float = 0.1,
+        cos_lr: bool = False,
+        lr_scaling: LRScaling = "none",
+        lr_reference_batch: int = 64,
+        nominal_batch: int = 64,
+        box: float = 7.5,
+        cls: float = 0.5,
+        dfl: float = 1.5,
+        ema: bool = True,
+        ema_decay: float = 0.9999,
+        ema_tau: float = 2000.0,
+        close_mosaic: int = 10,
+        conf_threshold: float = 0.001,
+        iou_threshold: float = 0.7,
+        max_detections: int = 300,
+        grad_clip_norm: float = 10.0,
+        log_images: int = 4,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        if class_names is not None and len(class_names) != num_classes:
+            raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
+        self.model = YOLO11(scale=scale, num_classes=num_classes)
+        self.model.names = list(class_names) if class_names is not None else None
+        if weights:
+            load_pretrained(self.model, weights)
+        self.criterion = DetectionLoss(num_classes, strides=self.model.strides, box=box, cls=cls, dfl=dfl)
+        self.recipe = OptimizerRecipe(
+            name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
+            warmup_epochs=warmup_epochs, warmup_momentum=warmup_momentum, warmup_bias_lr=warmup_bias_lr,
+            cos_lr=cos_lr, lr_scaling=lr_scaling, lr_reference_batch=lr_reference_batch,
+            nominal_batch=nominal_batch,
+        )  # fmt: skip
+        self.val_map = DetectionMAP(class_names)
+        self.test_map = DetectionMAP(class_names)
+        self._schedule: WarmupSchedule | None = None
+
+    # ----------------------------------------------------------------------------------------- set-up
+    def setup(self, stage: str) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # The loss normaliser must be the global sum of target scores (world-size invariance).
+            self.criterion.normalizer_reduce = self._sum_over_ranks
+
+    def _sum_over_ranks(self, value: Tensor) -> Tensor:
+        return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
+
+    def global_batch_size(self) -> int:
+        """Images per training batch over all devices (the DataModule's ``batch_size``)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and getattr(datamodule, "batch_size", None):
+            return int(datamodule.batch_size)
+        loader = self.trainer.train_dataloader
+        per_device = getattr(loader, "batch_size", None) if loader is not None else None
+        if not per_device:
+            raise ValueError(
+                "cannot tell the global batch size: use YOLODataModule or a DataLoader with batch_size"
+            )
+        return int(per_device) * self.trainer.world_size
+
+    def accumulation(self) -> int:
+        """Batches per optimiser step under the nominal-batch rule."""
+        return nominal_accumulation(self.global_batch_size(), self.recipe.nominal_batch)
+
+    def batches_per_epoch(self) -> int:
+        """Global batches in one training epoch (the same on any world size)."""
+        datamodule = getattr(self.trainer, "datamodule", None)
+        if datamodule is not None and hasattr(datamodule, "batches_per_epoch"):
+            return int(datamodule.batches_per_epoch)
+        return int(self.trainer.num_training_batches)
+
+    def configure_callbacks(self) -> list[Callback]:
+        callbacks: list[Callback] = [CloseMosaic(self.hparams.close_mosaic)]
+        if self.hparams.ema:
+            callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))
+        if self.hparams.log_images > 0:
+            callbacks.append(ValidationImages(num_images=self.hparams.log_images))
+        accumulate = self.accumulation() if self.trainer.state.fn == "fit" else 1
+        if accumulate > 1 and self.trainer.accumulate_grad_batches == 1:
+            from lightning.pytorch.callbacks import GradientAccumulationScheduler
+
+            callbacks.append(GradientAccumulationScheduler({0: accumulate}))
+        return callbacks
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        global_batch = self.global_batch_size()
+        max_epochs = max(self.trainer.max_epochs or 1, 1)
+        datamodule = getattr(self.trainer, "datamodule", None)
+        num_samples = (
+            getattr(datamodule, "num_train_samples", None) or self.batches_per_epoch() * global_batch
+        )
+        total_iterations = math.ceil(num_samples / max(global_batch, self.recipe.nominal_batch)) * max_epochs
+        recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, total_iterations)
+        if recipe.name != self.recipe.name:
+            log.info(
+                "optimizer 'auto' chose %s(lr0=%g, momentum=%g)", recipe.name, recipe.lr0, recipe.momentum
+            )
+        self._schedule = WarmupSchedule(recipe, max_epochs, self.batches_per_epoch())
+        return build_optimizer(self.model, recipe, global_batch)
+
+    def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None) -> None:  # fmt: skip
+        clip = gradient_clip_val if gradient_clip_val is not None else self.hparams.grad_clip_norm
+        if clip:
+            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+
+    # --------------------------------------------------------------------------------------- training
+    def forward(self, images: Tensor) -> Any:
+        """Run the detector on float images in [0, 1] (B, 3, H, W)."""
+        return self.model(images)
+
+    @staticmethod
+    def to_float(images: Tensor) -> Tensor:
+        """uint8 (B, 3, H, W) batch -> float in [0, 1], on the device it already is."""
+        return images.float().div_(255) if images.dtype == torch.uint8 else images
+
+    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+        if self._schedule is not None:
+            global_index = self.current_epoch * self.batches_per_epoch() + batch_idx
+            for optimizer in self.trainer.optimizers:
+                self._schedule.apply(optimizer, global_index, self.current_epoch)
+
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+        images = self.to_float(batch["images"])
+        loss, items = self.criterion(self.model(images), batch["targets"])
+        for name, value in zip(("box", "cls", "dfl"), items):
+            self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
+        # Reference gradient: d(loss * global batch). DDP averages over R ranks and Lightning divides by the
+        # accumulation count, so both are multiplied back (the normaliser is already global).
+        world = self.trainer.world_size
+        return loss * (images.shape[0] * world * world * self.trainer.accumulate_grad_batches)
+
+    # ------------------------------------------------------------------------------------- evaluation
+    def _detect(self, images: Tensor) -> list[Tensor]:
+        predictions = self.model(self.to_float(images))
+        return non_max_suppression(
+            predictions,
+            conf_threshold=self.hparams.conf_threshold,
+            iou_threshold=self.hparams.iou_threshold,
+            max_detections=self.hparams.max_detections,
+        )
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+        detections = self._detect(batch["images"])
+        self.val_map.update(detections, batch)
+        return {"detections": detections}
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_map(self.val_map, "val")
+
+    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+        detections = self._detect(batch["images"])
+        self.test_map.update(detections, batch)
+        return {"detections": detections}
+
+    def on_test_epoch_end(self) -> None:
+        self._log_map(self.test_map, "test")
+
+    def _log_map(self, metric: DetectionMAP, prefix: str) -> None:
+        # compute() gathers every rank's detections, so each rank logs the same global value.
+        for name, value in metric.compute().items():
+            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=False)
+        metric.reset()
+
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Tensor]:
+        """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
+        return DetectionMAP.to_original(self._detect(batch["images"]), batch)

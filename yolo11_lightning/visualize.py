@@ -1,0 +1,65 @@
+"""Drawing boxes on images (OpenCV) for previews, validation images and predictions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+_PALETTE = np.array(
+    [(255, 56, 56), (72, 249, 10), (0, 194, 255), (255, 157, 151), (146, 204, 23), (187, 212, 0),
+     (255, 178, 29), (52, 69, 147), (207, 210, 49), (100, 115, 255), (255, 112, 31), (132, 56, 255)],
+    dtype=np.uint8,
+)  # fmt: skip
+
+
+def class_color(class_id: int) -> tuple[int, int, int]:
+    """A stable RGB colour per class."""
+    return tuple(int(c) for c in _PALETTE[int(class_id) % len(_PALETTE)])
+
+
+def draw_boxes(
+    image: np.ndarray,
+    boxes_xyxy: np.ndarray,
+    classes: np.ndarray,
+    scores: np.ndarray | None = None,
+    names: Sequence[str] | None = None,
+    thickness: int = 1,
+    color: tuple[int, int, int] | None = None,
+) -> np.ndarray:
+    """Return a copy of ``image`` ((H, W, 3) uint8 RGB) with labelled boxes (pixels, xyxy) drawn on it."""
+    out = np.ascontiguousarray(image.copy())
+    for i, (box, cls) in enumerate(
+        zip(np.asarray(boxes_xyxy).reshape(-1, 4), np.asarray(classes).reshape(-1))
+    ):
+        x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+        box_color = color or class_color(int(cls))
+        cv2.rectangle(out, (x1, y1), (x2, y2), box_color, thickness, cv2.LINE_AA)
+        label = names[int(cls)] if names is not None and int(cls) < len(names) else str(int(cls))
+        if scores is not None:
+            label = f"{label} {float(scores[i]):.2f}"
+        cv2.putText(
+            out, label, (x1, max(y1 - 2, 8)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, box_color, 1, cv2.LINE_AA
+        )
+    return out
+
+
+def image_grid(images: Sequence[np.ndarray], columns: int = 4, fill: int = 114) -> np.ndarray:
+    """Tile equally sized (H, W, 3) images into one mosaic, ``columns`` wide."""
+    if not images:
+        raise ValueError("image_grid needs at least one image")
+    h, w = images[0].shape[:2]
+    columns = min(columns, len(images))
+    rows = -(-len(images) // columns)
+    grid = np.full((rows * h, columns * w, 3), fill, dtype=np.uint8)
+    for i, img in enumerate(images):
+        r, c = divmod(i, columns)
+        grid[r * h : (r + 1) * h, c * w : (c + 1) * w] = img[:h, :w]
+    return grid
+
+
+def save_rgb(path: str, image: np.ndarray) -> None:
+    """Write an RGB image (OpenCV expects BGR)."""
+    if not cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
+        raise OSError(f"could not write image {path}")
