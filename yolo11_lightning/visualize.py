@@ -33,7 +33,7 @@ def draw_boxes(
     for i, (box, cls) in enumerate(
         zip(np.asarray(boxes_xyxy).reshape(-1, 4), np.asarray(classes).reshape(-1))
     ):
-        x1, y1, x2, y2 = (int(round(float(v))) for v in box)
+        x1, y1, x2, y2 = (round(float(v)) for v in box)
         box_color = color or class_color(int(cls))
         cv2.rectangle(out, (x1, y1), (x2, y2), box_color, thickness, cv2.LINE_AA)
         label = names[int(cls)] if names is not None and int(cls) < len(names) else str(int(cls))
