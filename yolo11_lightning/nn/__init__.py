@@ -1,0 +1,25 @@
+"""The YOLO11 detector in plain PyTorch (imports torch only)."""
+
+from yolo11_lightning.nn.attention import C2PSA, Attention, PSABlock
+from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv
+from yolo11_lightning.nn.checkpoint import CheckpointError
+from yolo11_lightning.nn.head import DFL, Detect
+from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+
+__all__ = [
+    "C2PSA",
+    "DFL",
+    "SCALES",
+    "SPPF",
+    "YOLO11",
+    "Attention",
+    "Bottleneck",
+    "C3k",
+    "C3k2",
+    "CheckpointError",
+    "Concat",
+    "Conv",
+    "DWConv",
+    "Detect",
+    "PSABlock",
+]

@@ -1,0 +1,170 @@
+"""Reading reference (Ultralytics) YOLO11 checkpoints without the reference package.
+
+A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled
+``DetectionModel`` in fp16. We unpickle it with ``safe_pickle`` (reference classes become inert
+stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
+to rebuild the state dict (keys ``model.<layer>.<path>``), infer scale and class count from the
+tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from yolo11_lightning.nn import safe_pickle
+from yolo11_lightning.nn.safe_pickle import StandIn
+
+HEAD_INDEX = 23  # reference index of the Detect layer
+_MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
+
+
+class CheckpointError(ValueError):
+    """A file or state dict that is not a readable reference YOLO11 detection checkpoint."""
+
+
+def load_reference(
+    source: str | os.PathLike | Mapping[str, Any],
+) -> tuple[dict[str, Tensor], list[str] | None, str]:
+    """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors."""
+    if isinstance(source, Mapping):
+        return _extract(source, "state dict")
+    label = os.fspath(source)
+    if not os.path.isfile(label):
+        raise CheckpointError(f"{label}: no such checkpoint file")
+    try:
+        with warnings.catch_warnings():
+            # Legacy (non-zip) files ask to compare module source code; stand-ins have none.
+            warnings.filterwarnings("ignore", message="Couldn't retrieve source code")
+            obj = torch.load(label, map_location="cpu", pickle_module=safe_pickle, weights_only=False)
+    except safe_pickle.UnsafeGlobalError as e:
+        raise CheckpointError(f"{label}: {e}") from None
+    except Exception as e:  # truncated zip, bad pickle stream, ...
+        raise CheckpointError(
+            f"{label}: not a readable torch checkpoint (truncated or corrupt?): {type(e).__name__}: {e}"
+        ) from None
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{label}: expected a dict, the file holds a {type(obj).__name__}")
+    return _extract(obj, label)
+
+
+def _extract(obj: Mapping[str, Any], label: str) -> tuple[dict[str, Tensor], list[str] | None, str]:
+    """Find the model in a loaded checkpoint dict (``ema`` first, as the reference does) or accept a
+    plain state dict."""
+    if "ema" in obj or "model" in obj:
+        entry_name = "ema" if obj.get("ema") is not None else "model"
+        entry = obj.get(entry_name)
+        if isinstance(entry, StandIn):
+            state, names = _walk_module(entry, f"{label}['{entry_name}']")
+            return state, names, f"{label}['{entry_name}'] ({entry.qualname})"
+        if isinstance(entry, Mapping):
+            return _tensor_dict(entry, f"{label}['{entry_name}']"), None, f"{label}['{entry_name}']"
+        raise CheckpointError(
+            f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
+        )
+    return _tensor_dict(obj, label), None, label
+
+
+def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
+    bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+    if bad:
+        raise CheckpointError(
+            f"{label}: not a state dict: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor"
+        )
+    return dict(obj)
+
+
+def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str] | None]:
+    """State dict of a pickled nn.Module stand-in tree, and its ``names`` attribute as a list."""
+    if not isinstance(root.state, dict) or "_modules" not in root.state:
+        raise CheckpointError(f"{label}: {root.qualname} is not a pickled torch module")
+    out: dict[str, Tensor] = {}
+    stack: list[tuple[str, Any]] = [("", root)]
+    seen = 0
+    while stack:
+        prefix, module = stack.pop()
+        seen += 1
+        if seen > _MAX_MODULES:
+            raise CheckpointError(f"{label}: more than {_MAX_MODULES} modules, not a YOLO11 model")
+        state = module.state if isinstance(module, StandIn) else None
+        if not isinstance(state, dict):
+            raise CheckpointError(
+                f"{label}: submodule {prefix.rstrip('.') or '<root>'} is not a pickled module"
+            )
+        skip = state.get("_non_persistent_buffers_set") or set()
+        for group in ("_parameters", "_buffers"):
+            for name, value in (state.get(group) or {}).items():
+                if value is None or (group == "_buffers" and name in skip):
+                    continue
+                if not isinstance(value, Tensor):
+                    raise CheckpointError(
+                        f"{label}: {prefix}{name} is a {type(value).__name__}, not a tensor"
+                    )
+                out[f"{prefix}{name}"] = value
+        children = [(f"{prefix}{name}.", child) for name, child in (state.get("_modules") or {}).items()]
+        stack.extend(c for c in reversed(children) if c[1] is not None)
+    return out, _names(root.state.get("names"))
+
+
+def _names(names: Any) -> list[str] | None:
+    """Reference names are {index: name}; a list[str] when the indices are exactly 0..n-1."""
+    if isinstance(names, Mapping) and sorted(names) == list(range(len(names))):
+        names = [names[i] for i in range(len(names))]
+    if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
+
+
+def rename_key(key: str) -> str:
+    """``model.<i>.<path>`` -> ``layers.<i>.<path>``, or ``head.<path>`` for the Detect layer."""
+    _, index, rest = key.split(".", 2)
+    return f"head.{rest}" if int(index) == HEAD_INDEX else f"layers.{index}.{rest}"
+
+
+def infer_and_map(state: Mapping[str, Tensor], label: str) -> tuple[str, int, dict[str, Tensor]]:
+    """Infer (scale, num_classes) from a reference state dict and return it with our keys, in fp32."""
+    from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+
+    keys = list(state)
+    ref_keys = [k for k in keys if k.startswith("model.") and k.split(".")[1].isdigit() and k.count(".") >= 2]
+    if not ref_keys or len(ref_keys) != len(keys):
+        odd = next((k for k in keys if k not in set(ref_keys)), None) if ref_keys else keys[:3]
+        raise CheckpointError(
+            f"{label}: not a reference YOLO detection state dict: expected only 'model.<layer>.*' keys, "
+            f"found {odd!r}"
+        )
+    cls_key, stem_key = f"model.{HEAD_INDEX}.cv3.0.2.weight", "model.0.conv.weight"
+    for key in (cls_key, stem_key):
+        if key not in state or state[key].ndim != 4:
+            raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint: no 4-d tensor {key!r}")
+    nc = int(state[cls_key].shape[0])
+    ours = {rename_key(k): v for k, v in state.items()}
+    problems: list[str] = []
+    for scale in SCALES:
+        with torch.device("meta"):
+            expected = YOLO11(scale, nc).state_dict()
+        if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
+            continue
+        problems = _compare(expected, ours)
+        if not problems:
+            return scale, nc, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
+        problems = [f"scale {scale}: {p}" for p in problems]
+    detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
+    raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint (nc={nc}): {detail}")
+
+
+def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    shapes = [
+        f"{k} is {tuple(got[k].shape)}, expected {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in got and got[k].shape != v.shape
+    ]
+    out = [f"missing key {k!r}" for k in missing[:2]] + [f"unexpected key {k!r}" for k in extra[:2]]
+    return out + shapes[:2]

@@ -1,0 +1,179 @@
+"""YOLO11: the detector at scales n/s/m/l/x, its builder, BN fusion and reference-checkpoint loading."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from yolo11_lightning.nn.attention import C2PSA
+from yolo11_lightning.nn.blocks import SPPF, C3k2, Concat, Conv
+from yolo11_lightning.nn.head import Detect
+
+# scale -> (depth multiple, width multiple, max channels)
+SCALES: dict[str, tuple[float, float, int]] = {
+    "n": (0.50, 0.25, 1024),
+    "s": (0.50, 0.50, 1024),
+    "m": (0.50, 1.00, 512),
+    "l": (1.00, 1.00, 512),
+    "x": (1.00, 1.50, 512),
+}
+
+# Layer index -> index of the earlier layer concatenated with the previous output (layer i-1).
+_CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
+# Layers feeding the Detect head: P3/8, P4/16, P5/32.
+_HEAD_FROM = (16, 19, 22)
+
+
+def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
+    """The 23 layers before Detect, index i == reference ``model.i``; returns them and their out channels."""
+    depth, width, max_ch = SCALES[scale]
+
+    def ch(c: int) -> int:
+        return math.ceil(min(c, max_ch) * width / 8) * 8
+
+    def rep(n: int) -> int:
+        return max(round(n * depth), 1)
+
+    c3k_all = scale in "mlx"  # m/l/x use C3k blocks in every C3k2
+    layers: list[nn.Module] = []
+    out: list[int] = []
+
+    def add(module: nn.Module, c_out: int) -> None:
+        layers.append(module)
+        out.append(c_out)
+
+    def conv(c: int) -> None:  # 3×3 stride-2 downsampling conv
+        add(Conv(out[-1] if out else 3, ch(c), 3, 2), ch(c))
+
+    def c3k2(c: int, c3k: bool, e: float = 0.5) -> None:
+        add(C3k2(out[-1], ch(c), rep(2), c3k or c3k_all, e), ch(c))
+
+    def up_cat(src: int) -> None:  # nearest x2 upsample, then concat with layer `src`
+        add(nn.Upsample(scale_factor=2.0, mode="nearest"), out[-1])
+        add(Concat(1), out[-1] + out[src])
+
+    def down_cat(c: int, src: int) -> None:  # stride-2 conv, then concat with layer `src`
+        conv(c)
+        add(Concat(1), out[-1] + out[src])
+
+    # Backbone.
+    conv(64)  # 0  P1/2
+    conv(128)  # 1  P2/4
+    c3k2(256, False, 0.25)  # 2
+    conv(256)  # 3  P3/8
+    c3k2(512, False, 0.25)  # 4
+    conv(512)  # 5  P4/16
+    c3k2(512, True)  # 6
+    conv(1024)  # 7  P5/32
+    c3k2(1024, True)  # 8
+    add(SPPF(out[-1], ch(1024), 5), ch(1024))  # 9
+    add(C2PSA(out[-1], ch(1024), rep(2)), ch(1024))  # 10
+    # Neck: top-down then bottom-up.
+    up_cat(6)  # 11, 12
+    c3k2(512, False)  # 13
+    up_cat(4)  # 14, 15
+    c3k2(256, False)  # 16  -> P3
+    down_cat(256, 13)  # 17, 18
+    c3k2(512, False)  # 19  -> P4
+    down_cat(512, 10)  # 20, 21
+    c3k2(1024, True)  # 22  -> P5
+    return nn.ModuleList(layers), out
+
+
+class YOLO11(nn.Module):
+    """YOLO11 detector.
+
+    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32.
+    Train mode: list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32, box-distribution
+    channels first, then class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels then
+    sigmoid class scores, A = sum over levels of (H/s)·(W/s).
+    """
+
+    reg_max: int = 16
+
+    def __init__(self, scale: str = "n", num_classes: int = 80, names: list[str] | None = None) -> None:
+        super().__init__()
+        if scale not in SCALES:
+            raise ValueError(f"unknown YOLO11 scale {scale!r}; choose one of {', '.join(SCALES)}")
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        self.scale = scale
+        self.strides: tuple[int, int, int] = (8, 16, 32)
+        self.layers, out = _build_layers(scale)
+        self.head = Detect(num_classes, [out[i] for i in _HEAD_FROM], self.strides, self.reg_max)
+        self.names = self._check_names(names, num_classes)
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.nc
+
+    @staticmethod
+    def _check_names(names: list[str] | None, nc: int) -> list[str] | None:
+        if names is None:
+            return None
+        names = [str(n) for n in names]
+        if len(names) != nc:
+            raise ValueError(f"got {len(names)} class names for {nc} classes")
+        return names
+
+    def check_input(self, x: Tensor) -> None:
+        """Raise a ValueError naming the problem unless x is (B, 3, H, W) with H, W multiples of 32."""
+        if x.ndim != 4 or x.shape[1] != 3:
+            raise ValueError(f"YOLO11 expects images shaped (B, 3, H, W), got {tuple(x.shape)}")
+        h, w = x.shape[-2:]
+        if h % 32 or w % 32 or h == 0 or w == 0:
+            raise ValueError(
+                f"YOLO11 needs input height and width that are multiples of 32 (the largest stride), "
+                f"got {h}x{w}; letterbox or pad to e.g. {max(32, math.ceil(h / 32) * 32)}x"
+                f"{max(32, math.ceil(w / 32) * 32)}"
+            )
+
+    def level_maps(self, x: Tensor) -> list[Tensor]:
+        """The three raw head maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""
+        self.check_input(x)
+        outs: list[Tensor] = []
+        for i, layer in enumerate(self.layers):
+            x = layer([x, outs[_CONCAT_FROM[i]]]) if i in _CONCAT_FROM else layer(x)
+            outs.append(x)
+        return self.head.level_maps([outs[i] for i in _HEAD_FROM])
+
+    def forward(self, x: Tensor) -> list[Tensor] | Tensor:
+        maps = self.level_maps(x)
+        return maps if self.training else self.head.decode(maps)
+
+    def reset_head(self, num_classes: int, names: list[str] | None = None) -> YOLO11:
+        """Re-create the class outputs for ``num_classes`` (reference bias init) for fine-tuning."""
+        if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
+            raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        self.head.reset_classes(num_classes)
+        self.names = self._check_names(names, num_classes)
+        return self
+
+    @torch.no_grad()
+    def fuse(self) -> YOLO11:
+        """Fold every BatchNorm into its conv (in place) for inference; outputs are unchanged."""
+        for m in self.modules():
+            if isinstance(m, Conv):
+                m.fuse_bn()
+        return self
+
+    @classmethod
+    def from_ultralytics(cls, source: str | os.PathLike | Mapping[str, Any]) -> YOLO11:
+        """Build from a reference ``.pt`` file (read without running code from it) or state dict.
+
+        Scale and class count are inferred from the tensors; weights come back in fp32, ``names``
+        from the file when it has them. Raises ``CheckpointError`` (a ValueError) on anything else.
+        """
+        from yolo11_lightning.nn.checkpoint import infer_and_map, load_reference
+
+        state, names, label = load_reference(source)
+        scale, nc, ours = infer_and_map(state, label)
+        model = cls(scale, nc)
+        model.load_state_dict(ours, strict=True)
+        model.names = names if names is not None and len(names) == nc else None
+        return model
