@@ -1,0 +1,125 @@
+"""Label cache: a split's checked records and report, saved once so the next start skips the checks.
+
+Format: one ``.npz`` (``np.savez``, read with ``allow_pickle=False``: a cache file can never run
+code) holding flat arrays: the image paths as one UTF-8 blob, sizes, per-image box counts, all
+classes and boxes, and a small json header (format version, key, report, dependency hash).
+
+Validity: ``key`` hashes what can be listed before parsing (config, entries, image and label
+paths with sizes and mtimes, json files); ``deps`` lists files only known after parsing (the
+images a COCO json names), re-stat'ed on load. Any change -> rebuilt. Writes are atomic
+(temporary file in the same folder, then ``os.replace``), so concurrent readers see the old or the
+new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from yolo11_lightning.data.checks import DataReport
+from yolo11_lightning.data.records import ImageRecord
+
+CACHE_VERSION = 1
+log = logging.getLogger(__name__)
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/yolo11_lightning`` (``~/.cache/yolo11_lightning``): used when the dataset is read-only."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "yolo11_lightning"
+
+
+def _stat_token(path: str) -> str:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return "missing"
+    return f"{st.st_size}:{st.st_mtime_ns}"
+
+
+def hash_files(paths: Iterable[str], h=None):
+    """Update (or start) a sha1 with each path and its size and mtime; returns the hash object."""
+    h = h or hashlib.sha1()
+    for p in paths:
+        h.update(f"{p}\0{_stat_token(p)}\n".encode())
+    return h
+
+
+def _blob(strings: list[str]) -> np.ndarray:
+    return np.frombuffer("\0".join(strings).encode("utf-8"), np.uint8)
+
+
+def _unblob(arr: np.ndarray, count: int) -> list[str]:
+    if count == 0:
+        return []
+    out = arr.tobytes().decode("utf-8").split("\0")
+    if len(out) != count:
+        raise ValueError("path blob does not match the record count")
+    return out
+
+
+def save_cache(path: Path, key: str, records: list[ImageRecord], report: DataReport, deps: list[str]) -> None:
+    """Write atomically; raises OSError when the folder is not writable."""
+    counts = np.array([len(r.classes) for r in records], np.int64)
+    meta = {
+        "version": CACHE_VERSION,
+        "key": key,
+        "deps_hash": hash_files(deps).hexdigest(),
+        "num_deps": len(deps),
+        "report": {**report.to_dict(), "cache_path": None, "from_cache": False},
+    }
+    arrays = {
+        "meta": np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8),
+        "paths": _blob([r.path for r in records]),
+        "deps": _blob(deps),
+        "sizes": np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2),
+        "counts": counts,
+        "classes": np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)]),
+        "boxes": np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)]),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | None:
+    """Records and report from a valid cache file; None when missing, stale or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["meta"].tobytes().decode("utf-8"))
+            if meta.get("version") != CACHE_VERSION or meta.get("key") != key:
+                return None
+            counts = z["counts"]
+            deps = _unblob(z["deps"], int(meta["num_deps"]))
+            if hash_files(deps).hexdigest() != meta["deps_hash"]:
+                return None
+            paths = _unblob(z["paths"], len(counts))
+            sizes, classes, boxes = z["sizes"], z["classes"], z["boxes"]
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        log.debug("ignoring unreadable label cache %s: %s", path, e)
+        return None
+    ends = np.cumsum(counts)
+    starts = ends - counts
+    records = [
+        ImageRecord(p, int(hw[0]), int(hw[1]), classes[s:e], boxes[s:e])
+        for p, hw, s, e in zip(paths, sizes, starts, ends)
+    ]
+    report = DataReport.from_dict(meta["report"])
+    report.cache_path, report.from_cache = str(path), True
+    return records, report

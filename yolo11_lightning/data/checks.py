@@ -1,0 +1,176 @@
+"""Label-row validation shared by every source, and the report of what was skipped and why.
+
+A source turns its rows (YOLO txt lines, COCO annotations) into raw class values and normalised
+corner boxes; ``check_rows`` decides which rows are usable, with one reason per rejected row. One
+bad row never costs the image its other rows, and one bad image never costs the split.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Coordinates may overshoot [0, 1] by this much (rounding in exporters) and are clipped; beyond, rejected.
+CLIP_TOLERANCE = 0.01
+
+
+@dataclass
+class CheckedRows:
+    """Usable rows of one image: ``classes`` (k,) int64, ``boxes`` (k, 4) float32 cx, cy, w, h in [0, 1]."""
+
+    classes: np.ndarray
+    boxes: np.ndarray
+    rejected: list[tuple[int, str]]  # (input row index, reason)
+    num_clipped: int
+
+
+def check_rows(
+    classes: np.ndarray,
+    xyxy: np.ndarray,
+    coord_min: np.ndarray,
+    coord_max: np.ndarray,
+    num_classes: int,
+    row_names: Sequence[str],
+) -> CheckedRows:
+    """Validate n rows of one image.
+
+    Args:
+        classes: (n,) float64 class values as written.
+        xyxy: (n, 4) float64 box corners normalised to the image (may lie outside it).
+        coord_min, coord_max: (n,) float64 smallest/largest coordinate as written in the row (the
+            values the [0, 1] rule applies to: cx, cy, w, h for YOLO boxes, points for polygons,
+            corners for COCO).
+        num_classes: classes must be integers in [0, num_classes).
+        row_names: (n,) how a reason refers to another row, e.g. "line 3" (for duplicates).
+
+    Rejects, in this order: non-finite values, non-integer or out-of-range class, coordinates
+    outside [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero or negative size (before and after
+    clipping to the image), exact duplicates of an earlier usable row.
+    """
+    classes = np.asarray(classes, np.float64).reshape(-1)
+    xyxy = np.asarray(xyxy, np.float64).reshape(-1, 4)
+    lo, hi = np.asarray(coord_min, np.float64), np.asarray(coord_max, np.float64)
+    n = len(classes)
+    reasons: dict[int, str] = {}
+
+    def reject(mask: np.ndarray, why) -> None:
+        for i in np.flatnonzero(mask):
+            reasons.setdefault(int(i), why(int(i)))
+
+    with np.errstate(invalid="ignore"):
+        finite = np.isfinite(classes) & np.isfinite(xyxy).all(1) & np.isfinite(lo) & np.isfinite(hi)
+        reject(~finite, lambda i: "value is not a finite number (NaN or inf)")
+        reject(finite & (classes != np.round(classes)), lambda i: f"class {classes[i]:g} is not an integer")
+        reject(finite & (classes < 0), lambda i: f"negative class {classes[i]:g}")
+        reject(
+            finite & (classes >= num_classes),
+            lambda i: (
+                f"class {classes[i]:g} out of range: the dataset has {num_classes} classes (0-{num_classes - 1})"
+            ),
+        )
+        outside = finite & ((lo < -CLIP_TOLERANCE) | (hi > 1 + CLIP_TOLERANCE))
+        reject(
+            outside,
+            lambda i: (
+                f"coordinate {lo[i] if lo[i] < -CLIP_TOLERANCE else hi[i]:g} outside [0, 1] "
+                f"(tolerance {CLIP_TOLERANCE:g})"
+            ),
+        )
+        size = xyxy[:, 2:] - xyxy[:, :2]
+        reject(
+            finite & (size <= 0).any(1),
+            lambda i: f"zero or negative box size (w={size[i, 0]:.6g}, h={size[i, 1]:.6g})",
+        )
+        clipped = np.clip(np.nan_to_num(xyxy), 0.0, 1.0)
+        reject(
+            finite & ((clipped[:, 2:] - clipped[:, :2]) <= 0).any(1),
+            lambda i: "zero box size after clipping to the image",
+        )
+
+    good = np.ones(n, bool)
+    good[list(reasons)] = False
+    idx = np.flatnonzero(good)
+    if len(idx):
+        rows = np.concatenate([classes[idx, None], clipped[idx]], 1)
+        _, first, inverse = np.unique(rows, axis=0, return_index=True, return_inverse=True)
+        first_of = idx[first[inverse.reshape(-1)]]
+        for i, f in zip(idx, first_of):
+            if i != f:
+                reasons[int(i)] = f"duplicate of {row_names[f]}"
+                good[i] = False
+    idx = np.flatnonzero(good)
+    boxes = clipped[idx]
+    num_clipped = int((np.abs(boxes - xyxy[idx]) > 1e-6).any(1).sum())
+    cxcywh = np.concatenate([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], 1)
+    return CheckedRows(
+        classes=classes[idx].astype(np.int64),
+        boxes=cxcywh.astype(np.float32).reshape(-1, 4),
+        rejected=sorted(reasons.items()),
+        num_clipped=num_clipped,
+    )
+
+
+@dataclass
+class DataReport:
+    """What a split's loading kept, skipped and why.
+
+    ``warnings`` holds one line per skipped image or row, ``"<file>[:<line>]: <reason>"``; the
+    counts are over the split. ``num_images`` counts usable images (records), background included.
+    """
+
+    split: str = ""
+    warnings: list[str] = field(default_factory=list)
+    num_images: int = 0
+    num_skipped_images: int = 0
+    num_skipped_rows: int = 0
+    num_background: int = 0
+    num_boxes: int = 0
+    num_clipped_rows: int = 0
+    num_crowd: int = 0
+    cache_path: str | None = None
+    from_cache: bool = False
+
+    def skip_image(self, path: str, reason: str) -> None:
+        self.num_skipped_images += 1
+        self.warnings.append(f"{path}: {reason}")
+
+    def skip_row(self, location: str, reason: str) -> None:
+        self.num_skipped_rows += 1
+        self.warnings.append(f"{location}: {reason}")
+
+    def note(self, message: str) -> None:
+        """A warning about the split as a whole (not counted as a skipped image or row)."""
+        self.warnings.append(message)
+
+    def add_image(self, num_boxes: int) -> None:
+        self.num_images += 1
+        self.num_boxes += num_boxes
+        self.num_background += num_boxes == 0
+
+    def summary(self) -> str:
+        """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``."""
+        head = f"{self.split}: " if self.split else ""
+        text = f"{head}{self.num_images} images ({self.num_background} background), {self.num_boxes} boxes"
+        extras = []
+        if self.num_skipped_images or self.num_skipped_rows:
+            extras.append(f"skipped {self.num_skipped_images} images and {self.num_skipped_rows} label rows")
+        if self.num_clipped_rows:
+            extras.append(f"{self.num_clipped_rows} boxes clipped to the image")
+        if self.num_crowd:
+            extras.append(f"{self.num_crowd} crowd annotations ignored")
+        if extras:
+            text += "; " + ", ".join(extras)
+        if self.warnings:
+            text += f" ({len(self.warnings)} warnings)"
+        return text + (" [from cache]" if self.from_cache else "")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DataReport:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

@@ -1,0 +1,196 @@
+"""COCO json datasets: ``images``, ``annotations`` (bbox = [x, y, w, h] top-left, pixels), ``categories``.
+
+Classes: each category is mapped to the dataset's class of the same name (``names`` in the yaml,
+or, without ``names``, the categories sorted by id), so non-contiguous ids such as COCO's 1..90
+become 0..79 and a YOLO and a COCO source can share one class list.
+
+Where images are: an image's ``file_name`` is taken relative to the folder named by the yaml
+(``{json: ..., images: ...}``); without one, relative to the first of these folders that holds
+one of the json's first 20 images: the json's folder, ``images/`` beside the json, the dataset
+root, ``<root>/images``. Absolute ``file_name``s are used as they are.
+
+Crowd annotations (``iscrowd: 1``) are skipped (counted, not warned about); images without
+annotations are background. Boxes are normalised by the json's ``width``/``height`` (the frame
+the annotator saw) when given, else by the decoded size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterable
+
+import numpy as np
+
+from yolo11_lightning.data.checks import DataReport, check_rows
+from yolo11_lightning.data.config import DatasetError
+from yolo11_lightning.data.image_io import ImageReadError, probe_image
+from yolo11_lightning.data.records import ImageRecord
+
+_PROBE_FIRST = 20
+
+
+def _read_json(json_path: str) -> dict:
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise DatasetError(f"{json_path}: cannot read COCO json ({type(e).__name__}: {e})") from e
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list):
+        raise DatasetError(f"{json_path}: not a COCO json (no `images` list)")
+    for key in ("annotations", "categories"):
+        if not isinstance(data.get(key, []), list):
+            raise DatasetError(f"{json_path}: `{key}` must be a list")
+    return data
+
+
+def _category_map(json_path: str, categories: list, names: list[str]) -> dict[int, int]:
+    """COCO category id -> contiguous class id, by name."""
+    class_of_name: dict[str, int] = {}
+    for i, name in enumerate(names):
+        class_of_name.setdefault(name, i)
+    out, unknown = {}, []
+    for cat in categories:
+        try:
+            cat_id, name = int(cat["id"]), str(cat["name"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DatasetError(f"{json_path}: category {cat!r} needs integer `id` and `name`") from e
+        if name not in class_of_name:
+            unknown.append(name)
+        out[cat_id] = class_of_name.get(name, -1)
+    if unknown:
+        raise DatasetError(
+            f"{json_path}: categories {unknown} are not among the dataset's class names {names}; "
+            "fix `names` in the dataset yaml (or drop it to take the names from the json)"
+        )
+    return out
+
+
+def find_image_dir(json_path: str, file_names: list[str], root: str) -> str | None:
+    """The folder ``file_name``s are relative to (module docstring); None when no candidate fits."""
+    here = os.path.dirname(json_path)
+    candidates = [here, os.path.join(here, "images"), root, os.path.join(root, "images")]
+    sample = [f for f in file_names[:_PROBE_FIRST] if not os.path.isabs(f)]
+    for folder in candidates:
+        if any(os.path.isfile(os.path.join(folder, f)) for f in sample):
+            return folder
+    return None if sample else here
+
+
+def _positive_int(value) -> int:
+    """A json width/height, or 0 when absent or not a positive number (then the file's size is used)."""
+    try:
+        return max(int(value), 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _box_rows(anns: list[dict], cat_map: dict[int, int], size: tuple[int, int]):
+    """Raw rows of one image's annotations: classes, normalised xyxy, coordinate extremes, ids."""
+    h, w = size
+    classes, boxes, ids = [], [], []
+    for ann in anns:
+        x, y, bw, bh = ann["_bbox"]
+        classes.append(cat_map[ann["_cat"]])
+        boxes.append((x / w, y / h, (x + bw) / w, (y + bh) / h))
+        ids.append(ann.get("id", "?"))
+    xyxy = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.asarray(classes, np.float64), xyxy, xyxy.min(1), xyxy.max(1), ids
+
+
+def load_coco_json(
+    json_path: str,
+    names: list[str],
+    root: str,
+    report: DataReport,
+    image_dir: str | None = None,
+    map_fn: Callable[[Callable, Iterable], Iterable] = map,
+) -> tuple[list[ImageRecord], list[str]]:
+    """Records of one COCO json, and the image paths it refers to (their changes invalidate a cache).
+
+    Problems go to ``report`` as ``"<json>: annotation id N: <reason>"`` or ``"<image>: <reason>"``.
+    """
+    data = _read_json(json_path)
+    cat_map = _category_map(json_path, data.get("categories", []), names)
+
+    images: list[dict] = []
+    seen: set = set()
+    for i, img in enumerate(data["images"]):
+        if not isinstance(img, dict) or "id" not in img or not isinstance(img.get("file_name"), str):
+            report.skip_image(f"{json_path}: images[{i}]", "needs `id` and `file_name`")
+        elif img["id"] in seen:
+            report.skip_image(f"{json_path}: images[{i}]", f"duplicate image id {img['id']}")
+        else:
+            seen.add(img["id"])
+            images.append(img)
+    file_names = [img["file_name"] for img in images]
+    if image_dir is None:
+        image_dir = find_image_dir(json_path, file_names, root)
+        if image_dir is None:
+            report.note(
+                f"{json_path}: none of its first images found beside it, in images/ beside it, in the "
+                f"dataset root or <root>/images; name the folder in the yaml: {{json: ..., images: <folder>}}"
+            )
+            image_dir = os.path.dirname(json_path)
+    paths = [os.path.normpath(os.path.join(image_dir, f)) for f in file_names]
+
+    anns_of: dict = {img["id"]: [] for img in images}
+    for i, ann in enumerate(data.get("annotations", [])):
+        where = f"{json_path}: annotation id {ann.get('id', f'[{i}]') if isinstance(ann, dict) else f'[{i}]'}"
+        if not isinstance(ann, dict):
+            report.skip_row(where, "not an object")
+            continue
+        if ann.get("iscrowd", 0):
+            report.num_crowd += 1
+            continue
+        if ann.get("image_id") not in anns_of:
+            report.skip_row(where, f"unknown image_id {ann.get('image_id')!r}")
+            continue
+        if ann.get("category_id") not in cat_map:
+            report.skip_row(where, f"unknown category_id {ann.get('category_id')!r}")
+            continue
+        bbox = ann.get("bbox")
+        try:
+            bbox = [float(v) for v in bbox]
+            if len(bbox) != 4:
+                raise ValueError
+        except (TypeError, ValueError):
+            report.skip_row(where, f"bbox must be 4 numbers [x, y, w, h], got {bbox!r}")
+            continue
+        anns_of[ann["image_id"]].append(
+            {"id": ann.get("id", f"[{i}]"), "_bbox": bbox, "_cat": ann["category_id"]}
+        )
+
+    def probe(path: str):
+        try:
+            return probe_image(path)
+        except ImageReadError as e:
+            return e
+
+    records = []
+    for img, path, probed in zip(images, paths, map_fn(probe, paths)):
+        if isinstance(probed, ImageReadError):
+            report.skip_image(path, probed.reason)
+            continue
+        json_size = (_positive_int(img.get("height")), _positive_int(img.get("width")))
+        if min(json_size) > 0 and json_size != probed:
+            if json_size[::-1] == probed:
+                report.skip_image(
+                    path,
+                    f"json size {json_size[1]}x{json_size[0]} is the image's rotated size "
+                    f"{probed[1]}x{probed[0]} (EXIF orientation?): boxes cannot be placed reliably",
+                )
+                continue
+            report.note(
+                f"{path}: json size {json_size[1]}x{json_size[0]} != file size {probed[1]}x{probed[0]}; "
+                "boxes scaled to the file"
+            )
+        frame = json_size if min(json_size) > 0 else probed
+        classes, xyxy, lo, hi, ids = _box_rows(anns_of[img["id"]], cat_map, frame)
+        checked = check_rows(classes, xyxy, lo, hi, len(names), [f"annotation id {a}" for a in ids])
+        for i, why in checked.rejected:
+            report.skip_row(f"{json_path}: annotation id {ids[i]}", why)
+        report.num_clipped_rows += checked.num_clipped
+        report.add_image(len(checked.classes))
+        records.append(ImageRecord(path, probed[0], probed[1], checked.classes, checked.boxes))
+    return records, paths

@@ -1,0 +1,160 @@
+"""Dataset yaml: where the images and labels of each split are, and the class names.
+
+Format (the reference's, plus COCO json entries)::
+
+    path: ../datasets/coco8      # root; relative to this yaml's folder; default: the yaml's folder
+    train: images/train          # a folder of images, a .txt list of images, a COCO .json,
+    val: [images/val, extra.txt] #   or a list of those; relative to `path`
+    test:                        # optional
+    names: [person, bicycle]     # or {0: person, 1: bicycle}; optional when a COCO json gives them
+
+A COCO entry may also be a mapping that names the folder its ``file_name``s are relative to::
+
+    val: {json: annotations/instances_val2017.json, images: val2017}
+
+Without ``images`` the folder is found as described in ``coco_source``. When ``names`` is absent
+the class names are the categories of the (smallest) COCO json, sorted by category id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SPLITS = ("train", "val", "test")
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot be used as configured; the message names the file, key or split."""
+
+
+@dataclass
+class DatasetConfig:
+    """A parsed dataset yaml.
+
+    Attributes:
+        root: dataset root (``path`` resolved against the yaml's folder).
+        splits: split name -> absolute entries (image folder, .txt image list or COCO .json).
+        names: class names; index = class id.
+        yaml_path: the yaml this came from (None when built in code).
+        image_dirs: COCO json path -> folder its ``file_name``s are relative to (explicit ones only).
+    """
+
+    root: Path
+    splits: dict[str, list[str]]
+    names: list[str]
+    yaml_path: Path | None = None
+    image_dirs: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.names)
+
+    @property
+    def source(self) -> str:
+        """How errors name this dataset: the yaml path, or the root for configs built in code."""
+        return str(self.yaml_path or self.root)
+
+    def resolve(self, entry: str | os.PathLike) -> str:
+        """Absolute path of a split entry (entries are relative to ``root``)."""
+        p = Path(os.path.expanduser(str(entry)))
+        return str(p if p.is_absolute() else (self.root / p).resolve())
+
+
+def _names_from(value: Any, where: str) -> list[str]:
+    if isinstance(value, (list, tuple)):
+        return [str(n) for n in value]
+    if isinstance(value, dict):
+        try:
+            by_id = {int(k): str(v) for k, v in value.items()}
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"{where}: `names` keys must be integer class ids ({e})") from e
+        if sorted(by_id) != list(range(len(by_id))):
+            raise DatasetError(
+                f"{where}: `names` ids must be 0..{len(by_id) - 1} without gaps, got {sorted(by_id)}"
+            )
+        return [by_id[i] for i in range(len(by_id))]
+    raise DatasetError(
+        f"{where}: `names` must be a list or a {{id: name}} mapping, got {type(value).__name__}"
+    )
+
+
+def coco_category_names(json_path: str | Path) -> list[str]:
+    """Category names of a COCO json, ordered by category id (the contiguous class order)."""
+    try:
+        with open(json_path, encoding="utf-8") as f:
+            cats = json.load(f).get("categories")
+        pairs = sorted((int(c["id"]), str(c["name"])) for c in cats)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+        raise DatasetError(f"{json_path}: cannot read COCO `categories` ({type(e).__name__}: {e})") from e
+    if not pairs:
+        raise DatasetError(f"{json_path}: COCO json has no `categories`")
+    return [name for _, name in pairs]
+
+
+def load_dataset_config(path: str | Path) -> DatasetConfig:
+    """Parse a dataset yaml; raises DatasetError naming the yaml file and the offending key."""
+    yaml_path = Path(path).expanduser().resolve()
+    try:
+        with open(yaml_path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise DatasetError(f"{yaml_path}: cannot read dataset yaml ({e.strerror or e})") from e
+    except yaml.YAMLError as e:
+        raise DatasetError(f"{yaml_path}: invalid yaml ({e})") from e
+    if not isinstance(raw, dict):
+        raise DatasetError(f"{yaml_path}: expected a mapping with `path`, `train`, `val`, `names`")
+
+    root = Path(os.path.expanduser(str(raw.get("path") or ".")))
+    root = (root if root.is_absolute() else yaml_path.parent / root).resolve()
+    if not root.is_dir():
+        raise DatasetError(f"{yaml_path}: key `path`: dataset root {root} is not a folder")
+    config = DatasetConfig(root=root, splits={}, names=[], yaml_path=yaml_path)
+
+    for split in SPLITS:
+        value = raw.get(split)
+        if value in (None, "", []):
+            continue
+        items = value if isinstance(value, list) else [value]
+        entries = []
+        for item in items:
+            if isinstance(item, dict):  # {json: ..., images: ...}
+                if "json" not in item:
+                    raise DatasetError(
+                        f"{yaml_path}: key `{split}`: a mapping entry needs `json` (and `images`)"
+                    )
+                entry = config.resolve(item["json"])
+                if item.get("images"):
+                    config.image_dirs[entry] = config.resolve(item["images"])
+            elif isinstance(item, (str, os.PathLike)):
+                entry = config.resolve(item)
+            else:
+                raise DatasetError(f"{yaml_path}: key `{split}`: entry {item!r} is not a path")
+            if not os.path.exists(entry):
+                raise DatasetError(f"{yaml_path}: key `{split}`: {entry} does not exist")
+            entries.append(entry)
+        config.splits[split] = entries
+    if not config.splits:
+        raise DatasetError(f"{yaml_path}: no split defined (keys `train`, `val`, `test`)")
+
+    if raw.get("names") is not None:
+        config.names = _names_from(raw["names"], f"{yaml_path}: key `names`")
+    else:
+        jsons = [e for entries in config.splits.values() for e in entries if e.lower().endswith(".json")]
+        if not jsons:
+            raise DatasetError(
+                f"{yaml_path}: key `names` is missing (needed unless a COCO json gives categories)"
+            )
+        config.names = coco_category_names(min(jsons, key=os.path.getsize))  # the smallest parses fastest
+    if not config.names:
+        raise DatasetError(f"{yaml_path}: key `names` is empty")
+    if "nc" in raw and raw["nc"] is not None and int(raw["nc"]) != len(config.names):
+        raise DatasetError(
+            f"{yaml_path}: key `nc` is {raw['nc']} but `names` has {len(config.names)} entries"
+        )
+    return config

@@ -1,0 +1,194 @@
+"""Entry point of the data sources: a split of a dataset config -> checked records and a report.
+
+``load_split`` lists the split's files, returns the label cache when it is still valid, and
+otherwise checks every image and label (in a thread pool: decoding and reading release the GIL),
+then saves the cache. ``build_label_cache`` is what ``LightningDataModule.prepare_data`` calls
+once (rank 0) so that every rank's ``setup`` only reads the cache.
+
+Cache location: beside the labels (``<labels dir>.<split>.cache.npz``, or
+``<json stem>.<split>.cache.npz`` beside a COCO json); when that folder is read-only, in
+``cache_dir`` (default ``~/.cache/yolo11_lightning``) under a name derived from that location.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from yolo11_lightning.data.cache import CACHE_VERSION, default_cache_dir, hash_files, load_cache, save_cache
+from yolo11_lightning.data.checks import CLIP_TOLERANCE, DataReport
+from yolo11_lightning.data.coco_source import load_coco_json
+from yolo11_lightning.data.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.yolo_source import label_path_for, list_images, load_yolo_images
+
+__all__ = ["DataReport", "DatasetError", "build_label_cache", "load_split"]
+
+log = logging.getLogger("yolo11_lightning.data")
+MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them all
+_emitted: set[str] = set()  # each warning line goes to the log once per process
+
+
+@dataclass
+class _Entry:
+    path: str
+    is_coco: bool
+    images: list[str] = field(default_factory=list)  # YOLO entries: listed images
+    repeated: list[str] = field(default_factory=list)  # images already listed earlier in the split
+
+
+def _list_entries(config: DatasetConfig, split: str) -> list[_Entry]:
+    if not config.splits.get(split):
+        defined = ", ".join(config.splits) or "none"
+        raise DatasetError(f"{config.source}: split `{split}` is not defined (defined: {defined})")
+    entries, seen = [], set()
+    for raw in config.splits[split]:
+        path = config.resolve(raw)
+        if not os.path.exists(path):
+            raise DatasetError(f"{config.source}: key `{split}`: {path} does not exist")
+        if path.lower().endswith(".json"):
+            entries.append(_Entry(path, True))
+            continue
+        entry = _Entry(path, False)
+        for image in list_images(path):  # an image listed twice is used once
+            (entry.repeated if image in seen else entry.images).append(image)
+            seen.add(image)
+        entries.append(entry)
+    if not any(e.is_coco or e.images for e in entries):
+        raise DatasetError(
+            f"{config.source}: split `{split}`: no image files found in {config.splits[split]}"
+        )
+    return entries
+
+
+def _cache_key(config: DatasetConfig, split: str, entries: list[_Entry]) -> str:
+    h = hashlib.sha1(json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE]).encode())
+    for e in entries:
+        h.update(f"{e.path}\0{e.is_coco}\0{config.image_dirs.get(e.path, '')}\n".encode())
+        if e.is_coco:
+            hash_files([e.path], h)
+        for image in e.images:
+            hash_files([image, label_path_for(image)], h)
+        h.update("\0".join(e.repeated).encode())
+    return h.hexdigest()
+
+
+def _cache_locations(entries: list[_Entry], split: str, cache_dir: str | Path | None) -> tuple[Path, Path]:
+    """(beside the labels, in the cache folder) for a split."""
+    first = entries[0]
+    if first.is_coco:
+        primary = Path(first.path).with_name(f"{Path(first.path).stem}.{split}.cache.npz")
+    else:
+        labels = Path(label_path_for(first.images[0])).parent if first.images else Path(first.path)
+        primary = labels.with_name(f"{labels.name}.{split}.cache.npz")
+    tag = hashlib.sha1(str(primary).encode()).hexdigest()[:12]
+    fallback = Path(cache_dir or default_cache_dir()) / f"{primary.stem}-{tag}.npz"
+    return primary, fallback
+
+
+def _parse(
+    config: DatasetConfig, split: str, entries: list[_Entry], workers: int | None
+) -> tuple[list[ImageRecord], DataReport, list[str]]:
+    report = DataReport(split=split)
+    records: list[ImageRecord] = []
+    deps: list[str] = []
+    workers = workers or min(16, 2 * (os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
+        for e in entries:
+            if e.is_coco:
+                recs, paths = load_coco_json(
+                    e.path, config.names, str(config.root), report, config.image_dirs.get(e.path), pool.map
+                )
+                deps += paths
+            else:
+                for image in e.repeated:
+                    report.note(
+                        f"{image}: listed more than once in split `{split}` (via {e.path}); used once"
+                    )
+                recs = load_yolo_images(e.images, config.num_classes, report, pool.map)
+            records += recs
+    return records, report, deps
+
+
+def _emit(report: DataReport, config: DatasetConfig) -> None:
+    fresh = [w for w in report.warnings if w not in _emitted]
+    for line in fresh[:MAX_LOGGED_WARNINGS]:
+        log.warning(line)
+    _emitted.update(fresh)
+    if len(fresh) > MAX_LOGGED_WARNINGS:
+        log.warning(
+            "... and %d more warnings; list them all with: yolo11-lightning check-data --dataset %s",
+            len(fresh) - MAX_LOGGED_WARNINGS,
+            config.source,
+        )
+    log.info(report.summary())
+
+
+def load_split(
+    config: DatasetConfig,
+    split: str,
+    cache_dir: str | Path | None = None,
+    use_cache: bool = True,
+    *,
+    verbose: bool = True,
+    workers: int | None = None,
+) -> tuple[list[ImageRecord], DataReport]:
+    """Checked records of one split (in a stable order) and the report of what was skipped.
+
+    Args:
+        config: the dataset.
+        split: "train", "val" or "test".
+        cache_dir: where the cache goes when the dataset folder is read-only.
+        use_cache: False: check everything and neither read nor write a cache.
+        verbose: log each warning (once per process) and the summary; pass False on ranks > 0.
+        workers: threads for checking images (default: 2 per CPU, at most 16).
+
+    Raises:
+        DatasetError: the split is not defined, an entry is missing, or no image is usable.
+    """
+    entries = _list_entries(config, split)
+    cached = None
+    if use_cache:
+        key = _cache_key(config, split, entries)
+        primary, fallback = _cache_locations(entries, split, cache_dir)
+        cached = load_cache(primary, key) or load_cache(fallback, key)
+    if cached is not None:
+        records, report = cached
+    else:
+        records, report, deps = _parse(config, split, entries, workers)
+        if use_cache:
+            for path in (primary, fallback):
+                try:
+                    save_cache(path, key, records, report, deps)
+                    report.cache_path = str(path)
+                    break
+                except OSError as e:
+                    log.debug("cannot write label cache %s: %s", path, e)
+            else:
+                log.warning(
+                    "could not write the label cache for split %s (tried %s, %s)", split, primary, fallback
+                )
+    report.split = split
+    if verbose:
+        _emit(report, config)
+    if not records:
+        problems = "\n  ".join(report.warnings[:10]) or "(no warnings)"
+        raise DatasetError(
+            f"{config.source}: split `{split}` has no usable image ({report.summary()}). First problems:\n  {problems}"
+        )
+    return records, report
+
+
+def build_label_cache(
+    config: DatasetConfig, splits: Sequence[str], cache_dir: str | Path | None = None
+) -> None:
+    """Check the given splits (those the config defines) and write their caches; for rank 0 only."""
+    for split in splits:
+        if config.splits.get(split):
+            load_split(config, split, cache_dir=cache_dir, use_cache=True)

@@ -1,0 +1,250 @@
+"""A small synthetic detection dataset: filled shapes on a noisy gradient, with exact boxes.
+
+The built-in dataset of the quickstart, the notebook and the tests. Each class is a shape
+(rectangle, ellipse, triangle, ...) painted in its own hue band (with jittered hue, saturation,
+brightness and size), bright on a dark background, objects never overlapping: a tiny detector
+learns it in a few epochs. A box is the exact extent of the painted pixels (drawn without
+anti-aliasing), in pixel edges: ``x1 = min column``, ``x2 = max column + 1``.
+
+Deterministic: image i of a split depends only on (seed, split, i), so changing the number of
+images does not change the others. Layout written under ``out_dir``::
+
+    images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml
+    {train,val}.json  coco.yaml     (with coco=True: the same images described as COCO json)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+
+SYNTHETIC_CLASS_NAMES = ("rectangle", "ellipse", "triangle", "diamond", "cross", "hexagon", "star", "ring")
+SYNTHETIC_YAML = "data.yaml"
+SYNTHETIC_COCO_YAML = "coco.yaml"
+_MARKER = "synthetic.json"  # the parameters the folder was generated with (written last)
+_SPLITS = ("train", "val")
+
+
+def synthetic_class_names(num_classes: int = 3) -> list[str]:
+    """Class names of a synthetic dataset with ``num_classes`` classes."""
+    if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
+        raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
+    return list(SYNTHETIC_CLASS_NAMES[:num_classes])
+
+
+@dataclass(frozen=True)
+class _Params:
+    num_train: int
+    num_val: int
+    height: int
+    width: int
+    num_classes: int
+    seed: int
+    max_objects: int
+    min_objects: int
+    coco: bool
+
+
+def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
+    """uint8 mask (H, W) of one filled shape drawn inside box (x1, y1, x2, y2), pixel edges."""
+    mask = np.zeros(shape, np.uint8)
+    x1, y1, x2, y2 = box
+    xr, yb = x2 - 1, y2 - 1  # last pixel column / row inside the box
+    cx, cy = (x1 + xr) / 2, (y1 + yb) / 2
+    rx, ry = (xr - x1) / 2, (yb - y1) / 2
+
+    def poly(points) -> None:
+        cv2.fillPoly(mask, [np.round(np.asarray(points)).astype(np.int32)], 255, cv2.LINE_8)
+
+    if kind == "rectangle":
+        cv2.rectangle(mask, (x1, y1), (xr, yb), 255, -1, cv2.LINE_8)
+    elif kind in ("ellipse", "ring"):
+        cv2.ellipse(mask, (round(cx), round(cy)), (max(1, round(rx)), max(1, round(ry))), 0, 0, 360, 255, -1)
+        if kind == "ring":
+            inner = (max(1, round(rx * 0.5)), max(1, round(ry * 0.5)))
+            cv2.ellipse(mask, (round(cx), round(cy)), inner, 0, 0, 360, 0, -1)
+    elif kind == "triangle":
+        corners = [[(x1, yb), (xr, yb), (cx, y1)], [(x1, y1), (xr, y1), (cx, yb)]]
+        poly(corners[int(rng.integers(2))])
+    elif kind == "diamond":
+        poly([(cx, y1), (xr, cy), (cx, yb), (x1, cy)])
+    elif kind == "cross":
+        tx, ty = max(1.0, rx / 3), max(1.0, ry / 3)
+        cv2.rectangle(mask, (x1, round(cy - ty)), (xr, round(cy + ty)), 255, -1)
+        cv2.rectangle(mask, (round(cx - tx), y1), (round(cx + tx), yb), 255, -1)
+    elif kind in ("hexagon", "star"):
+        n = 6 if kind == "hexagon" else 10
+        angles = np.arange(n) * 2 * math.pi / n - math.pi / 2
+        radius = np.where(np.arange(n) % 2, 0.45, 1.0) if kind == "star" else np.ones(n)
+        poly(np.stack([cx + rx * radius * np.cos(angles), cy + ry * radius * np.sin(angles)], 1))
+    else:
+        raise ValueError(kind)
+    return mask
+
+
+def _background(rng, height: int, width: int) -> np.ndarray:
+    """Dark diagonal gradient between two random colours (values 15..100) plus Gaussian noise."""
+    c0, c1 = rng.uniform(15, 100, 3), rng.uniform(15, 100, 3)
+    angle = rng.uniform(0, 2 * math.pi)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    t = (xx / max(width - 1, 1) * math.cos(angle) + yy / max(height - 1, 1) * math.sin(angle) + 1.5) / 3.0
+    img = c0 + (c1 - c0) * t[..., None]
+    return img + rng.normal(0.0, 6.0, img.shape)
+
+
+def _class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
+    """A bright, saturated RGB colour in the class's hue band."""
+    hue = (cls / num_classes + rng.uniform(-0.3, 0.3) / num_classes) % 1.0
+    hsv = np.uint8([[[round(hue * 180) % 180, rng.integers(170, 256), rng.integers(190, 256)]]])
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
+
+
+def _sample(params: _Params, split_index: int, index: int):
+    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
+    rng = np.random.default_rng([params.seed, split_index, index])
+    h, w = params.height, params.width
+    img = _background(rng, h, w)
+    n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
+    classes, boxes, taken = [], [], []
+    for _ in range(n_target * 20):  # rejection sampling of non-overlapping places
+        if len(boxes) == n_target:
+            break
+        side = rng.uniform(0.15, 0.45) * min(h, w)
+        aspect = rng.uniform(0.7, 1.4)
+        bw, bh = max(4, round(side * aspect)), max(4, round(side / aspect))
+        if bw > w - 2 or bh > h - 2:
+            continue
+        x1, y1 = int(rng.integers(1, w - bw)), int(rng.integers(1, h - bh))
+        if any(x1 < b[2] + 2 and b[0] < x1 + bw + 2 and y1 < b[3] + 2 and b[1] < y1 + bh + 2 for b in taken):
+            continue
+        taken.append((x1, y1, x1 + bw, y1 + bh))
+        cls = int(rng.integers(params.num_classes))
+        mask = _shape_mask(SYNTHETIC_CLASS_NAMES[cls], taken[-1], (h, w), rng)
+        ys, xs = np.nonzero(mask)
+        img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
+        classes.append(cls)
+        boxes.append((xs.min(), ys.min(), xs.max() + 1, ys.max() + 1))  # exact extent of the drawn pixels
+    image = np.clip(img, 0, 255).astype(np.uint8)
+    return image, np.asarray(classes, np.int64), np.asarray(boxes, np.float64).reshape(-1, 4)
+
+
+def _write_split(
+    out: Path, params: _Params, split_index: int, split: str, count: int, category_ids: list[int]
+):
+    (out / "images" / split).mkdir(parents=True, exist_ok=True)
+    (out / "labels" / split).mkdir(parents=True, exist_ok=True)
+    coco = {"images": [], "annotations": [], "categories": []}
+    for i in range(count):
+        image, classes, boxes = _sample(params, split_index, i)
+        name = f"{split}_{i:05d}"
+        cv2.imwrite(str(out / "images" / split / f"{name}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        h, w = image.shape[:2]
+        rows = [
+            f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}"
+            for c, (x1, y1, x2, y2) in zip(classes, boxes)
+        ]
+        (out / "labels" / split / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
+        coco["images"].append(
+            {"id": i + 1, "file_name": f"images/{split}/{name}.png", "width": w, "height": h}
+        )
+        for c, (x1, y1, x2, y2) in zip(classes, boxes):
+            coco["annotations"].append(
+                {
+                    "id": len(coco["annotations"]) + 1,
+                    "image_id": i + 1,
+                    "category_id": category_ids[c],
+                    "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                    "area": float((x2 - x1) * (y2 - y1)),
+                    "iscrowd": 0,
+                }
+            )
+    if params.coco:
+        names = synthetic_class_names(params.num_classes)
+        coco["categories"] = [{"id": cid, "name": n} for cid, n in zip(category_ids, names)]
+        (out / f"{split}.json").write_text(json.dumps(coco))
+
+
+def make_synthetic_dataset(
+    out_dir: str | Path,
+    num_train: int = 64,
+    num_val: int = 16,
+    image_size: int | tuple[int, int] = 128,
+    num_classes: int = 3,
+    seed: int = 0,
+    max_objects: int = 4,
+    min_objects: int = 1,
+    coco: bool = False,
+) -> Path:
+    """Write the dataset (module docstring) and return the path of its YOLO dataset yaml.
+
+    ``image_size`` is an int or (height, width). With ``coco=True`` the same images are also
+    described by ``train.json``/``val.json`` (category ids 1, 3, 5, ...: deliberately not
+    contiguous) and ``coco.yaml``. A folder already generated with the same parameters is
+    reused as is (its files, hence label caches, stay untouched).
+    """
+    names = synthetic_class_names(num_classes)
+    height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    if min(height, width) < 16 or not 0 <= min_objects <= max_objects:
+        raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
+    params = _Params(num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco)
+    out = Path(out_dir)
+    marker = out / _MARKER
+    yaml_path = out / SYNTHETIC_YAML
+    try:
+        if json.loads(marker.read_text()) == asdict(params) and yaml_path.is_file():
+            return yaml_path
+    except (OSError, ValueError):
+        pass
+    out.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    category_ids = [2 * k + 1 for k in range(num_classes)]
+    for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
+        _write_split(out, params, split_index, split, count, category_ids)
+    yaml_path.write_text(
+        yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val", "names": names})
+    )
+    if coco:  # no `names`: the class list comes from the json categories
+        (out / SYNTHETIC_COCO_YAML).write_text(
+            yaml.safe_dump({"path": ".", "train": "train.json", "val": "val.json"})
+        )
+    marker.write_text(json.dumps(asdict(params)))
+    return yaml_path
+
+
+def make_synthetic_coco(out_dir: str | Path, **kwargs) -> Path:
+    """Same as ``make_synthetic_dataset(coco=True)`` but returns the COCO dataset yaml."""
+    make_synthetic_dataset(out_dir, coco=True, **kwargs)
+    return Path(out_dir) / SYNTHETIC_COCO_YAML
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``yolo11-lightning synthetic --out DIR [--train N --val N --size S --seed S ...]``."""
+    p = argparse.ArgumentParser(prog="yolo11-lightning synthetic", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--train", type=int, default=64, help="number of training images")
+    p.add_argument("--val", type=int, default=16, help="number of validation images")
+    p.add_argument("--size", type=int, nargs="+", default=[128], help="image size: S, or H W")
+    p.add_argument("--classes", type=int, default=3, help=f"1..{len(SYNTHETIC_CLASS_NAMES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-objects", type=int, default=4)
+    p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
+    args = p.parse_args(argv)
+    if len(args.size) not in (1, 2):
+        p.error("--size takes S or H W")
+    size = args.size[0] if len(args.size) == 1 else (args.size[0], args.size[1])
+    try:
+        path = make_synthetic_dataset(
+            args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects, coco=args.coco
+        )
+    except ValueError as e:
+        p.error(str(e))
+    print(Path(args.out) / SYNTHETIC_COCO_YAML if args.coco else path)
+    return 0
