@@ -1,0 +1,145 @@
+"""The training augmentation pipeline and its hyper-parameters.
+
+Order, as the reference: mosaic of 4 (or letterbox) -> random affine back to ``size`` -> mixup ->
+HSV -> vertical flip -> horizontal flip. Every random number comes from the generator passed in,
+so a sample's augmentation is a function of the generator's seed alone (the Dataset seeds it from
+``(seed, epoch, index)``), whatever the number of workers, ranks or nodes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .color import augment_hsv
+from .transforms import apply_affine, flip_lr, flip_ud, letterbox, mixup, mosaic4, random_affine_matrix
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    """Augmentation hyper-parameters; defaults are the reference's training recipe.
+
+    Attributes:
+        mosaic: probability of a 4-image mosaic (else letterbox).
+        mixup: probability of blending with a second augmented sample.
+        degrees: rotation range +/- degrees.
+        translate: centre shift range +/- fraction of the output size.
+        scale: zoom range 1 +/- scale.
+        shear: shear range +/- degrees.
+        perspective: perspective coefficient range +/- (0.001 is already strong).
+        fliplr, flipud: flip probabilities.
+        hsv_h, hsv_s, hsv_v: HSV gains (hue as a fraction of a turn).
+    """
+
+    mosaic: float = 1.0
+    mixup: float = 0.0
+    degrees: float = 0.0
+    translate: float = 0.1
+    scale: float = 0.5
+    shear: float = 0.0
+    perspective: float = 0.0
+    fliplr: float = 0.5
+    flipud: float = 0.0
+    hsv_h: float = 0.015
+    hsv_s: float = 0.7
+    hsv_v: float = 0.4
+
+    def __post_init__(self) -> None:
+        for name in ("mosaic", "mixup", "fliplr", "flipud", "hsv_h", "hsv_s", "hsv_v", "translate"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"AugmentConfig.{name} must be in [0, 1], got {value}")
+        if not 0.0 <= self.scale < 1.0:
+            raise ValueError(f"AugmentConfig.scale must be in [0, 1) (zoom 1 +/- scale), got {self.scale}")
+        for name in ("degrees", "shear", "perspective"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"AugmentConfig.{name} must be >= 0, got {getattr(self, name)}")
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+class Labelled(NamedTuple):
+    """An image with its boxes.
+
+    Attributes:
+        image: (H, W, 3) uint8 RGB.
+        boxes: (n, 4) float32 xyxy in pixels of ``image``.
+        classes: (n,) int64.
+    """
+
+    image: np.ndarray
+    boxes: np.ndarray
+    classes: np.ndarray
+
+
+LoadFn = Callable[[int], Labelled]
+"""Dataset index -> the image resized so its long side is the output size, with its boxes."""
+PickFn = Callable[[np.random.Generator, int], Sequence[int]]
+"""(generator, k) -> k dataset indices to mix in (mosaic partners, mixup partner)."""
+
+
+def _geometric(
+    index: int, load: LoadFn, pick: PickFn, rng: np.random.Generator, cfg: AugmentConfig, size: int, mix: bool
+) -> Labelled:
+    """Mosaic (or letterbox) then random affine to (size, size)."""
+    if mix and rng.random() < cfg.mosaic:
+        parts = [load(i) for i in (index, *pick(rng, 3))]
+        image, boxes, classes = mosaic4(
+            [p.image for p in parts], [p.boxes for p in parts], [p.classes for p in parts], size, rng
+        )
+    else:
+        item = load(index)
+        image, r, (left, top) = letterbox(item.image, size)
+        boxes = item.boxes * np.float32(r) + np.array([left, top, left, top], dtype=np.float32)
+        classes = item.classes
+    matrix, zoom = random_affine_matrix(
+        rng,
+        in_wh=(image.shape[1], image.shape[0]),
+        out_wh=(size, size),
+        degrees=cfg.degrees,
+        translate=cfg.translate,
+        scale=cfg.scale,
+        shear=cfg.shear,
+        perspective=cfg.perspective,
+    )
+    return Labelled(*apply_affine(image, boxes, classes, matrix, zoom, (size, size)))
+
+
+def augment_train_sample(
+    index: int,
+    load: LoadFn,
+    pick: PickFn,
+    rng: np.random.Generator,
+    cfg: AugmentConfig,
+    size: int,
+    mix: bool = True,
+) -> Labelled:
+    """One training sample of (size, size) pixels.
+
+    Args:
+        index: dataset index of the main image.
+        load: reads an image resized to long side ``size`` (see ``LoadFn``).
+        pick: chooses partner indices for mosaic and mixup.
+        rng: this sample's generator; the only source of randomness.
+        cfg: hyper-parameters.
+        size: output side in pixels.
+        mix: False switches mosaic and mixup off (the last epochs, "close mosaic").
+    """
+    sample = _geometric(index, load, pick, rng, cfg, size, mix)
+    if mix and rng.random() < cfg.mixup:
+        other = _geometric(pick(rng, 1)[0], load, pick, rng, cfg, size, mix)
+        sample = Labelled(
+            mixup(sample.image, other.image, rng),
+            np.concatenate([sample.boxes, other.boxes]),
+            np.concatenate([sample.classes, other.classes]),
+        )
+    image, boxes = augment_hsv(sample.image, rng, cfg.hsv_h, cfg.hsv_s, cfg.hsv_v), sample.boxes
+    if rng.random() < cfg.flipud:
+        image, boxes = flip_ud(image, boxes)
+    if rng.random() < cfg.fliplr:
+        image, boxes = flip_lr(image, boxes)
+    return Labelled(image, boxes.astype(np.float32, copy=False), sample.classes)
