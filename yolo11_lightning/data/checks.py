@@ -46,9 +46,10 @@ def check_rows(
         num_classes: classes must be integers in [0, num_classes).
         row_names: (n,) how a reason refers to another row, e.g. "line 3" (for duplicates).
 
-    Rejects, in this order: non-finite values, non-integer or out-of-range class, coordinates
-    outside [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero or negative size (before and after
-    clipping to the image), exact duplicates of an earlier usable row.
+    Rejects, in this order: non-finite values, non-integer or out-of-range class, zero or negative
+    size (before the range check, so a negative width is reported as such), coordinates outside
+    [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero size after clipping to the image, exact
+    duplicates of an earlier usable row. Kept rows are clipped to the image.
     """
     classes = np.asarray(classes, np.float64).reshape(-1)
     xyxy = np.asarray(xyxy, np.float64).reshape(-1, 4)
@@ -71,6 +72,11 @@ def check_rows(
                 f"class {classes[i]:g} out of range: the dataset has {num_classes} classes (0-{num_classes - 1})"
             ),
         )
+        size = xyxy[:, 2:] - xyxy[:, :2]
+        reject(
+            finite & (size <= 0).any(1),
+            lambda i: f"zero or negative box size (w={size[i, 0]:.6g}, h={size[i, 1]:.6g})",
+        )
         outside = finite & ((lo < -CLIP_TOLERANCE) | (hi > 1 + CLIP_TOLERANCE))
         reject(
             outside,
@@ -78,11 +84,6 @@ def check_rows(
                 f"coordinate {lo[i] if lo[i] < -CLIP_TOLERANCE else hi[i]:g} outside [0, 1] "
                 f"(tolerance {CLIP_TOLERANCE:g})"
             ),
-        )
-        size = xyxy[:, 2:] - xyxy[:, :2]
-        reject(
-            finite & (size <= 0).any(1),
-            lambda i: f"zero or negative box size (w={size[i, 0]:.6g}, h={size[i, 1]:.6g})",
         )
         clipped = np.clip(np.nan_to_num(xyxy), 0.0, 1.0)
         reject(

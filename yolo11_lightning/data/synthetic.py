@@ -139,8 +139,10 @@ def _sample(params: _Params, split_index: int, index: int):
 def _write_split(
     out: Path, params: _Params, split_index: int, split: str, count: int, category_ids: list[int]
 ):
-    (out / "images" / split).mkdir(parents=True, exist_ok=True)
-    (out / "labels" / split).mkdir(parents=True, exist_ok=True)
+    for kind, ext in (("images", "png"), ("labels", "txt")):
+        (out / kind / split).mkdir(parents=True, exist_ok=True)
+        for stale in (out / kind / split).glob(f"{split}_*.{ext}"):  # from an earlier, larger run
+            stale.unlink()
     coco = {"images": [], "annotations": [], "categories": []}
     for i in range(count):
         image, classes, boxes = _sample(params, split_index, i)

@@ -1,0 +1,141 @@
+"""``yolo11-lightning check-data --dataset PATH [--out DIR]``: check a dataset before training on it.
+
+Prints every warning (skipped images and label rows, with file, line and reason) and a summary
+per split, writes label statistics (``<split>_classes.png``, ``<split>_boxes.png``) and a preview
+of augmented training samples with their boxes (``train_preview.png``, the training pipeline's
+own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``).
+
+Exit status: 0 when the dataset can be trained on, even with warnings; 1 when it cannot (bad yaml,
+a missing ``train``/``val`` split, a split without a usable image); 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from yolo11_lightning.data.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.plots import box_scatter, class_histogram
+from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources import load_split
+from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
+
+REQUIRED_SPLITS = ("train", "val")
+PREVIEW_TILE = 320  # preview tiles are shrunk to this side so a 16-image grid stays small
+
+
+def _write_statistics(records: list[ImageRecord], names: list[str], split: str, out: Path) -> list[Path]:
+    classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
+    boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
+    counts = np.bincount(classes, minlength=len(names))
+    paths = [out / f"{split}_classes.png", out / f"{split}_boxes.png"]
+    save_rgb(
+        str(paths[0]), class_histogram(counts, names, f"{split}: boxes per class ({len(records)} images)")
+    )
+    save_rgb(str(paths[1]), box_scatter(boxes, classes, f"{split}: {len(boxes)} boxes, size and centre"))
+    return paths
+
+
+def _preview(
+    records: list[ImageRecord],
+    names: list[str],
+    path: Path,
+    image_size: int,
+    count: int,
+    augment: bool,
+    seed: int,
+) -> Path:
+    """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn."""
+    from yolo11_lightning.data.dataset import DetectionDataset  # torch: imported only when drawing
+
+    dataset = DetectionDataset(records, image_size=image_size, augment=augment, seed=seed)
+    rng = np.random.default_rng(seed)
+    picks = rng.choice(len(records), size=min(count, len(records)), replace=False)
+    tiles = []
+    for index in picks:
+        sample = dataset[(0, int(index))]
+        image = sample["image"].permute(1, 2, 0).numpy()
+        labels = sample["labels"].numpy()
+        h, w = image.shape[:2]
+        cx, cy, bw, bh = labels[:, 1] * w, labels[:, 2] * h, labels[:, 3] * w, labels[:, 4] * h
+        xyxy = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1)
+        tile = draw_boxes(image, xyxy, labels[:, 0], names=names, thickness=max(1, image_size // 320))
+        if max(h, w) > PREVIEW_TILE:
+            tile = cv2.resize(tile, (PREVIEW_TILE, PREVIEW_TILE * h // w), interpolation=cv2.INTER_AREA)
+        tiles.append(tile)
+    save_rgb(str(path), image_grid(tiles, columns=4))
+    return path
+
+
+def check_dataset(
+    config: DatasetConfig, out: Path | None, image_size: int, samples: int, seed: int, use_cache: bool
+) -> bool:
+    """Print the report of every split, write the pictures; True when the dataset is usable."""
+    usable = True
+    loaded: dict[str, list[ImageRecord]] = {}
+    for split in REQUIRED_SPLITS:
+        if not config.splits.get(split):
+            print(f"error: {config.source}: required split `{split}` is not defined", file=sys.stderr)
+            usable = False
+    for split in config.splits:
+        print(f"--- {split}")
+        try:
+            records, report = load_split(config, split, use_cache=use_cache, verbose=False)
+        except DatasetError as e:
+            print(f"error: {e}", file=sys.stderr)
+            usable = False
+            continue
+        for line in report.warnings:
+            print(f"warning: {line}")
+        print(report.summary() + (f"  (cache: {report.cache_path})" if report.cache_path else ""))
+        loaded[split] = records
+    if out is None:
+        return usable
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    for split, records in loaded.items():
+        written += _write_statistics(records, config.names, split, out)
+    if "train" in loaded:
+        written.append(
+            _preview(
+                loaded["train"], config.names, out / "train_preview.png", image_size, samples, True, seed
+            )
+        )
+    if "val" in loaded:
+        written.append(
+            _preview(loaded["val"], config.names, out / "val_preview.png", image_size, samples, False, seed)
+        )
+    print("wrote " + ", ".join(str(p) for p in written))
+    return usable
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="yolo11-lightning check-data", description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", required=True, help="dataset yaml")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default: runs/check-data/<yaml name>)")
+    p.add_argument("--imgsz", type=int, default=640, help="training image size of the preview")
+    p.add_argument("--samples", type=int, default=16, help="images per preview")
+    p.add_argument("--seed", type=int, default=0, help="augmentation seed of the preview")
+    p.add_argument(
+        "--no-cache", action="store_true", help="check everything again; neither read nor write a cache"
+    )
+    p.add_argument("--no-images", action="store_true", help="only print the report")
+    args = p.parse_args(argv)
+    try:
+        config = load_dataset_config(args.dataset)
+    except DatasetError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    out = None if args.no_images else Path(args.out or Path("runs") / "check-data" / Path(args.dataset).stem)
+    usable = check_dataset(config, out, args.imgsz, args.samples, args.seed, not args.no_cache)
+    if not usable:
+        print(
+            f"error: {config.source}: the dataset cannot be trained on (see the errors above)",
+            file=sys.stderr,
+        )
+    return 0 if usable else 1
