@@ -1,0 +1,231 @@
+"""The detection Dataset (records -> augmented tensors) and the batch collate function.
+
+Batch contract (DESIGN.md): ``collate_detection`` returns
+
+    images      uint8   (B, 3, H, W)  RGB; the model converts to float/255 on the device
+    targets     float32 (N, 6)        rows [image_index_in_batch, class, cx, cy, w, h], box normalised to H, W
+    indices     int64   (B,)          dataset indices
+    orig_sizes  int64   (B, 2)        original (h, w)
+    scales      float32 (B,)          letterbox scale r (NaN for augmented training images)
+    pads        float32 (B, 2)        letterbox (left, top) padding (NaN for augmented training images)
+    paths       list[str]
+
+so a box in the batch image maps back to original pixels as ``(xy - pad) / scale``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .augment import AugmentConfig, Labelled, augment_train_sample
+from .image_cache import ImageCache, resized_shape
+from .image_io import read_image
+from .records import ImageRecord
+from .sampler import epoch_order
+from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
+
+# First entropy word of the per-sample generators; the sampler's epoch order uses another one.
+SAMPLE_STREAM = 1
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator of one sample's augmentation: a function of (seed, epoch, index) only."""
+    return np.random.default_rng([SAMPLE_STREAM, seed, epoch, index])
+
+
+class DetectionDataset(Dataset):
+    """Images and boxes from ``ImageRecord``s, augmented for training or letterboxed for evaluation.
+
+    ``dataset[(epoch, index)]`` (what ``ElasticDistributedSampler`` yields) or ``dataset[index]`` (epoch 0)
+    returns a dict: ``image`` uint8 (3, S, S) RGB, ``labels`` float32 (n, 5) ``[class, cx, cy, w, h]``
+    normalised to the output image, ``index``, ``path``, ``orig_size`` (h, w), ``scale``, ``pad`` (left, top).
+
+    Every image is first resized so its long side is ``image_size`` (the reference loads images this way
+    for training and validation alike, enlarging small ones; ``scaleup=False`` keeps small ones as they
+    are). Evaluation then pads to a fixed square ``image_size`` with grey 114: one shape for every image
+    keeps batching simple (the reference pads to per-batch rectangles, which only changes the padding).
+
+    Training augmentation is a pure function of ``(seed, epoch, index)``, whatever the number of workers,
+    ranks or nodes. Samples of epochs ``>= mosaic_until_epoch`` use letterbox + affine without mosaic and
+    mixup (the reference's last-epochs "close mosaic"); set it before the DataLoader workers start.
+
+    Args:
+        records: the images and their labels.
+        image_size: output side S in pixels (a multiple of 32 for the model).
+        augment: training augmentation (True) or evaluation letterbox (False).
+        aug: augmentation hyper-parameters (reference defaults when None).
+        seed: seed of the augmentation (use the sampler's seed).
+        mosaic_until_epoch: first epoch without mosaic/mixup; None keeps them on.
+        scaleup: enlarge images smaller than ``image_size`` when loading.
+        image_cache: decoded, resized images of all records (RAM), or None to read files.
+        partner_pool: mosaic/mixup partners are drawn from the sample's global batch of this size (the
+            epoch order of ``sampler.epoch_order``): a worker then finds most partners among images it
+            decodes anyway, 1 decode per sample instead of 4 on one device. None draws them from the whole
+            dataset. Both are functions of (seed, epoch, index) only.
+        decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
+            None picks min(partner_pool or 16, 128) (about 1 MB per 640 image).
+    """
+
+    def __init__(
+        self,
+        records: Sequence[ImageRecord],
+        image_size: int = 640,
+        augment: bool = False,
+        aug: AugmentConfig | None = None,
+        seed: int = 0,
+        mosaic_until_epoch: int | None = None,
+        scaleup: bool = True,
+        image_cache: ImageCache | None = None,
+        partner_pool: int | None = None,
+        decode_cache_size: int | None = None,
+    ) -> None:
+        if image_size <= 0:
+            raise ValueError(f"image_size must be positive, got {image_size}")
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        if image_cache is not None and len(image_cache) != len(records):
+            raise ValueError(
+                f"image cache holds {len(image_cache)} images but there are {len(records)} records"
+            )
+        self.records = list(records)
+        self.image_size = image_size
+        self.augment = augment
+        self.aug = aug if aug is not None else AugmentConfig()
+        self.seed = seed
+        self.mosaic_until_epoch = mosaic_until_epoch
+        self.scaleup = scaleup
+        self.image_cache = image_cache
+        self.partner_pool = partner_pool
+        if decode_cache_size is None:  # enough for one pool: a worker decodes each pool image once
+            decode_cache_size = min(partner_pool or 16, 128)
+        self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
+        self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
+        self._order_epoch: int | None = None
+        self._order: np.ndarray = np.zeros(0, np.int64)
+        self._position: np.ndarray = np.zeros(0, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers start with empty per-process caches instead of a pickled copy of the parent's.
+        state = self.__dict__.copy()
+        state["_decoded"] = OrderedDict()
+        state["_order_epoch"] = None
+        return state
+
+    # ------------------------------------------------------------------------------------ loading
+    def load_resized(self, index: int) -> tuple[np.ndarray, float]:
+        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r)."""
+        if self.image_cache is not None:
+            rec = self.records[index]
+            return self.image_cache[index], resized_shape(
+                rec.height, rec.width, self.image_size, self.scaleup
+            )[2]
+        hit = self._decoded.get(index)
+        if hit is not None:
+            self._decoded.move_to_end(index)
+            return hit
+        rec = self.records[index]
+        image = read_image(rec.path)
+        if image.shape[:2] != (rec.height, rec.width):
+            raise ValueError(
+                f"{rec.path}: decoded size {image.shape[:2]} differs from the record's "
+                f"({rec.height}, {rec.width}); the label cache is stale, rebuild it"
+            )
+        item = resize_long_side(image, self.image_size, self.scaleup)
+        if self.decode_cache_size > 0:
+            self._decoded[index] = item
+            if len(self._decoded) > self.decode_cache_size:
+                self._decoded.popitem(last=False)
+        return item
+
+    def _load_labelled(self, index: int) -> Labelled:
+        image, r = self.load_resized(index)
+        rec = self.records[index]
+        boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
+        return Labelled(image, boxes, rec.classes)
+
+    # ------------------------------------------------------------------------------------ partners
+    def _pool(self, epoch: int, index: int) -> np.ndarray | None:
+        """Indices of the global batch holding ``index`` in this epoch's order, or None (whole dataset)."""
+        if self.partner_pool is None or self.partner_pool < 4:
+            return None
+        if self._order_epoch != epoch:  # once per epoch per worker: a permutation and its inverse
+            self._order = epoch_order(len(self), self.seed, epoch, self.partner_pool)
+            # Padding repeats a few indices at the end; their first position decides their pool.
+            self._position = np.unique(self._order, return_index=True)[1]
+            self._order_epoch = epoch
+        start = self._position[index] // self.partner_pool * self.partner_pool
+        return self._order[start : start + self.partner_pool]
+
+    def _picker(self, epoch: int, index: int):
+        pool = self._pool(epoch, index)
+        n = len(self)
+
+        def pick(rng: np.random.Generator, k: int) -> list[int]:
+            if pool is None:
+                return rng.integers(0, n, size=k).tolist()
+            return rng.choice(pool, size=k, replace=False).tolist()
+
+        return pick
+
+    # ------------------------------------------------------------------------------------ samples
+    def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any]:
+        epoch, index = item if isinstance(item, tuple) else (0, item)
+        index = int(index)
+        if not 0 <= index < len(self):
+            raise IndexError(f"index {index} out of range for a dataset of {len(self)} images")
+        rec = self.records[index]
+        size = self.image_size
+        if self.augment:
+            mix = self.mosaic_until_epoch is None or epoch < self.mosaic_until_epoch
+            rng = sample_rng(self.seed, epoch, index)
+            out = augment_train_sample(
+                index, self._load_labelled, self._picker(epoch, index), rng, self.aug, size, mix
+            )
+            image, boxes, classes = out
+            scale, pad = math.nan, (math.nan, math.nan)  # no single scale/pad maps an augmented image back
+        else:
+            resized, r = self.load_resized(index)
+            image, r2, (left, top) = letterbox(resized, size, scaleup=False)
+            scale, pad = r * r2, (float(left), float(top))
+            # From original pixels with the one scalar scale, so (xy - pad) / scale inverts it exactly.
+            boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * np.float32(scale)
+            boxes += np.array([left, top, left, top], dtype=np.float32)
+            classes = rec.classes
+        labels = np.concatenate(
+            [classes.astype(np.float32)[:, None], xyxy_to_xywhn(boxes, image.shape[1], image.shape[0])],
+            axis=1,
+        )
+        return {
+            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "labels": torch.from_numpy(labels),
+            "index": index,
+            "path": rec.path,
+            "orig_size": (rec.height, rec.width),
+            "scale": scale,
+            "pad": pad,
+        }
+
+
+def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Stack ``DetectionDataset`` samples into the batch contract (module docstring)."""
+    labels = [s["labels"] for s in samples]
+    image_index = torch.cat([torch.full((len(lab), 1), float(i)) for i, lab in enumerate(labels)])
+    return {
+        "images": torch.stack([s["image"] for s in samples]),
+        "targets": torch.cat([image_index, torch.cat(labels)], dim=1),
+        "indices": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
+        "orig_sizes": torch.tensor([s["orig_size"] for s in samples], dtype=torch.int64).reshape(-1, 2),
+        "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
+        "pads": torch.tensor([s["pad"] for s in samples], dtype=torch.float32).reshape(-1, 2),
+        "paths": [s["path"] for s in samples],
+    }
