@@ -159,12 +159,21 @@ def infer_and_map(state: Mapping[str, Tensor], label: str) -> tuple[str, int, di
 
 
 def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
+    """Up to six differences between our expected state dict and a renamed one, named in the file's keys."""
+    ref_name = {k: _reference_key(k) for k in (*expected, *got)}
+    missing = [ref_name[k] for k in expected if k not in got]
+    extra = [ref_name[k] for k in got if k not in expected]
     shapes = [
-        f"{k} is {tuple(got[k].shape)}, expected {tuple(v.shape)}"
+        f"{ref_name[k]!r} is {tuple(got[k].shape)}, expected {tuple(v.shape)}"
         for k, v in expected.items()
         if k in got and got[k].shape != v.shape
     ]
     out = [f"missing key {k!r}" for k in missing[:2]] + [f"unexpected key {k!r}" for k in extra[:2]]
     return out + shapes[:2]
+
+
+def _reference_key(key: str) -> str:
+    """Inverse of ``rename_key``."""
+    if key.startswith("head."):
+        return f"model.{HEAD_INDEX}.{key[5:]}"
+    return f"model.{key[len('layers.') :]}"
