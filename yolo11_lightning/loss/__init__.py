@@ -1,0 +1,6 @@
+"""Task-aligned assigner and the YOLO11 detection loss (plain torch)."""
+
+from yolo11_lightning.loss.assigner import Assignment, TaskAlignedAssigner
+from yolo11_lightning.loss.detection import DetectionLoss
+
+__all__ = ["Assignment", "DetectionLoss", "TaskAlignedAssigner"]
