@@ -1,0 +1,165 @@
+"""YOLO11 detection loss: BCE classification, CIoU box and distribution focal (DFL) terms."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from yolo11_lightning.loss.assigner import TaskAlignedAssigner
+from yolo11_lightning.ops.anchors import box_to_dist, dist_to_box, make_anchors
+from yolo11_lightning.ops.boxes import complete_iou, cxcywh_to_xyxy
+
+
+class DetectionLoss(nn.Module):
+    """Loss of the YOLO11 detector's train-mode output against a batch of targets.
+
+    ``loss, items = DetectionLoss(nc)(feats, targets)``:
+
+    - ``feats``: the three level maps (B, 4·reg_max + nc, H/s, W/s) for ``strides``, box-distribution
+      channels first, then class logits. The input image is ``feats[0].shape[-2:] * strides[0]`` pixels.
+    - ``targets``: (N, 6) rows ``[image_index, class, cx, cy, w, h]``, box normalised to that image.
+    - ``items``: detached (3,) tensor of the gained (box, cls, dfl) terms; ``loss``: their sum (scalar).
+
+    Each term is summed over the batch and divided by N = max(Σ target scores, 1). Relation to the
+    reference ``v8DetectionLoss`` (8.3.x), which returns ``(l * batch_size, l.detach())``:
+    ``items == l`` and ``loss == l.sum() == reference_loss.sum() / batch_size`` (checked in the tests).
+    Scaling for the optimiser recipe (batch size, world size, accumulation) is the caller's job.
+
+    World-size invariance: ``normalizer_reduce`` (a constructor argument or attribute, set it once the
+    process group exists) maps this process's Σ target scores to the sum over all ranks. Then each
+    rank's loss is its share of the global-batch loss, and the ranks' gradients *summed* equal the
+    gradient of one process holding the whole batch. It is called on every forward, empty batches
+    included, so every rank joins the collective. ``items`` are per-rank shares too (sum them to log).
+
+    Computed in float32 at least, with autocast off: the assigner's ranking needs the precision.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        strides: Sequence[int] = (8, 16, 32),
+        reg_max: int = 16,
+        box: float = 7.5,
+        cls: float = 0.5,
+        dfl: float = 1.5,
+        normalizer_reduce: Callable[[Tensor], Tensor] | None = None,
+        assigner: TaskAlignedAssigner | None = None,
+    ) -> None:
+        super().__init__()
+        if num_classes < 1 or reg_max < 2:
+            raise ValueError(
+                f"DetectionLoss: num_classes ({num_classes}) must be >= 1, reg_max ({reg_max}) >= 2"
+            )
+        self.num_classes, self.reg_max = num_classes, reg_max
+        self.strides = tuple(int(s) for s in strides)
+        self.gains = (float(box), float(cls), float(dfl))
+        self.normalizer_reduce = normalizer_reduce
+        self.assigner = assigner if assigner is not None else TaskAlignedAssigner()
+
+    def forward(self, feats: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
+        self._check(feats, targets)
+        device = feats[0].device
+        with torch.autocast(device.type, enabled=False):
+            return self._loss(feats, targets)
+
+    def _loss(self, feats: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
+        dtype = torch.promote_types(feats[0].dtype, torch.float32)
+        bs, device, nd = feats[0].shape[0], feats[0].device, 4 * self.reg_max
+        shapes = [tuple(f.shape[-2:]) for f in feats]
+        preds = (
+            torch.cat([f.to(dtype).flatten(2) for f in feats], 2).transpose(1, 2).contiguous()
+        )  # (B, A, no)
+        pred_dist, pred_logits = preds.split((nd, self.num_classes), -1)
+        na = preds.shape[1]
+
+        anchors, stride = make_anchors(shapes, self.strides, dtype=dtype, device=device)  # grid units, (A, 1)
+        bins = torch.arange(self.reg_max, dtype=dtype, device=device)
+        pred_boxes = dist_to_box(
+            pred_dist.unflatten(-1, (4, self.reg_max)).softmax(-1) @ bins, anchors, xywh=False
+        )
+
+        height, width = shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0]
+        scale = torch.tensor([width, height, width, height], dtype=dtype, device=device)
+        targets = targets.to(device=device, dtype=dtype)
+        assign = self.assigner(
+            pred_logits.detach().sigmoid(),
+            pred_boxes.detach() * stride,
+            anchors * stride,
+            cxcywh_to_xyxy(targets[:, 2:6] * scale),
+            targets[:, 1].long(),
+            targets[:, 0].long(),
+        )
+        target_scores = assign.target_scores
+        normalizer = target_scores.sum()
+        if self.normalizer_reduce is not None:
+            normalizer = self.normalizer_reduce(normalizer)
+        normalizer = normalizer.clamp(min=1)
+
+        loss_cls = (
+            F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum") / normalizer
+        )
+
+        # Box and DFL terms on the foreground anchors only, gathered into a list whose length is known
+        # from shapes (each box has at most topk anchors), so no host sync; padding rows weigh 0.
+        rows, row_valid = _compact(
+            assign.fg_mask.flatten(), min(targets.shape[0] * self.assigner.topk, bs * na)
+        )
+        weight = target_scores.sum(-1).flatten()[rows] * row_valid
+        anchor = anchors[rows % na]
+        target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
+        ciou = complete_iou(pred_boxes.flatten(0, 1)[rows], target_box)
+        loss_box = ((1.0 - ciou) * weight).sum() / normalizer
+
+        target_dist = box_to_dist(anchor, target_box, self.reg_max - 1 - 0.01)
+        log_probs = pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
+        loss_dfl = (_dfl(log_probs, target_dist) * weight).sum() / normalizer
+
+        gained = torch.stack((loss_box, loss_cls, loss_dfl)) * torch.tensor(
+            self.gains, dtype=dtype, device=device
+        )
+        return gained.sum(), gained.detach()
+
+    def _check(self, feats: Sequence[Tensor], targets: Tensor) -> None:
+        channels = 4 * self.reg_max + self.num_classes
+        if len(feats) != len(self.strides):
+            raise ValueError(f"DetectionLoss: got {len(feats)} feature maps for strides {self.strides}")
+        for i, f in enumerate(feats):
+            if f.ndim != 4 or f.shape[1] != channels or f.shape[0] != feats[0].shape[0]:
+                raise ValueError(
+                    f"DetectionLoss: feats[{i}] has shape {tuple(f.shape)}, expected (B, {channels}, H, W): "
+                    f"4*reg_max={4 * self.reg_max} box-distribution channels then {self.num_classes} class logits"
+                )
+        if targets.ndim != 2 or targets.shape[1] != 6:
+            raise ValueError(
+                f"DetectionLoss: targets has shape {tuple(targets.shape)}, expected (N, 6) rows "
+                "[image_index, class, cx, cy, w, h]"
+            )
+
+
+def _compact(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
+    """Indices of the True entries of a 1-D mask, in order, in a list of fixed ``size`` (>= mask.sum()).
+
+    Returns (indices (size,) long, valid (size,) bool); padding rows point at entry 0. Sync-free,
+    unlike ``nonzero``.
+    """
+    slot = torch.where(mask, mask.long().cumsum(0) - 1, size)  # True entries to 0, 1, ...; others to a spare
+    positions = torch.arange(mask.numel(), device=mask.device)
+    rows = torch.zeros(size + 1, dtype=torch.long, device=mask.device).scatter_(0, slot, positions)[:size]
+    valid = torch.arange(size, device=mask.device) < mask.sum()
+    return rows.masked_fill(~valid, 0), valid
+
+
+def _dfl(log_probs: Tensor, target: Tensor) -> Tensor:
+    """Distribution focal loss, mean over the 4 sides.
+
+    log_probs: (R, 4, reg_max) log-softmax over the bins; target: (R, 4) distances in bins, < reg_max - 1.
+    Cross entropy against the two bins around the target, weighted by proximity.
+    """
+    left = target.long()
+    weight_left = left + 1 - target
+    ce_left = -log_probs.gather(-1, left[..., None]).squeeze(-1)
+    ce_right = -log_probs.gather(-1, (left + 1)[..., None]).squeeze(-1)
+    return (ce_left * weight_left + ce_right * (1 - weight_left)).mean(-1)
