@@ -91,19 +91,23 @@ def test_label_path_mapping() -> None:
 # ----------------------------------------------------------------------------------- YOLO vs COCO
 def test_same_images_as_yolo_txt_and_coco_json_give_same_records(tmp_path: Path) -> None:
     coco_yaml = make_synthetic_coco(
-        tmp_path, num_train=12, num_val=4, image_size=(48, 64), num_classes=4, seed=3
+        tmp_path, num_train=12, num_val=4, image_size=(48, 64), num_classes=4, seed=3, min_objects=0
     )
     yolo = load_dataset_config(tmp_path / "data.yaml")
     coco = load_dataset_config(coco_yaml)
     assert coco.names == yolo.names  # from the json categories (ids 1, 3, 5, 7), sorted by id
     cats = json.loads((tmp_path / "train.json").read_text())["categories"]
     assert [c["id"] for c in cats] != list(range(len(cats)))  # the json really is non-contiguous
+    backgrounds = 0
     for split in ("train", "val"):
         a, report_a = load_split(yolo, split, use_cache=False)
         b, report_b = load_split(coco, split, use_cache=False)
         assert_same_records(a, b)
         assert sum(len(r.classes) for r in a) > len(a)  # several objects per image: a real comparison
+        assert report_a.num_background == report_b.num_background
         assert report_a.warnings == report_b.warnings == []
+        backgrounds += report_a.num_background
+    assert backgrounds > 0  # images without annotations (COCO) == empty label files (YOLO)
 
 
 def test_polygon_rows_give_their_extent(tmp_path: Path) -> None:

@@ -74,6 +74,9 @@ def test_existing_dataset_with_same_parameters_is_reused(tmp_path: Path) -> None
     mtime = label.stat().st_mtime_ns
     assert make_synthetic_dataset(tmp_path, num_train=3, num_val=1, image_size=32) == path
     assert label.stat().st_mtime_ns == mtime  # untouched: label caches stay valid
+    (tmp_path / "images" / "val" / "val_00000.png").unlink()  # damaged folder: regenerated
+    make_synthetic_dataset(tmp_path, num_train=3, num_val=1, image_size=32)
+    assert (tmp_path / "images" / "val" / "val_00000.png").is_file()
     before = _files(tmp_path / "images")
     make_synthetic_dataset(tmp_path, num_train=2, num_val=1, image_size=32, seed=5)  # other parameters
     after = _files(tmp_path / "images")

@@ -7,8 +7,8 @@ image as displayed, the frame YOLO labels are written in.
 
 Truncation: OpenCV's ``imread`` fills a truncated JPEG with grey and returns it (only libjpeg
 prints a warning), so we check the JPEG structure ourselves: an end-of-image marker must follow
-the first scan. The search starts after the scan header, so the EXIF thumbnail's own end marker
-(inside APP1, before the scan) cannot fool it, and entropy-coded data can never contain FF D9.
+the first scan. Only a marker after the scan header counts, so the EXIF thumbnail's own end
+marker (inside APP1, before the scan) cannot fool it; entropy-coded data never contains FF D9.
 """
 
 from __future__ import annotations
@@ -75,7 +75,9 @@ def _jpeg_frame(path: str, data: bytes) -> tuple[int, int]:
         if marker in _SOF_MARKERS and seg_end - i >= 9:
             size = (int.from_bytes(data[i + 5 : i + 7], "big"), int.from_bytes(data[i + 7 : i + 9], "big"))
         if marker == 0xDA:  # start of scan: entropy-coded data follows
-            if data.find(b"\xff\xd9", seg_end) < 0:
+            # The last FF D9 lies after the scan iff some FF D9 does: rfind stops near the end (fast),
+            # where find would crawl through every FF of the entropy-coded data.
+            if data.rfind(b"\xff\xd9") < seg_end:
                 raise ImageReadError(path, "truncated JPEG (no end-of-image marker after the image data)")
             return size
         i = seg_end

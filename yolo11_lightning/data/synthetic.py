@@ -193,7 +193,7 @@ def make_synthetic_dataset(
     reused as is (its files, hence label caches, stay untouched).
     """
     names = synthetic_class_names(num_classes)
-    height, width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+    height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)
     if min(height, width) < 16 or not 0 <= min_objects <= max_objects:
         raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
     params = _Params(num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco)
@@ -201,7 +201,9 @@ def make_synthetic_dataset(
     marker = out / _MARKER
     yaml_path = out / SYNTHETIC_YAML
     try:
-        if json.loads(marker.read_text()) == asdict(params) and yaml_path.is_file():
+        same = json.loads(marker.read_text()) == asdict(params) and yaml_path.is_file()
+        counts = [len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS]
+        if same and counts == [num_train, num_val]:
             return yaml_path
     except (OSError, ValueError):
         pass
@@ -210,13 +212,10 @@ def make_synthetic_dataset(
     category_ids = [2 * k + 1 for k in range(num_classes)]
     for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
         _write_split(out, params, split_index, split, count, category_ids)
-    yaml_path.write_text(
-        yaml.safe_dump({"path": ".", "train": "images/train", "val": "images/val", "names": names})
-    )
+    # No `path`: the root is the yaml's folder (here and in the reference), so the folder can move.
+    yaml_path.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))
     if coco:  # no `names`: the class list comes from the json categories
-        (out / SYNTHETIC_COCO_YAML).write_text(
-            yaml.safe_dump({"path": ".", "train": "train.json", "val": "val.json"})
-        )
+        (out / SYNTHETIC_COCO_YAML).write_text(yaml.safe_dump({"train": "train.json", "val": "val.json"}))
     marker.write_text(json.dumps(asdict(params)))
     return yaml_path
 
