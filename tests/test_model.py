@@ -156,11 +156,14 @@ def test_fuse_keeps_outputs():
     perturb(model, seed=1)
     model.eval()
     x = torch.rand(2, 3, 96, 64)
+    synced = nn.SyncBatchNorm.convert_sync_batchnorm(copy.deepcopy(model))  # as DDP with SyncBN has it
     with torch.no_grad():
         before = model(x)
         assert model.fuse() is model
         after = model(x)
-    assert not any(isinstance(m, nn.BatchNorm2d) for m in model.modules())
+        torch.testing.assert_close(synced.fuse()(x), after)
+    for m in (model, synced):
+        assert not any(isinstance(b, nn.modules.batchnorm._BatchNorm) for b in m.modules())
     assert before[:, 4:].std() > 0.05  # non-trivial scores
     # Scores within 1e-4; boxes within 1e-4 of the image size (fp32 rounding on values up to ~500 px).
     torch.testing.assert_close(after[:, 4:], before[:, 4:], atol=1e-4, rtol=0)

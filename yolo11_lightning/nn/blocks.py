@@ -38,7 +38,7 @@ class Conv(nn.Module):
     def fuse_bn(self) -> None:
         """Fold BN into the conv: w' = w·γ/σ, b' = β − μ·γ/σ with σ = sqrt(var + eps). Idempotent."""
         bn = self.bn
-        if not isinstance(bn, nn.BatchNorm2d):
+        if not isinstance(bn, nn.modules.batchnorm._BatchNorm):  # BatchNorm2d or SyncBatchNorm
             return
         conv = self.conv
         scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)  # (c2,)
