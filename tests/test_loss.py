@@ -183,10 +183,17 @@ def test_low_precision_inputs_are_computed_in_float32() -> None:
 
 def test_bad_inputs_are_named() -> None:
     criterion = DetectionLoss(3)
-    feats = [torch.zeros(1, 67, 8 // s * 8, 8 // s * 8) for s in (1, 2, 4)]
+    feats = [torch.zeros(1, 67, 64 // s, 64 // s) for s in (1, 2, 4)]  # a 512 px input, 3 classes
     with pytest.raises(ValueError, match=r"feats\[1\] has shape"):
         criterion([feats[0], torch.zeros(1, 66, 4, 4), feats[2]], torch.zeros(0, 6))
     with pytest.raises(ValueError, match="got 2 feature maps"):
         criterion(feats[:2], torch.zeros(0, 6))
     with pytest.raises(ValueError, match=r"targets has shape \(4, 5\)"):
         criterion(feats, torch.zeros(4, 5))
+    row = [[0.0, 1.0, 0.5, 0.5, 0.2, 0.2]]
+    with pytest.raises(
+        ValueError, match=r"targets\[1, 1\] \(class\) is 3.0, expected an integer in \[0, 3\)"
+    ):
+        criterion(feats, torch.tensor([*row, [0.0, 3.0, 0.5, 0.5, 0.2, 0.2]]))
+    with pytest.raises(ValueError, match=r"targets\[0, 0\] \(image_index\) is 1.0"):
+        criterion(feats, torch.tensor([[1.0, 0.0, 0.5, 0.5, 0.2, 0.2]]))

@@ -121,7 +121,8 @@ class TaskAlignedAssigner(nn.Module):
         ov_claim = claimed(top_ov, -1.0)
         align_claim = claimed(top_align, -1.0)
 
-        # Contested anchors go to the box of highest overlap among all boxes of the image.
+        # Contested anchors go to the box of highest overlap among all boxes of the image, as in the
+        # reference: possibly one that did not pick the anchor, or the image's first box if none overlaps.
         gt_index = torch.where(multi, best_gt, claimer).clamp(min=0)  # 0 for background cells
         contested_score = pd_scores.flatten(0, 1).gather(1, gt_labels[gt_index][:, None]).squeeze(1)
         align_multi = contested_score.pow(self.alpha) * best_ov.pow(self.beta)

@@ -26,13 +26,16 @@ class DetectionLoss(nn.Module):
     Each term is summed over the batch and divided by N = max(Σ target scores, 1). Relation to the
     reference ``v8DetectionLoss`` (8.3.x), which returns ``(l * batch_size, l.detach())``:
     ``items == l`` and ``loss == l.sum() == reference_loss.sum() / batch_size`` (checked in the tests).
-    Scaling for the optimiser recipe (batch size, world size, accumulation) is the caller's job.
+    Scaling for the optimiser recipe (batch size, world size, accumulation) is the caller's job: the
+    reference's gradient for a global batch B is that of ``loss * B`` in a single process.
 
     World-size invariance: ``normalizer_reduce`` (a constructor argument or attribute, set it once the
     process group exists) maps this process's Σ target scores to the sum over all ranks. Then each
     rank's loss is its share of the global-batch loss, and the ranks' gradients *summed* equal the
-    gradient of one process holding the whole batch. It is called on every forward, empty batches
-    included, so every rank joins the collective. ``items`` are per-rank shares too (sum them to log).
+    gradient of one process holding the whole batch. (DDP *averages* gradients over R ranks, so the
+    caller multiplies by R to get that sum. The reference normalises per rank, which is not invariant.)
+    It is called on every forward, empty batches included, so every rank joins the collective; it
+    receives a detached 0-d tensor. ``items`` are per-rank shares too (sum them over ranks to log).
 
     Computed in float32 at least, with autocast off: the assigner's ranking needs the precision.
     """
@@ -69,26 +72,24 @@ class DetectionLoss(nn.Module):
         dtype = torch.promote_types(feats[0].dtype, torch.float32)
         bs, device, nd = feats[0].shape[0], feats[0].device, 4 * self.reg_max
         shapes = [tuple(f.shape[-2:]) for f in feats]
-        preds = (
-            torch.cat([f.to(dtype).flatten(2) for f in feats], 2).transpose(1, 2).contiguous()
-        )  # (B, A, no)
+        # (B, A, 4·reg_max + nc), anchors of all levels in a row
+        preds = torch.cat([f.to(dtype).flatten(2) for f in feats], 2).transpose(1, 2).contiguous()
         pred_dist, pred_logits = preds.split((nd, self.num_classes), -1)
         na = preds.shape[1]
 
-        anchors, stride = make_anchors(shapes, self.strides, dtype=dtype, device=device)  # grid units, (A, 1)
+        # Anchor centres (A, 2) in grid units of their level, strides (A, 1); boxes decoded in grid units.
+        anchors, stride = make_anchors(shapes, self.strides, dtype=dtype, device=device)
         bins = torch.arange(self.reg_max, dtype=dtype, device=device)
-        pred_boxes = dist_to_box(
-            pred_dist.unflatten(-1, (4, self.reg_max)).softmax(-1) @ bins, anchors, xywh=False
-        )
+        distances = pred_dist.unflatten(-1, (4, self.reg_max)).softmax(-1) @ bins  # expected bin, per side
+        pred_boxes = dist_to_box(distances, anchors, xywh=False)
 
         height, width = shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0]
-        scale = torch.tensor([width, height, width, height], dtype=dtype, device=device)
         targets = targets.to(device=device, dtype=dtype)
         assign = self.assigner(
             pred_logits.detach().sigmoid(),
             pred_boxes.detach() * stride,
             anchors * stride,
-            cxcywh_to_xyxy(targets[:, 2:6] * scale),
+            cxcywh_to_xyxy(_scale_xywh(targets[:, 2:6], width, height)),
             targets[:, 1].long(),
             targets[:, 0].long(),
         )
@@ -98,15 +99,13 @@ class DetectionLoss(nn.Module):
             normalizer = self.normalizer_reduce(normalizer)
         normalizer = normalizer.clamp(min=1)
 
-        loss_cls = (
-            F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum") / normalizer
-        )
+        loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum")
+        loss_cls = loss_cls / normalizer
 
         # Box and DFL terms on the foreground anchors only, gathered into a list whose length is known
         # from shapes (each box has at most topk anchors), so no host sync; padding rows weigh 0.
-        rows, row_valid = _compact(
-            assign.fg_mask.flatten(), min(targets.shape[0] * self.assigner.topk, bs * na)
-        )
+        bound = min(targets.shape[0] * self.assigner.topk, bs * na)
+        rows, row_valid = _compact(assign.fg_mask.flatten(), bound)
         weight = target_scores.sum(-1).flatten()[rows] * row_valid
         anchor = anchors[rows % na]
         target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
@@ -117,9 +116,8 @@ class DetectionLoss(nn.Module):
         log_probs = pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
         loss_dfl = (_dfl(log_probs, target_dist) * weight).sum() / normalizer
 
-        gained = torch.stack((loss_box, loss_cls, loss_dfl)) * torch.tensor(
-            self.gains, dtype=dtype, device=device
-        )
+        # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
+        gained = torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
         return gained.sum(), gained.detach()
 
     def _check(self, feats: Sequence[Tensor], targets: Tensor) -> None:
@@ -137,6 +135,26 @@ class DetectionLoss(nn.Module):
                 f"DetectionLoss: targets has shape {tuple(targets.shape)}, expected (N, 6) rows "
                 "[image_index, class, cx, cy, w, h]"
             )
+        # Value checks read the data: only where that costs no device sync (out-of-range indices on an
+        # accelerator end in a device-side assert instead).
+        if targets.device.type == "cpu" and targets.shape[0]:
+            for column, name, limit in (
+                (0, "image_index", feats[0].shape[0]),
+                (1, "class", self.num_classes),
+            ):
+                values = targets[:, column]
+                bad = (values < 0) | (values >= limit) | (values != values.floor())
+                if bad.any():
+                    row = int(bad.nonzero()[0, 0])
+                    raise ValueError(
+                        f"DetectionLoss: targets[{row}, {column}] ({name}) is {values[row].item()}, "
+                        f"expected an integer in [0, {limit})"
+                    )
+
+
+def _scale_xywh(xywh: Tensor, width: int, height: int) -> Tensor:
+    """Normalised (N, 4) xywh to pixels, with Python scalars (no host-to-device copy)."""
+    return torch.stack((xywh[:, 0] * width, xywh[:, 1] * height, xywh[:, 2] * width, xywh[:, 3] * height), 1)
 
 
 def _compact(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
