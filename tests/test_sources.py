@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from data_files import pattern, write_image, write_labels, write_yaml
+from data_files import jpeg_with_orientation, pattern, write_image, write_labels, write_yaml
 
 from yolo11_lightning.data import cache as cache_module
 from yolo11_lightning.data import sources, yolo_source
@@ -253,3 +253,30 @@ def test_cache_file_is_not_a_pickle(small_dataset: DatasetConfig) -> None:
     with np.load(report.cache_path, allow_pickle=False) as z:  # would raise on object arrays
         assert {"meta", "paths", "sizes", "counts", "classes", "boxes"} <= set(z.files)
         assert all(z[k].dtype != object for k in z.files)
+
+
+def test_records_match_the_reference_label_reader(tmp_path: Path) -> None:
+    """Clean labels (boxes, polygons, an EXIF-rotated JPEG) read as the reference reads them."""
+    os.environ["YOLO_OFFLINE"] = "1"
+    pytest.importorskip("ultralytics")
+    from ultralytics.data.utils import verify_image_label
+
+    config = load_dataset_config(
+        make_synthetic_dataset(tmp_path, num_train=6, num_val=1, image_size=(40, 56))
+    )
+    images = tmp_path / "images" / "train"
+    (images / "rot.jpg").write_bytes(jpeg_with_orientation(pattern(24, 40), 6))
+    write_labels(tmp_path / "labels" / "train" / "rot.txt", ["1 0.3 0.6 0.2 0.4"])
+    # Polygons in a file of their own: the reference reads a 5-number row as a 2-point polygon when
+    # the same file also holds polygons; we read every row by its own length (a 5-number row is a box).
+    write_image(images / "poly.png", pattern(30, 20))
+    write_labels(tmp_path / "labels" / "train" / "poly.txt", ["2 0.1 0.2 0.5 0.25 0.3 0.7 0.2 0.6"])
+    records, report = load_split(config, "train", use_cache=False)
+    assert report.warnings == [] and len(records) == 8
+    for rec in records:
+        out = verify_image_label(
+            (rec.path, label_path_for(rec.path), "", False, config.num_classes, 0, 0, False)
+        )
+        assert out[-1] == "" and out[2] == (rec.height, rec.width), out[-1]
+        np.testing.assert_array_equal(rec.classes, out[1][:, 0].astype(np.int64))
+        np.testing.assert_allclose(rec.boxes, out[1][:, 1:], atol=1e-6)
