@@ -157,9 +157,8 @@ class YOLO11(nn.Module):
     @torch.no_grad()
     def fuse(self) -> YOLO11:
         """Fold every BatchNorm into its conv (in place) for inference; outputs are unchanged."""
-        for m in self.modules():
-            if isinstance(m, Conv):
-                m.fuse_bn()
+        for m in [m for m in self.modules() if isinstance(m, Conv)]:  # listed first: fuse_bn swaps children
+            m.fuse_bn()
         return self
 
     @classmethod
@@ -167,7 +166,8 @@ class YOLO11(nn.Module):
         """Build from a reference ``.pt`` file (read without running code from it) or state dict.
 
         Scale and class count are inferred from the tensors; weights come back in fp32, ``names``
-        from the file when it has them. Raises ``CheckpointError`` (a ValueError) on anything else.
+        from the file when it has them. Like any new module it is in train mode: call ``.eval()`` for
+        decoded predictions. Raises ``CheckpointError`` (a ValueError) on anything else.
         """
         from yolo11_lightning.nn.checkpoint import infer_and_map, load_reference
 
