@@ -5,31 +5,37 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
+from torchmetrics import Metric
 from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_convert
 
 from yolo11_lightning.ops.postprocess import letterbox_to_original
 
+# Row layouts of the flat states: detections [image, x1, y1, x2, y2, score, class], truths [image, x1, y1, x2, y2, class].
+_STATE_WIDTHS = {"detections": 7, "truths": 6, "images": 1}
 
-class DetectionMAP(nn.Module):
+
+class DetectionMAP(Metric):
     """COCO-style mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels.
 
-    Wraps ``torchmetrics.detection.MeanAveragePrecision`` (faster-coco-eval backend). Under DDP,
-    ``compute()`` gathers every rank's images; with unpadded eval sharding each image counts once, so the
-    distributed value equals the single-process value.
+    The COCO evaluation is ``torchmetrics.detection.MeanAveragePrecision`` (faster-coco-eval backend).
+    Its own distributed sync gathers one tensor per image and so needs the same image count on every
+    rank; evaluation sharding here is unpadded (ranks may differ by one image), so this metric keeps flat
+    ``cat`` states keyed by dataset index instead, gathers those, and evaluates them in index order on
+    each rank: the distributed value equals the single-process value exactly.
     """
 
-    def __init__(self, class_names: list[str] | None = None, max_detections: int = 300) -> None:
-        super().__init__()
+    full_state_update = False
+
+    def __init__(
+        self, class_names: list[str] | None = None, max_detections: int = 300, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
         self.class_names = class_names
-        self.metric = MeanAveragePrecision(
-            box_format="xyxy",
-            iou_type="bbox",
-            class_metrics=True,
-            backend="faster_coco_eval",
-            max_detection_thresholds=[1, 10, max_detections],
-        )
+        self.max_detections = max_detections
+        for name in _STATE_WIDTHS:
+            self.add_state(name, default=[], dist_reduce_fx="cat")
 
     @staticmethod
     def to_original(detections: list[Tensor], batch: dict[str, Any]) -> list[Tensor]:
@@ -44,8 +50,8 @@ class DetectionMAP(nn.Module):
         return out
 
     @staticmethod
-    def targets_to_original(batch: dict[str, Any]) -> list[dict[str, Tensor]]:
-        """Ground truth of each image as {"boxes": (m, 4) xyxy original pixels, "labels": (m,)}."""
+    def targets_to_original(batch: dict[str, Any]) -> list[Tensor]:
+        """Ground truth of each image as (m, 5) ``[x1, y1, x2, y2, class]`` in original pixels."""
         targets, images = batch["targets"], batch["images"]
         height, width = images.shape[-2:]
         size = torch.tensor([width, height, width, height], device=targets.device, dtype=targets.dtype)
@@ -56,27 +62,55 @@ class DetectionMAP(nn.Module):
             original = letterbox_to_original(
                 boxes[mine], batch["scales"][i], batch["pads"][i], batch["orig_sizes"][i]
             )
-            out.append({"boxes": original, "labels": targets[mine, 1].long()})
+            out.append(torch.cat((original, targets[mine, 1:2]), 1))
         return out
 
     def update(self, detections: list[Tensor], batch: dict[str, Any]) -> None:
-        preds = [
-            {"boxes": d[:, :4].float(), "scores": d[:, 4].float(), "labels": d[:, 5].long()}
-            for d in self.to_original(detections, batch)
-        ]
-        self.metric.update(preds, self.targets_to_original(batch))
+        """Add one batch: ``detections`` per image (n, 6) in letterboxed-input pixels."""
+        ids = batch["indices"].to(self.device, torch.float64)
+        for i, (det, truth) in enumerate(
+            zip(self.to_original(detections, batch), self.targets_to_original(batch))
+        ):
+            self.detections.append(torch.cat((ids[i].expand(len(det), 1), det.double()), 1))
+            self.truths.append(torch.cat((ids[i].expand(len(truth), 1), truth.double()), 1))
+        self.images.append(ids[:, None])
+
+    def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
+        # A rank that saw no batch must still send a correctly shaped (0, width) tensor to the gather.
+        for name, width in _STATE_WIDTHS.items():
+            if not getattr(self, name):
+                setattr(self, name, [torch.zeros(0, width, dtype=torch.float64, device=self.device)])
+        super()._sync_dist(dist_sync_fn, process_group)
 
     def compute(self) -> dict[str, Tensor]:
-        """{"mAP50-95", "mAP50", "mAP75", "AP/<class name>"...}; classes absent from the data are left out."""
-        result = self.metric.compute()
+        """{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}; classes absent from the data are left out."""
+        cat = {name: torch.cat(getattr(self, name)) if isinstance(getattr(self, name), list) else getattr(self, name)
+               for name in _STATE_WIDTHS}  # fmt: skip
+        evaluator = MeanAveragePrecision(
+            box_format="xyxy",
+            iou_type="bbox",
+            class_metrics=True,
+            backend="faster_coco_eval",
+            max_detection_thresholds=[1, 10, self.max_detections],
+            sync_on_compute=False,
+        )
+        image_ids = torch.unique(cat["images"].reshape(-1))  # sorted: the same order on any world size
+        det, truth = (rows[rows[:, 0].argsort(stable=True)] for rows in (cat["detections"], cat["truths"]))
+        det_start = torch.searchsorted(det[:, 0].contiguous(), image_ids).tolist()
+        det_end = torch.searchsorted(det[:, 0].contiguous(), image_ids, right=True).tolist()
+        truth_start = torch.searchsorted(truth[:, 0].contiguous(), image_ids).tolist()
+        truth_end = torch.searchsorted(truth[:, 0].contiguous(), image_ids, right=True).tolist()
+        preds, targets = [], []
+        for i in range(len(image_ids)):
+            d, t = det[det_start[i] : det_end[i]], truth[truth_start[i] : truth_end[i]]
+            preds.append({"boxes": d[:, 1:5].float(), "scores": d[:, 5].float(), "labels": d[:, 6].long()})
+            targets.append({"boxes": t[:, 1:5].float(), "labels": t[:, 5].long()})
+        evaluator.update(preds, targets)
+        result = evaluator.compute()
         out = {"mAP50-95": result["map"], "mAP50": result["map_50"], "mAP75": result["map_75"]}
-        classes = result.get("classes")
-        per_class = result.get("map_per_class")
+        classes, per_class = result.get("classes"), result.get("map_per_class")
         if classes is not None and per_class is not None and per_class.numel() == classes.numel():
             for cls, ap in zip(classes.reshape(-1).tolist(), per_class.reshape(-1)):
                 name = self.class_names[cls] if self.class_names and cls < len(self.class_names) else str(cls)
                 out[f"AP/{name}"] = ap
         return out
-
-    def reset(self) -> None:
-        self.metric.reset()

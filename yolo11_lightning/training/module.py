@@ -131,12 +131,9 @@ class YOLO11Module(L.LightningModule):
         """Batches per optimiser step under the nominal-batch rule."""
         return nominal_accumulation(self.global_batch_size(), self.recipe.nominal_batch)
 
-    def batches_per_epoch(self) -> int:
-        """Global batches in one training epoch (the same on any world size)."""
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None and hasattr(datamodule, "batches_per_epoch"):
-            return int(datamodule.batches_per_epoch)
-        return int(self.trainer.num_training_batches)
+    def num_train_samples(self) -> int | None:
+        """Images in the training set, when the DataModule tells (needed by ``optimizer: auto``)."""
+        return getattr(getattr(self.trainer, "datamodule", None), "num_train_samples", None)
 
     def configure_callbacks(self) -> list[Callback]:
         callbacks: list[Callback] = [CloseMosaic(self.hparams.close_mosaic)]
@@ -154,18 +151,27 @@ class YOLO11Module(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         global_batch = self.global_batch_size()
         max_epochs = max(self.trainer.max_epochs or 1, 1)
-        datamodule = getattr(self.trainer, "datamodule", None)
-        num_samples = (
-            getattr(datamodule, "num_train_samples", None) or self.batches_per_epoch() * global_batch
-        )
-        total_iterations = math.ceil(num_samples / max(global_batch, self.recipe.nominal_batch)) * max_epochs
-        recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, total_iterations)
-        if recipe.name != self.recipe.name:
-            log.info(
-                "optimizer 'auto' chose %s(lr0=%g, momentum=%g)", recipe.name, recipe.lr0, recipe.momentum
+        num_samples = self.num_train_samples()
+        if num_samples is None and self.recipe.name == "auto":
+            raise ValueError(
+                "optimizer 'auto' needs the training set size: use YOLODataModule or name the optimizer"
             )
-        self._schedule = WarmupSchedule(recipe, max_epochs, self.batches_per_epoch())
-        return build_optimizer(self.model, recipe, global_batch)
+        total_iterations = (
+            math.ceil((num_samples or 0) / max(global_batch, self.recipe.nominal_batch)) * max_epochs
+        )
+        self.resolved_recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, total_iterations)
+        if self.resolved_recipe.name != self.recipe.name:
+            r = self.resolved_recipe
+            log.info("optimizer 'auto' chose %s(lr0=%g, momentum=%g)", r.name, r.lr0, r.momentum)
+        return build_optimizer(self.model, self.resolved_recipe, global_batch)
+
+    def on_train_start(self) -> None:
+        # Batches per epoch are known once the train loader exists; len() is the full epoch even when
+        # resuming mid-epoch, and the same on every world size (global batches).
+        max_epochs = max(self.trainer.max_epochs or 1, 1)
+        self._schedule = WarmupSchedule(
+            self.resolved_recipe, max_epochs, int(self.trainer.num_training_batches)
+        )
 
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:  # fmt: skip
@@ -185,18 +191,20 @@ class YOLO11Module(L.LightningModule):
 
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         if self._schedule is not None:
-            global_index = self.current_epoch * self.batches_per_epoch() + batch_idx
+            global_index = self.current_epoch * self._schedule.batches_per_epoch + batch_idx
             for optimizer in self.trainer.optimizers:
                 self._schedule.apply(optimizer, global_index, self.current_epoch)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         images = self.to_float(batch["images"])
         loss, items = self.criterion(self.model(images), batch["targets"])
+        world = self.trainer.world_size
+        if world > 1:  # each rank holds its share of the global loss: one all-reduce gives the total
+            items = self.trainer.strategy.reduce(items.clone(), reduce_op="sum")
         for name, value in zip(("box", "cls", "dfl"), items):
             self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
         # Reference gradient: d(loss * global batch). DDP averages over R ranks and Lightning divides by the
         # accumulation count, so both are multiplied back (the normaliser is already global).
-        world = self.trainer.world_size
         return loss * (images.shape[0] * world * world * self.trainer.accumulate_grad_batches)
 
     # ------------------------------------------------------------------------------------- evaluation

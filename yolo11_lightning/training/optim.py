@@ -120,6 +120,7 @@ class WarmupSchedule:
     def __init__(self, recipe: OptimizerRecipe, max_epochs: int, batches_per_epoch: int) -> None:
         self.recipe = recipe
         self.max_epochs = max(max_epochs, 1)
+        self.batches_per_epoch = batches_per_epoch
         if recipe.warmup_epochs > 0:
             self.warmup_iters = max(round(recipe.warmup_epochs * batches_per_epoch), 100)
         else:

@@ -1,0 +1,95 @@
+"""One optimiser step and one validation on R CPU ranks; rank 0 writes what the test compares.
+
+    python tests/scripts/equivalence_run.py DATASET_YAML DEVICES OUT.pt
+
+Run with 1 and with 2 devices by tests/test_training_ddp.py. BatchNorm is kept in eval mode so that
+per-rank batch statistics do not enter the comparison (DESIGN.md: BN aside, or SyncBN).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import nn
+
+from yolo11_lightning import YOLO11Module, YOLODataModule
+
+
+class FreezeBatchNorm(Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        for module in pl_module.modules():
+            if isinstance(module, nn.BatchNorm2d):
+                module.eval()
+
+
+class RecordGradients(Callback):
+    """Keep the gradients the optimiser is about to apply (after DDP's all-reduce)."""
+
+    def __init__(self) -> None:
+        self.gradients: dict[str, torch.Tensor] = {}
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        for name, param in pl_module.model.named_parameters():
+            if param.grad is not None:
+                self.gradients[name] = param.grad.detach().clone()
+
+
+class NoisyOracle(YOLO11Module):
+    """Validation 'detections' = jittered ground truth + false positives, seeded by dataset index.
+
+    Gives a non-trivial mAP that depends on every image, so a rank dropping or duplicating images
+    would change it.
+    """
+
+    def validation_step(self, batch, batch_idx):
+        h, w = batch["images"].shape[-2:]
+        detections = []
+        for i, index in enumerate(batch["indices"].tolist()):
+            g = torch.Generator().manual_seed(1000 + index)
+            t = batch["targets"][batch["targets"][:, 0] == i]
+            cx, cy, bw, bh = (t[:, 2] * w, t[:, 3] * h, t[:, 4] * w, t[:, 5] * h)
+            boxes = torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2), 1)
+            boxes = boxes + torch.randn(boxes.shape, generator=g) * 2.0
+            fakes = torch.rand(3, 4, generator=g) * w
+            fakes[:, 2:] = fakes[:, :2] + 10
+            scores = torch.rand(len(boxes) + 3, generator=g)
+            classes = torch.cat(
+                (t[:, 1], torch.randint(0, self.hparams.num_classes, (3,), generator=g).float())
+            )
+            detections.append(torch.cat((torch.cat((boxes, fakes)), scores[:, None], classes[:, None]), 1))
+        self.val_map.update(detections, batch)
+
+
+def main() -> None:
+    dataset, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    L.seed_everything(0, workers=True)
+    data = YOLODataModule(dataset=dataset, batch_size=8, image_size=64, num_workers=0, seed=0)
+    # No warmup (its first step has LR 0), no accumulation, no EMA, and no clipping: clipping would hide
+    # a wrong gradient scale.
+    options = dict(scale="n", num_classes=data.num_classes, class_names=data.class_names, warmup_epochs=0.0,
+                   nominal_batch=8, ema=False, close_mosaic=0, log_images=0, grad_clip_norm=0.0)  # fmt: skip
+    module = YOLO11Module(**options)
+    initial = {k: v.clone() for k, v in module.model.state_dict().items()}
+    trainer_args = dict(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0)  # fmt: skip
+    recorder = RecordGradients()
+    trainer = L.Trainer(
+        max_steps=1, limit_val_batches=0, callbacks=[FreezeBatchNorm(), recorder], **trainer_args
+    )
+    trainer.fit(module, data)
+    trained = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+    oracle = NoisyOracle(**options)
+    metrics = L.Trainer(**trainer_args).validate(oracle, data, verbose=False)[0]
+    if trainer.is_global_zero:
+        torch.save(
+            {"initial": initial, "trained": trained, "gradients": recorder.gradients, "metrics": metrics}, out
+        )
+
+
+if __name__ == "__main__":
+    main()

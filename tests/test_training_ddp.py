@@ -1,0 +1,59 @@
+"""World-size invariance of training and evaluation: 2 gloo ranks against 1 process, for real."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).parent / "scripts" / "equivalence_run.py"
+
+
+def _run(dataset: Path, devices: int, out: Path) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(dataset), str(devices), str(out)],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    return torch.load(out, weights_only=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    tmp = tmp_path_factory.mktemp("equivalence")
+    return _run(tiny_dataset, 1, tmp / "one.pt"), _run(tiny_dataset, 2, tmp / "two.pt")
+
+
+def _assert_close_relative(a: torch.Tensor, b: torch.Tensor, rel: float, what: str) -> None:
+    scale = a.abs().max()
+    assert (a - b).abs().max() <= rel * scale + 1e-12, (
+        f"{what}: max diff {(a - b).abs().max():.3g} vs scale {scale:.3g}"
+    )
+
+
+def test_one_step_on_two_ranks_equals_one_process(runs: tuple[dict, dict]) -> None:
+    one, two = runs
+    # The gradient the optimiser applies: DDP's average over 2 ranks of 4 images must equal 1 process of 8.
+    assert one["gradients"].keys() == two["gradients"].keys() and len(one["gradients"]) > 100
+    nonzero = 0
+    for name, grad in one["gradients"].items():
+        _assert_close_relative(grad, two["gradients"][name], 1e-5, f"gradient of {name}")
+        nonzero += bool(grad.abs().max() > 0)
+    assert nonzero > 100, "almost every gradient is zero: the comparison would be vacuous"
+    # And so the parameters after the step (1e-5 relative to each tensor's scale).
+    for key, start in one["initial"].items():
+        torch.testing.assert_close(two["initial"][key], start)  # same initialisation in both runs
+        if start.is_floating_point():
+            _assert_close_relative(one["trained"][key], two["trained"][key], 1e-5, f"parameter {key}")
+
+
+def test_distributed_map_equals_single_process(runs: tuple[dict, dict]) -> None:
+    one, two = runs
+    assert 0.05 < one["metrics"]["val/mAP50-95"] < 0.95  # non-trivial, so dropped or doubled images show
+    for name, value in one["metrics"].items():
+        assert two["metrics"][name] == pytest.approx(value, abs=1e-6), name
