@@ -1,0 +1,162 @@
+"""YOLODataModule: global batch split over devices, class names at init, sampler state in checkpoints."""
+
+from __future__ import annotations
+
+import os
+from types import SimpleNamespace
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.data.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
+
+os.environ.setdefault("WANDB_MODE", "offline")
+
+
+def make_dm(folder, **kwargs) -> YOLODataModule:
+    options = {
+        "dataset": "synthetic",
+        "synthetic_dir": str(folder),
+        "synthetic_train": 16,
+        "synthetic_val": 6,
+        "synthetic_image_size": 64,
+        "image_size": 64,
+        "batch_size": 8,
+        "num_workers": 0,
+        "pin_memory": False,
+    }
+    return YOLODataModule(**{**options, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("synthetic")
+    make_dm(folder).prepare_data()
+    return folder
+
+
+def test_global_batch_8_on_2_devices_is_4_per_device_and_3_devices_is_an_error(synthetic):
+    dm = make_dm(synthetic)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=1, num_devices=2)
+    dm.setup("fit")
+    assert dm.per_device_batch_size == 4
+    loader = dm.train_dataloader()
+    assert loader.batch_size == 4 and isinstance(loader.sampler, ElasticDistributedSampler)
+    assert loader.sampler.num_replicas == 2 and loader.sampler.rank == 1
+    batch = next(iter(loader))
+    assert batch["images"].shape == (4, 3, 64, 64) and batch["images"].dtype == torch.uint8
+    val = dm.val_dataloader()
+    assert isinstance(val.sampler, ShardedEvalSampler) and len(val.sampler) == 3  # 6 images over 2 ranks
+
+    dm3 = make_dm(synthetic)
+    dm3.trainer = SimpleNamespace(world_size=3, global_rank=0, num_devices=3)
+    with pytest.raises(ValueError, match=r"batch_size=8 is the GLOBAL batch.*world size 3"):
+        dm3.setup("fit")
+
+
+def test_class_names_are_known_right_after_init(synthetic):
+    dm = make_dm(synthetic, synthetic_classes=3)
+    assert dm.num_classes == 3 and dm.class_names == ["rectangle", "ellipse", "triangle"]
+    from_yaml = YOLODataModule(dataset=str(synthetic / "data.yaml"))
+    assert from_yaml.class_names == dm.class_names
+    with pytest.raises(ValueError, match="multiple of 32"):
+        make_dm(synthetic, image_size=100)
+
+
+def test_state_dict_round_trip_restores_the_position_before_the_sampler_exists(synthetic):
+    dm = make_dm(synthetic)
+    dm.setup("fit")
+    sampler = dm.train_dataloader().sampler
+    sampler.set_epoch(3)
+    sampler.set_consumed_samples(8)
+    state = dm.state_dict()
+    assert state == {"train_sampler": {"epoch": 3, "consumed_samples": 8, "seed": 0}}
+
+    resumed = make_dm(synthetic)
+    resumed.load_state_dict(state)  # Lightning restores the datamodule before creating loaders
+    assert resumed.state_dict() == state
+    resumed.trainer = SimpleNamespace(world_size=2, global_rank=0, num_devices=2)
+    resumed.setup("fit")
+    loader = resumed.train_dataloader()
+    assert loader.sampler.state_dict() == state["train_sampler"]
+    # Rank 0 of 2 takes positions 8, 10, 12, 14 of epoch 3's order: one per-device batch of 4.
+    (batch,) = list(loader)
+    expected = ElasticDistributedSampler(range(16), 8, seed=0)
+    expected.set_epoch(3)
+    assert batch["indices"].tolist() == [i for _, i in expected][8::2]
+    # Loading into an existing sampler also survives the loader being created again.
+    resumed.load_state_dict(state)
+    assert resumed.train_dataloader().sampler.state_dict() == state["train_sampler"]
+
+
+def test_close_mosaic_epoch_reaches_the_train_dataset(synthetic):
+    dm = make_dm(synthetic)
+    dm.set_close_mosaic_epoch(5)
+    dm.setup("fit")
+    assert dm.datasets["train"].mosaic_until_epoch == 5 and dm.datasets["val"].mosaic_until_epoch is None
+    dm.set_close_mosaic_epoch(2)
+    assert dm.datasets["train"].mosaic_until_epoch == 2
+
+
+class IndexRecorder(L.LightningModule):
+    """A one-parameter model that records which dataset indices each step trained on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        assert isinstance(self.trainer.train_dataloader.sampler, ElasticDistributedSampler)
+        self.seen += batch["indices"].tolist()
+        return (self.w - batch["images"].float().mean()).pow(2)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def test_lightning_mid_epoch_checkpoint_resumes_with_the_rest_of_the_epoch(synthetic, tmp_path):
+    options = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    first = IndexRecorder()
+    saver = ModelCheckpoint(tmp_path, every_n_train_steps=1, save_top_k=-1)  # saves in on_train_batch_end
+    trainer = L.Trainer(max_steps=1, callbacks=[saver], **options)
+    trainer.fit(first, datamodule=make_dm(synthetic, num_workers=2))
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    state = torch.load(ckpt, weights_only=True)["YOLODataModule"]["train_sampler"]
+    assert state == {"epoch": 0, "consumed_samples": 8, "seed": 0}, "one global batch of 8 was trained"
+
+    second = IndexRecorder()
+    # Workers start (and draw indices) before Lightning calls set_epoch: the restored position must hold.
+    resumed = L.Trainer(max_epochs=2, enable_checkpointing=False, **options)
+    resumed.fit(second, datamodule=make_dm(synthetic, num_workers=2), ckpt_path=ckpt)
+    epoch0 = first.seen + second.seen[:8]
+    assert sorted(epoch0) == list(range(16)), "the resumed epoch skipped or repeated samples"
+    assert sorted(second.seen[8:]) == list(range(16)) and second.seen[8:] != epoch0
+
+
+def test_lightning_end_of_epoch_checkpoint_resumes_with_the_next_epochs_order(synthetic, tmp_path):
+    options = {
+        "accelerator": "cpu",
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+    }
+    first = IndexRecorder()
+    L.Trainer(max_epochs=1, callbacks=[ModelCheckpoint(tmp_path)], **options).fit(
+        first, datamodule=make_dm(synthetic, num_workers=2)
+    )
+    (ckpt,) = tmp_path.glob("*.ckpt")
+    second = IndexRecorder()
+    L.Trainer(max_epochs=2, enable_checkpointing=False, **options).fit(
+        second, datamodule=make_dm(synthetic, num_workers=2), ckpt_path=ckpt
+    )
+    assert first.seen == epoch_order(16, 0, 0, 8).tolist()
+    assert second.seen == epoch_order(16, 0, 1, 8).tolist(), "epoch 1 must follow its own (seed, epoch) order"

@@ -1,0 +1,325 @@
+"""``YOLODataModule``: dataset yaml (or the synthetic dataset) -> train/val/test/predict DataLoaders.
+
+Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each as ``--data.<name>``.
+``batch_size`` is the GLOBAL batch over all devices and nodes; each device loads
+``batch_size / world_size`` (checked in ``setup``). The train order is defined globally by
+``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
+resume mid-epoch on any number of devices.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+from typing import Any
+
+import cv2
+import lightning as L
+from torch.utils.data import DataLoader
+
+from .augment import AugmentConfig
+from .config import DatasetConfig, DatasetError, load_dataset_config
+from .dataset import DetectionDataset, collate_detection
+from .image_cache import ImageCache
+from .sampler import ElasticDistributedSampler, ShardedEvalSampler
+from .sources import build_label_cache, load_split
+from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
+
+log = logging.getLogger(__name__)
+
+SYNTHETIC = "synthetic"
+
+
+def _single_threaded_opencv() -> None:
+    """One DataLoader worker = one core: OpenCV's own threads would oversubscribe the CPUs.
+
+    Set in the parent before the workers fork: calling ``cv2.setNumThreads`` inside a forked worker can
+    deadlock on the thread pool state copied from the parent (seen in our tests), while a parent with a
+    one-thread pool forks cleanly. The reference sets it for the whole process the same way.
+    """
+    cv2.setNumThreads(1)
+
+
+class YOLODataModule(L.LightningDataModule):
+    """Detection data for Lightning.
+
+    Args:
+        dataset: path of a dataset yaml, or "synthetic" to generate the built-in shapes dataset.
+        batch_size: GLOBAL batch size over all devices and nodes (per device = batch_size / world_size).
+        image_size: training and evaluation image side in pixels.
+        num_workers: DataLoader worker processes per device.
+        seed: seed of the data order and of the augmentation.
+        pin_memory: page-locked batches for faster host-to-GPU copies.
+        persistent_workers: keep workers between epochs (only used when num_workers > 0).
+        cache_images: keep decoded, resized images in RAM (refused when they would not fit).
+        mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
+        synthetic_dir: where "synthetic" is generated (reused when already there).
+        synthetic_train, synthetic_val: number of synthetic images per split.
+        synthetic_image_size: side of the synthetic images in pixels.
+        synthetic_classes: number of synthetic classes (1-8).
+        label_cache_dir: where label caches go when the dataset folder is read-only.
+        prepare_data_per_node: build label caches (and the synthetic dataset) once per node instead of
+            once per job; needed only when nodes do not share the dataset's filesystem.
+    """
+
+    def __init__(
+        self,
+        dataset: str = SYNTHETIC,
+        batch_size: int = 16,
+        image_size: int = 640,
+        num_workers: int = 2,
+        seed: int = 0,
+        pin_memory: bool = True,
+        persistent_workers: bool = True,
+        cache_images: bool = False,
+        mosaic: float = 1.0,
+        mixup: float = 0.0,
+        degrees: float = 0.0,
+        translate: float = 0.1,
+        scale: float = 0.5,
+        shear: float = 0.0,
+        perspective: float = 0.0,
+        fliplr: float = 0.5,
+        flipud: float = 0.0,
+        hsv_h: float = 0.015,
+        hsv_s: float = 0.7,
+        hsv_v: float = 0.4,
+        synthetic_dir: str = "datasets/synthetic",
+        synthetic_train: int = 64,
+        synthetic_val: int = 16,
+        synthetic_image_size: int = 128,
+        synthetic_classes: int = 3,
+        label_cache_dir: str | None = None,
+        prepare_data_per_node: bool = False,
+    ) -> None:
+        super().__init__()
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        if image_size <= 0 or image_size % 32:
+            raise ValueError(
+                f"image_size must be a positive multiple of 32 (the largest stride), got {image_size}"
+            )
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        self.save_hyperparameters()
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.image_size = image_size
+        self.num_workers = num_workers
+        self.seed = seed
+        self.pin_memory = pin_memory
+        self.persistent_workers = persistent_workers
+        self.cache_images = cache_images
+        self.aug = AugmentConfig(
+            mosaic=mosaic,
+            mixup=mixup,
+            degrees=degrees,
+            translate=translate,
+            scale=scale,
+            shear=shear,
+            perspective=perspective,
+            fliplr=fliplr,
+            flipud=flipud,
+            hsv_h=hsv_h,
+            hsv_s=hsv_s,
+            hsv_v=hsv_v,
+        )
+        self.synthetic_dir = synthetic_dir
+        self.synthetic_options = {
+            "num_train": synthetic_train,
+            "num_val": synthetic_val,
+            "image_size": synthetic_image_size,
+            "num_classes": synthetic_classes,
+        }
+        self.label_cache_dir = label_cache_dir
+        self.prepare_data_per_node = prepare_data_per_node
+        # LightningCLI links these into the model at instantiation: read only the yaml here.
+        if dataset == SYNTHETIC:
+            self.class_names = synthetic_class_names(synthetic_classes)
+        else:
+            self.class_names = list(load_dataset_config(dataset).names)
+            if not self.class_names:
+                raise DatasetError(f"{dataset}: no class names (`names`, or categories of a COCO json)")
+        self.datasets: dict[str, DetectionDataset] = {}
+        self.mosaic_until_epoch: int | None = None
+        self._train_sampler: ElasticDistributedSampler | None = None
+        self._train_loader: DataLoader | None = None
+        self._pending_sampler_state: dict[str, int] | None = None
+
+    # ------------------------------------------------------------------------------------ properties
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    @property
+    def yaml_path(self) -> Path:
+        return Path(self.synthetic_dir) / SYNTHETIC_YAML if self.dataset == SYNTHETIC else Path(self.dataset)
+
+    @property
+    def world_size(self) -> int:
+        return int(getattr(self.trainer, "world_size", 1)) if self.trainer is not None else 1
+
+    @property
+    def global_rank(self) -> int:
+        return int(getattr(self.trainer, "global_rank", 0)) if self.trainer is not None else 0
+
+    @property
+    def per_device_batch_size(self) -> int:
+        """``batch_size / world_size``; raises a clear error when it does not divide."""
+        world = self.world_size
+        if self.batch_size % world:
+            raise ValueError(
+                f"data.batch_size={self.batch_size} is the GLOBAL batch over all devices and nodes and must "
+                f"divide by the world size {world}; use e.g. {max(world, self.batch_size // world * world)}"
+            )
+        return self.batch_size // world
+
+    # ------------------------------------------------------------------------------------ data
+    def prepare_data(self) -> None:
+        """Generate the synthetic dataset if asked, then build the label caches (once per job)."""
+        if self.dataset == SYNTHETIC:
+            make_synthetic_dataset(self.synthetic_dir, seed=self.seed, **self.synthetic_options)
+        config = load_dataset_config(self.yaml_path)
+        build_label_cache(config, ["train", "val", "test"], cache_dir=self.label_cache_dir)
+
+    def _config(self) -> DatasetConfig:
+        config = load_dataset_config(self.yaml_path)
+        if config.names != self.class_names:
+            raise DatasetError(f"{self.yaml_path}: class names changed since the DataModule was created")
+        return config
+
+    def _make_dataset(self, config: DatasetConfig, split: str, augment: bool) -> DetectionDataset:
+        if not config.splits.get(split):
+            raise DatasetError(f"{config.source}: split `{split}` is not defined")
+        records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
+        dataset = DetectionDataset(
+            records,
+            self.image_size,
+            augment=augment,
+            aug=self.aug,
+            seed=self.seed,
+            mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
+            partner_pool=self.batch_size if augment else None,
+        )
+        if self.cache_images:
+            copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
+            dataset.image_cache = ImageCache.build(
+                records, self.image_size, lambda i: dataset.load_resized(i)[0], copies=copies
+            )
+            dataset.decode_cache_size = 0
+        return dataset
+
+    def setup(self, stage: str | None = None) -> None:
+        """Check the batch split over devices and load the records of the splits ``stage`` needs."""
+        self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
+        config = self._config()
+        wanted = {
+            "fit": [("train", True), ("val", False)],
+            "validate": [("val", False)],
+            "test": [("test", False)],
+            "predict": [("test" if config.splits.get("test") else "val", False)],
+        }
+        splits = wanted.get(stage, [("train", True), ("val", False)]) if stage else wanted["fit"]
+        for split, augment in splits:
+            key = "predict" if stage == "predict" else split
+            if key not in self.datasets:
+                self.datasets[key] = self._make_dataset(config, split, augment)
+
+    # ------------------------------------------------------------------------------------ loaders
+    def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
+        if self.num_workers > 0:
+            _single_threaded_opencv()
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            sampler=sampler,  # a DistributedSampler: Lightning keeps it instead of injecting its own
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.persistent_workers and self.num_workers > 0,
+            collate_fn=collate_detection,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        dataset = self.datasets["train"]
+        sampler = ElasticDistributedSampler(
+            dataset, self.batch_size, num_replicas=self.world_size, rank=self.global_rank, seed=self.seed
+        )
+        if self._pending_sampler_state is not None:
+            sampler.load_state_dict(self._pending_sampler_state)
+            self._pending_sampler_state = None
+        elif self._train_sampler is not None:  # loaders re-created (reload_dataloaders_every_n_epochs)
+            sampler.load_state_dict(self._train_sampler.state_dict())
+        self._train_sampler = sampler
+        self._train_loader = self._loader(dataset, sampler, self.per_device_batch_size)
+        return self._train_loader
+
+    def _eval_loader(self, key: str) -> DataLoader:
+        dataset = self.datasets[key]
+        sampler = ShardedEvalSampler(dataset, num_replicas=self.world_size, rank=self.global_rank)
+        return self._loader(dataset, sampler, self.per_device_batch_size)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader("test")
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test split when the dataset has one, else val; letterboxed like evaluation."""
+        return self._eval_loader("predict")
+
+    # ------------------------------------------------------------------------------------ schedule
+    def set_close_mosaic_epoch(self, epoch: int | None) -> None:
+        """Train without mosaic/mixup from ``epoch`` on (None: never). Call before the workers start."""
+        self.mosaic_until_epoch = epoch
+        if "train" in self.datasets:
+            self.datasets["train"].mosaic_until_epoch = epoch
+        if self._train_loader is not None and getattr(self._train_loader, "_iterator", None) is not None:
+            warnings.warn(
+                "set_close_mosaic_epoch was called after the train DataLoader's workers started; persistent "
+                "workers keep their own copy of the dataset and will not see it. Call it in setup/on_fit_start.",
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------------------------ checkpoints
+    def _fit_progress_samples(self) -> int | None:
+        """Global samples of the current epoch that training has finished, from the Trainer's loop."""
+        trainer = self.trainer
+        if trainer is None or getattr(getattr(trainer, "state", None), "fn", None) != "fit":
+            return None
+        try:
+            ready = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
+            epoch_batches = trainer.num_training_batches
+        except AttributeError:
+            return None
+        if ready >= epoch_batches:  # the epoch is over (also when limit_train_batches cut it short)
+            return self._train_sampler.total_size if self._train_sampler is not None else None
+        # A checkpoint is written once a batch is done (on_train_batch_end or after validation), when
+        # `ready` already counts it; every batch is one global batch of samples.
+        return ready * self.batch_size
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train sampler's position: ``{"train_sampler": {"epoch", "consumed_samples", "seed"}}``."""
+        sampler = self._train_sampler
+        if sampler is None:
+            return (
+                {}
+                if self._pending_sampler_state is None
+                else {"train_sampler": dict(self._pending_sampler_state)}
+            )
+        state = sampler.state_dict()
+        consumed = self._fit_progress_samples()
+        if consumed is not None:
+            state["consumed_samples"] = min(consumed, sampler.total_size)
+        return {"train_sampler": state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the sampler position now, or when the train sampler gets created."""
+        state = state_dict.get("train_sampler")
+        if state is None:
+            return
+        if self._train_sampler is not None:
+            self._train_sampler.load_state_dict(state)
+        else:
+            self._pending_sampler_state = dict(state)
