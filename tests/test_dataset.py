@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data import image_cache as image_cache_module
 from yolo11_lightning.data.augment import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset, collate_detection
+from yolo11_lightning.data.dataset import DetectionDataset, collate_detection, partner_stride
 from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
 from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
@@ -92,7 +92,7 @@ def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scal
 
 def test_same_sample_with_0_and_2_workers(records):
     dataset = DetectionDataset(
-        records, SIZE, augment=True, aug=AugmentConfig(mixup=0.5), seed=4, partner_pool=4
+        records, SIZE, augment=True, aug=AugmentConfig(mixup=0.5), seed=4, global_batch_size=4
     )
     batches = []
     for workers in (0, 2):
@@ -118,7 +118,9 @@ def test_int_index_is_epoch_0_and_epochs_differ(records):
 
 def test_mosaic_switches_off_from_mosaic_until_epoch(records):
     n = len(records) - 1
-    dataset = DetectionDataset(records, SIZE, augment=True, seed=0, mosaic_until_epoch=2, partner_pool=None)
+    dataset = DetectionDataset(
+        records, SIZE, augment=True, seed=0, mosaic_until_epoch=2, global_batch_size=None
+    )
     own = [{float(i), float(n)} for i in range(n)]
     foreign_before = foreign_after = 0
     for epoch in (0, 1, 2, 3):
@@ -134,7 +136,7 @@ def test_mosaic_switches_off_from_mosaic_until_epoch(records):
 
 def test_mosaic_partners_come_from_the_global_batch(records):
     n, pool = len(records) - 1, 4
-    dataset = DetectionDataset(records[:n], SIZE, augment=True, seed=2, partner_pool=pool)
+    dataset = DetectionDataset(records[:n], SIZE, augment=True, seed=2, global_batch_size=pool)
     order = epoch_order(n, 2, 5, pool)
     for b in range(0, len(order), pool):
         members = {float(i) for i in order[b : b + pool]} | {float(n)}
@@ -160,3 +162,25 @@ def test_ram_cache_gives_identical_samples_and_refuses_when_too_big(records, mon
     monkeypatch.setattr(image_cache_module, "available_memory_bytes", lambda: 1000)
     with pytest.raises(MemoryError, match="cache_images"):
         ImageCache.build(records, SIZE, lambda i: plain.load_resized(i)[0])
+
+
+@pytest.mark.parametrize(("global_batch", "stride"), [(16, 1), (64, 4), (128, 8)])
+def test_partner_pools_stay_on_one_rank_for_world_sizes_dividing_the_stride(global_batch, stride):
+    n = 300
+    records = [ImageRecord(f"/nowhere/{i}.jpg", 10, 10) for i in range(n)]  # pools need no pixels
+    dataset = DetectionDataset(records, SIZE, augment=True, seed=1, global_batch_size=global_batch)
+    assert partner_stride(global_batch) == stride
+    order = epoch_order(n, 1, 2, global_batch)
+    wrapped = set(order[n:].tolist())  # padding repeats these: their pool comes from their first position
+    for world in (w for w in (1, 2, 4, 8) if stride % w == 0):
+        per_rank = global_batch // world
+        for rank in range(world):
+            sampler = ElasticDistributedSampler(range(n), global_batch, num_replicas=world, rank=rank, seed=1)
+            sampler.set_epoch(2)
+            items = [i for _, i in sampler]
+            for b in range(0, len(items), per_rank):
+                device_batch = set(items[b : b + per_rank])
+                for i in device_batch - wrapped:
+                    pool = dataset.partner_pool(2, i)
+                    assert len(pool) >= min(16, global_batch) and i in pool
+                    assert set(pool.tolist()) <= device_batch, "a partner lives on another rank or batch"

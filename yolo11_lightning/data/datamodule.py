@@ -200,7 +200,7 @@ class YOLODataModule(L.LightningDataModule):
             aug=self.aug,
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
-            partner_pool=self.batch_size if augment else None,
+            global_batch_size=self.batch_size if augment else None,
         )
         if self.cache_images:
             copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1

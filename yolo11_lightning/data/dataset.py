@@ -35,6 +35,21 @@ from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywh
 SAMPLE_STREAM = 1
 
 
+MIN_PARTNER_POOL = 16
+
+
+def partner_stride(global_batch_size: int) -> int:
+    """The largest power of two S with at least ``MIN_PARTNER_POOL`` samples per pool (B / S), or 1.
+
+    Rank r holds positions r (mod R); a pool of positions congruent modulo S is on one rank whenever R
+    divides S. Global batches are usually R x (16 or more) with R a power of two, so S is a multiple of R.
+    """
+    stride = 1
+    while global_batch_size // (2 * stride) >= MIN_PARTNER_POOL:
+        stride *= 2
+    return stride
+
+
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The generator of one sample's augmentation: a function of (seed, epoch, index) only."""
     return np.random.default_rng([SAMPLE_STREAM, seed, epoch, index])
@@ -65,12 +80,14 @@ class DetectionDataset(Dataset):
         mosaic_until_epoch: first epoch without mosaic/mixup; None keeps them on.
         scaleup: enlarge images smaller than ``image_size`` when loading.
         image_cache: decoded, resized images of all records (RAM), or None to read files.
-        partner_pool: mosaic/mixup partners are drawn from the sample's global batch of this size (the
-            epoch order of ``sampler.epoch_order``): a worker then finds most partners among images it
-            decodes anyway, 1 decode per sample instead of 4 on one device. None draws them from the whole
-            dataset. Both are functions of (seed, epoch, index) only.
+        global_batch_size: the sampler's global batch B. Mosaic/mixup partners are then drawn from the
+            sample's partner pool (``partner_pool``): the samples of its global batch at positions
+            congruent to its own modulo ``partner_stride(B)``. On any world size dividing that stride the
+            pool lies on the sample's own rank, in the same per-device batch, so a worker finds partners
+            among images it decodes anyway: about 1 decode per sample instead of 4. None draws partners
+            from the whole dataset. Either way they are a function of (seed, epoch, index) only.
         decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
-            None picks min(partner_pool or 16, 128) (about 1 MB per 640 image).
+            None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
     """
 
     def __init__(
@@ -83,7 +100,7 @@ class DetectionDataset(Dataset):
         mosaic_until_epoch: int | None = None,
         scaleup: bool = True,
         image_cache: ImageCache | None = None,
-        partner_pool: int | None = None,
+        global_batch_size: int | None = None,
         decode_cache_size: int | None = None,
     ) -> None:
         if image_size <= 0:
@@ -102,9 +119,9 @@ class DetectionDataset(Dataset):
         self.mosaic_until_epoch = mosaic_until_epoch
         self.scaleup = scaleup
         self.image_cache = image_cache
-        self.partner_pool = partner_pool
+        self.global_batch_size = global_batch_size
         if decode_cache_size is None:  # enough for one pool: a worker decodes each pool image once
-            decode_cache_size = min(partner_pool or 16, 128)
+            decode_cache_size = min(global_batch_size or 16, 128)
         self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
         self._order_epoch: int | None = None
@@ -154,20 +171,28 @@ class DetectionDataset(Dataset):
         return Labelled(image, boxes, rec.classes)
 
     # ------------------------------------------------------------------------------------ partners
-    def _pool(self, epoch: int, index: int) -> np.ndarray | None:
-        """Indices of the global batch holding ``index`` in this epoch's order, or None (whole dataset)."""
-        if self.partner_pool is None or self.partner_pool < 4:
+    def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
+        """Indices the mosaic/mixup partners of sample (epoch, index) are drawn from; None: any index.
+
+        Positions p..q of one global batch with q = p (mod stride) in the epoch's order (``epoch_order``).
+        """
+        batch = self.global_batch_size
+        if batch is None:
             return None
-        if self._order_epoch != epoch:  # once per epoch per worker: a permutation and its inverse
-            self._order = epoch_order(len(self), self.seed, epoch, self.partner_pool)
+        stride = partner_stride(batch)
+        if batch // stride < 4:  # too few to fill a mosaic with distinct images
+            return None
+        if self._order_epoch != epoch:  # once per epoch per worker: the order and its inverse
+            self._order = epoch_order(len(self), self.seed, epoch, batch)
             # Padding repeats a few indices at the end; their first position decides their pool.
             self._position = np.unique(self._order, return_index=True)[1]
             self._order_epoch = epoch
-        start = self._position[index] // self.partner_pool * self.partner_pool
-        return self._order[start : start + self.partner_pool]
+        position = self._position[index]
+        start = position // batch * batch
+        return self._order[start + (position - start) % stride : start + batch : stride]
 
     def _picker(self, epoch: int, index: int):
-        pool = self._pool(epoch, index)
+        pool = self.partner_pool(epoch, index)
         n = len(self)
 
         def pick(rng: np.random.Generator, k: int) -> list[int]:
