@@ -160,3 +160,29 @@ def test_lightning_end_of_epoch_checkpoint_resumes_with_the_next_epochs_order(sy
     )
     assert first.seen == epoch_order(16, 0, 0, 8).tolist()
     assert second.seen == epoch_order(16, 0, 1, 8).tolist(), "epoch 1 must follow its own (seed, epoch) order"
+
+
+def test_every_init_argument_is_a_cli_option(synthetic):
+    jsonargparse = pytest.importorskip("jsonargparse")
+    parser = jsonargparse.ArgumentParser()
+    parser.add_class_arguments(YOLODataModule, "data")
+    cfg = parser.parse_args(
+        [
+            "--data.dataset=synthetic",
+            f"--data.synthetic_dir={synthetic}",
+            "--data.batch_size=32",
+            "--data.mosaic=0.5",
+        ]
+    )
+    dm = parser.instantiate_classes(cfg).data
+    assert dm.batch_size == 32 and dm.aug.mosaic == 0.5 and dm.num_classes == 3
+
+
+def test_eval_stages_use_letterboxed_splits(synthetic):
+    dm = make_dm(synthetic)
+    dm.setup("predict")  # no test split in the synthetic dataset: predict reads val
+    batch = next(iter(dm.predict_dataloader()))
+    assert batch["images"].shape == (6, 3, 64, 64)  # the 6 val images, per-device batch 8
+    assert not torch.isnan(batch["scales"]).any()
+    with pytest.raises(ValueError, match="split `test` is not defined"):
+        dm.setup("test")
