@@ -174,7 +174,8 @@ def test_every_init_argument_is_a_cli_option(synthetic):
             "--data.mosaic=0.5",
         ]
     )
-    dm = parser.instantiate_classes(cfg).data
+    instantiate = getattr(parser, "instantiate", None) or parser.instantiate_classes  # renamed in 4.49
+    dm = instantiate(cfg).data
     assert dm.batch_size == 32 and dm.aug.mosaic == 0.5 and dm.num_classes == 3
 
 
