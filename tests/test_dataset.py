@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data import image_cache as image_cache_module
 from yolo11_lightning.data.augment import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset, collate_detection, partner_stride
+from yolo11_lightning.data.dataset import DetectionDataset, PackedRecords, collate_detection, partner_stride
 from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
 from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
@@ -184,3 +184,14 @@ def test_partner_pools_stay_on_one_rank_for_world_sizes_dividing_the_stride(glob
                     pool = dataset.partner_pool(2, i)
                     assert len(pool) >= min(16, global_batch) and i in pool
                     assert set(pool.tolist()) <= device_batch, "a partner lives on another rank or batch"
+
+
+def test_packed_records_round_trip(records):
+    odd = [*records, ImageRecord("/data/été/ünïcode.jpg", 3, 4, [2], [[0.5, 0.5, 0.2, 0.2]])]
+    packed = PackedRecords(odd)
+    assert len(packed) == len(odd)
+    for rec, got in zip(odd, (packed[i] for i in range(len(packed)))):
+        assert (got.path, got.height, got.width) == (rec.path, rec.height, rec.width)
+        np.testing.assert_array_equal(got.classes, rec.classes)
+        np.testing.assert_array_equal(got.boxes, rec.boxes)
+    assert len(PackedRecords([])) == 0

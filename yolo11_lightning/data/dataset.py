@@ -33,9 +33,37 @@ from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywh
 
 # First entropy word of the per-sample generators; the sampler's epoch order uses another one.
 SAMPLE_STREAM = 1
-
-
+# Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
 MIN_PARTNER_POOL = 16
+
+
+class PackedRecords:
+    """``ImageRecord``s stored in a few flat numpy arrays, indexable like the list they came from.
+
+    A list of Python objects in a forked DataLoader worker gets its memory pages copied as soon as the
+    worker touches their reference counts, so each worker slowly duplicates the whole list (per rank, per
+    worker: gigabytes for COCO-sized datasets). Flat arrays have no per-record objects to touch.
+    """
+
+    def __init__(self, records: Sequence[ImageRecord]) -> None:
+        encoded = [r.path.encode("utf-8") for r in records]
+        self._paths = np.frombuffer(b"".join(encoded), np.uint8) if encoded else np.zeros(0, np.uint8)
+        self._path_ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
+        self._sizes = np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2)
+        self._label_ends = np.cumsum([len(r.classes) for r in records], dtype=np.int64)
+        self._classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
+        self._boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    def __getitem__(self, index: int) -> ImageRecord:
+        p0 = self._path_ends[index - 1] if index > 0 else 0
+        l0 = self._label_ends[index - 1] if index > 0 else 0
+        l1 = self._label_ends[index]
+        h, w = self._sizes[index]
+        path = self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
+        return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
 
 
 def partner_stride(global_batch_size: int) -> int:
@@ -111,7 +139,7 @@ class DetectionDataset(Dataset):
             raise ValueError(
                 f"image cache holds {len(image_cache)} images but there are {len(records)} records"
             )
-        self.records = list(records)
+        self.records = PackedRecords(records)
         self.image_size = image_size
         self.augment = augment
         self.aug = aug if aug is not None else AugmentConfig()
