@@ -187,3 +187,13 @@ def test_eval_stages_use_letterboxed_splits(synthetic):
     assert not torch.isnan(batch["scales"]).any()
     with pytest.raises(ValueError, match="split `test` is not defined"):
         dm.setup("test")
+
+
+def test_cache_images_gives_the_same_batches(synthetic):
+    plain, cached = make_dm(synthetic), make_dm(synthetic, cache_images=True)
+    for dm in (plain, cached):
+        dm.setup("fit")
+    assert cached.datasets["train"].image_cache is not None and plain.datasets["train"].image_cache is None
+    for name in ("train_dataloader", "val_dataloader"):
+        a, b = next(iter(getattr(plain, name)())), next(iter(getattr(cached, name)()))
+        assert torch.equal(a["images"], b["images"]) and torch.equal(a["targets"], b["targets"])

@@ -179,7 +179,8 @@ class YOLODataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Generate the synthetic dataset if asked, then build the label caches (once per job)."""
         if self.dataset == SYNTHETIC:
-            make_synthetic_dataset(self.synthetic_dir, seed=self.seed, **self.synthetic_options)
+            # The generator's own default seed, not `seed`: runs with other seeds compare on the same data.
+            make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
         config = load_dataset_config(self.yaml_path)
         build_label_cache(config, ["train", "val", "test"], cache_dir=self.label_cache_dir)
 
@@ -204,10 +205,10 @@ class YOLODataModule(L.LightningDataModule):
         )
         if self.cache_images:
             copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
+            dataset.decode_cache_size = 0  # the RAM cache replaces the per-worker one
             dataset.image_cache = ImageCache.build(
                 records, self.image_size, lambda i: dataset.load_resized(i)[0], copies=copies
             )
-            dataset.decode_cache_size = 0
         return dataset
 
     def setup(self, stage: str | None = None) -> None:
