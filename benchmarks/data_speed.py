@@ -101,7 +101,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16, help="per-device batch")
     parser.add_argument("--train-batches", type=int, default=6, help="batches per round for training")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=None, help="dataset folder (default: a temp dir)")
     parser.add_argument(
         "--world-size", type=int, default=8, help="also time a worker of one of this many devices"
