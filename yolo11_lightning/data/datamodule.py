@@ -54,6 +54,8 @@ class YOLODataModule(L.LightningDataModule):
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
         cache_images: keep decoded, resized images in RAM (refused when they would not fit).
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
+            ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
+            confused with ``--model.scale`` (the network size) in merged hyper-parameters.
         synthetic_dir: where "synthetic" is generated (reused when already there).
         synthetic_train, synthetic_val: number of synthetic images per split.
         synthetic_image_size: side of the synthetic images in pixels.
@@ -77,7 +79,7 @@ class YOLODataModule(L.LightningDataModule):
         mixup: float = 0.0,
         degrees: float = 0.0,
         translate: float = 0.1,
-        scale: float = 0.5,
+        scale_jitter: float = 0.5,
         shear: float = 0.0,
         perspective: float = 0.0,
         fliplr: float = 0.5,
@@ -116,7 +118,7 @@ class YOLODataModule(L.LightningDataModule):
             mixup=mixup,
             degrees=degrees,
             translate=translate,
-            scale=scale,
+            scale=scale_jitter,
             shear=shear,
             perspective=perspective,
             fliplr=fliplr,
