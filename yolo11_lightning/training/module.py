@@ -17,6 +17,7 @@ from yolo11_lightning.ops.postprocess import non_max_suppression
 from yolo11_lightning.training.callbacks import CloseMosaic, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
 from yolo11_lightning.training.evaluation import DetectionMAP
+from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
@@ -53,6 +54,8 @@ class YOLO11Module(L.LightningModule):
         conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
         grad_clip_norm: gradient norm clip (0 disables).
         log_images: validation images drawn with predictions each epoch (0 disables).
+        max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
+            a row stop the run with a clear error (0: never stop).
     """
 
     def __init__(
@@ -85,6 +88,7 @@ class YOLO11Module(L.LightningModule):
         max_detections: int = 300,
         grad_clip_norm: float = 10.0,
         log_images: int = 4,
+        max_skipped_steps: int = 10,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -104,6 +108,7 @@ class YOLO11Module(L.LightningModule):
         self.val_map = DetectionMAP(class_names)
         self.test_map = DetectionMAP(class_names)
         self._schedule: WarmupSchedule | None = None
+        self.step_guard = NonFiniteStepGuard(max_skipped_steps)
 
     # ----------------------------------------------------------------------------------------- set-up
     def setup(self, stage: str) -> None:
@@ -143,9 +148,10 @@ class YOLO11Module(L.LightningModule):
             callbacks.append(ValidationImages(num_images=self.hparams.log_images))
         accumulate = self.accumulation() if self.trainer.state.fn == "fit" else 1
         if accumulate > 1 and self.trainer.accumulate_grad_batches == 1:
-            from lightning.pytorch.callbacks import GradientAccumulationScheduler
-
-            callbacks.append(GradientAccumulationScheduler({0: accumulate}))
+            # Set on the Trainer, not with GradientAccumulationScheduler: that callback sets it in
+            # on_train_epoch_start, which Lightning skips when resuming mid-epoch, so the rest of that epoch
+            # would step on every batch.
+            self.trainer.accumulate_grad_batches = accumulate
         return callbacks
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -201,11 +207,43 @@ class YOLO11Module(L.LightningModule):
         world = self.trainer.world_size
         if world > 1:  # each rank holds its share of the global loss: one all-reduce gives the total
             items = self.trainer.strategy.reduce(items.clone(), reduce_op="sum")
+        # A NaN/inf on any rank is now in every rank's `items`: all ranks will skip the step alike.
+        self.step_guard.observe(items)
         for name, value in zip(("box", "cls", "dfl"), items):
             self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
         # Reference gradient: d(loss * global batch). DDP averages over R ranks and Lightning divides by the
         # accumulation count, so both are multiplied back (the normaliser is already global).
         return loss * (images.shape[0] * world * world * self.trainer.accumulate_grad_batches)
+
+    def optimizer_step(
+        self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
+    ) -> None:
+        """Step, unless a loss of this step's batches was NaN/inf on any rank: then every rank skips it.
+
+        The closure (training_step + backward; DDP's gradient all-reduce runs there on every rank) is run
+        first so the decision can come between backward and the update. Skipped: no parameter, optimiser or
+        clipping update, gradients dropped; ``train/skipped_steps`` counts them.
+        """
+        loss = optimizer_closure() if optimizer_closure is not None else None
+        if self.step_guard.should_skip():
+            optimizer.zero_grad(set_to_none=True)
+            if self.trainer.is_global_zero:
+                log.warning(
+                    "step %d: NaN/inf loss on at least one rank; optimiser step skipped on all ranks "
+                    "(%d skipped, %d in a row, limit %d)", self.trainer.global_step, self.step_guard.skipped,
+                    self.step_guard.consecutive, self.step_guard.max_consecutive,
+                )  # fmt: skip
+        else:
+            # The closure already ran: hand its loss back (mixed-precision plugins need a non-None result).
+            optimizer.step(closure=lambda: loss)
+        if self.step_guard.skipped:
+            self.log("train/skipped_steps", float(self.step_guard.skipped), rank_zero_only=True)
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["nonfinite_steps"] = self.step_guard.state_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.step_guard.load_state_dict(checkpoint.get("nonfinite_steps", {}))
 
     # ------------------------------------------------------------------------------------- evaluation
     def _detect(self, images: Tensor) -> list[Tensor]:
