@@ -56,6 +56,10 @@ class YOLO11Module(L.LightningModule):
         log_images: validation images drawn with predictions each epoch (0 disables).
         max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
             a row stop the run with a clear error (0: never stop).
+        channels_last: keep weights and activations in NHWC memory layout (faster convolutions with Tensor
+            Cores and on oneDNN CPUs; the numbers stay the same up to float rounding).
+        compile: ``torch.compile`` the detector (``nn.Module.compile``: state-dict keys unchanged). Costs a
+            compile at the first step of each mode (train, eval); pays off on long GPU runs.
     """
 
     def __init__(
@@ -89,6 +93,8 @@ class YOLO11Module(L.LightningModule):
         grad_clip_norm: float = 10.0,
         log_images: int = 4,
         max_skipped_steps: int = 10,
+        channels_last: bool = False,
+        compile: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -98,6 +104,8 @@ class YOLO11Module(L.LightningModule):
         self.model.names = list(class_names) if class_names is not None else None
         if weights:
             load_pretrained(self.model, weights)
+        if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
+            self.model.to(memory_format=torch.channels_last)
         self.criterion = DetectionLoss(num_classes, strides=self.model.strides, box=box, cls=cls, dfl=dfl)
         self.recipe = OptimizerRecipe(
             name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
@@ -115,6 +123,9 @@ class YOLO11Module(L.LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # The loss normaliser must be the global sum of target scores (world-size invariance).
             self.criterion.normalizer_reduce = self._sum_over_ranks
+        if self.hparams.get("compile") and not getattr(self.model, "_compiled_call_impl", None):
+            # After the callbacks' setup: the EMA copy (a deepcopy) is made from the plain module.
+            self.model.compile()
 
     def _sum_over_ranks(self, value: Tensor) -> Tensor:
         return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
@@ -195,6 +206,12 @@ class YOLO11Module(L.LightningModule):
         """uint8 (B, 3, H, W) batch -> float in [0, 1], on the device it already is."""
         return images.float().div_(255) if images.dtype == torch.uint8 else images
 
+    def _model_input(self, images: Tensor) -> Tensor:
+        """The batch's uint8 images as the detector's float input, in its memory layout."""
+        if self.hparams.get("channels_last"):  # convert while still uint8: 4x fewer bytes to shuffle
+            images = images.contiguous(memory_format=torch.channels_last)
+        return self.to_float(images)
+
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
         if self._schedule is not None:
             global_index = self.current_epoch * self._schedule.batches_per_epoch + batch_idx
@@ -202,7 +219,7 @@ class YOLO11Module(L.LightningModule):
                 self._schedule.apply(optimizer, global_index, self.current_epoch)
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
-        images = self.to_float(batch["images"])
+        images = self._model_input(batch["images"])
         loss, items = self.criterion(self.model(images), batch["targets"])
         world = self.trainer.world_size
         if world > 1:  # each rank holds its share of the global loss: one all-reduce gives the total
@@ -247,7 +264,7 @@ class YOLO11Module(L.LightningModule):
 
     # ------------------------------------------------------------------------------------- evaluation
     def _detect(self, images: Tensor) -> list[Tensor]:
-        predictions = self.model(self.to_float(images))
+        predictions = self.model(self._model_input(images))
         return non_max_suppression(
             predictions,
             conf_threshold=self.hparams.conf_threshold,
