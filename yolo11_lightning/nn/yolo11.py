@@ -27,6 +27,8 @@ SCALES: dict[str, tuple[float, float, int]] = {
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
 # Layers feeding the Detect head: P3/8, P4/16, P5/32.
 _HEAD_FROM = (16, 19, 22)
+# Tag of a weights-only file (``save_weights``): plain types and tensors, readable with weights_only=True.
+WEIGHTS_FORMAT = "yolo11_lightning.weights/1"
 
 
 def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
@@ -176,4 +178,48 @@ class YOLO11(nn.Module):
         model = cls(scale, nc)
         model.load_state_dict(ours, strict=True)
         model.names = names if names is not None and len(names) == nc else None
+        return model
+
+    def save_weights(self, path: str | os.PathLike) -> None:
+        """Write a weights-only file: scale, class count, names and the fp32 state dict, nothing else.
+
+        It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
+        code runs on loading; ``YOLO11.from_weights`` rebuilds the model without Lightning.
+        """
+        state = {
+            k: (v.float() if v.is_floating_point() else v).detach().cpu()
+            for k, v in self.state_dict().items()
+        }
+        payload = {
+            "format": WEIGHTS_FORMAT,
+            "scale": self.scale,
+            "num_classes": self.num_classes,
+            "names": list(self.names) if self.names is not None else None,
+            "state_dict": state,
+        }
+        torch.save(payload, os.fspath(path))
+
+    @classmethod
+    def from_weights(cls, path: str | os.PathLike) -> YOLO11:
+        """Rebuild a model written by ``save_weights`` (in train mode, like any new module: call ``.eval()``).
+
+        Raises FileNotFoundError, or ValueError naming the file when it is not such a weights file.
+        """
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"weights file not found: {path}")
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # truncated zip, pickled objects refused by weights_only, ...
+            raise ValueError(
+                f"{path}: not a yolo11_lightning weights file ({type(e).__name__}: {e})"
+            ) from None
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        if found != WEIGHTS_FORMAT:
+            raise ValueError(
+                f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
+                "checkpoints and reference .pt files load with yolo11_lightning.export.load_model"
+            )
+        model = cls(payload["scale"], int(payload["num_classes"]), payload.get("names"))
+        model.load_state_dict(payload["state_dict"], strict=True)
         return model

@@ -1,0 +1,157 @@
+"""Export: ONNX parity with PyTorch at several batch sizes, weights-only round trip without Lightning, and
+the EMA weights (not the raw ones) taken out of a real training checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from yolo11_lightning import YOLO11
+from yolo11_lightning.export import (
+    export_onnx,
+    load_model,
+    load_weights,
+    main,
+    onnx_max_abs_diff,
+    save_weights,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _model(num_classes: int = 3, seed: int = 0) -> YOLO11:
+    """A YOLO11n with non-trivial BatchNorm statistics and biases (so BN folding and every bias matter)."""
+    torch.manual_seed(seed)
+    model = YOLO11("n", num_classes, names=[f"class_{i}" for i in range(num_classes)])
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.3, 0.3)
+                m.running_var.uniform_(0.5, 2.0)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-0.2, 0.2)
+    return model.eval()
+
+
+def test_onnx_matches_pytorch_at_any_batch_size(tmp_path: Path) -> None:
+    pytest.importorskip("onnxruntime")
+    onnx = pytest.importorskip("onnx")
+    model = _model()
+    path = export_onnx(model, tmp_path / "m.onnx", image_size=(64, 96))  # non-square: catches H/W mix-ups
+    for batch in (1, 3):  # exported with batch 1: 3 proves the batch axis is dynamic
+        images = torch.rand(batch, 3, 64, 96, generator=torch.Generator().manual_seed(batch))
+        assert onnx_max_abs_diff(model, path, images) <= 1e-4
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(meta["names"]) == model.names and json.loads(meta["image_size"]) == [64, 96]
+    with pytest.raises(ValueError, match="multiples of 32"):
+        export_onnx(model, tmp_path / "bad.onnx", image_size=70)
+
+
+def test_weights_round_trip_loads_without_lightning(tmp_path: Path) -> None:
+    model = _model(num_classes=5, seed=1)
+    path = save_weights(model, tmp_path / "w" / "model.pth")
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model(images)
+    torch.save(images, tmp_path / "x.pt")
+    # A fresh interpreter: the file alone rebuilds the model, and Lightning is never imported.
+    code = (
+        "import sys, torch\n"
+        "from yolo11_lightning.export import load_weights\n"
+        f"m = load_weights({str(path)!r})\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        "with torch.no_grad():\n"
+        f"    torch.save(m(x), {str(tmp_path / 'y.pt')!r})\n"
+        "print(m.scale, m.num_classes, ','.join(m.names), 'lightning' in sys.modules)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["n", "5", ",".join(model.names), "False"]
+    assert torch.equal(torch.load(tmp_path / "y.pt"), expected)
+    # The payload is plain data: weights_only loading accepts it.
+    assert torch.load(path, weights_only=True)["scale"] == "n"
+
+
+def test_load_model_errors_name_the_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
+        load_model(tmp_path / "missing.ckpt")
+    text = tmp_path / "notes.ckpt"
+    text.write_text("not a checkpoint")
+    with pytest.raises(ValueError, match=r"notes\.ckpt"):
+        load_model(text)
+    foreign = tmp_path / "foreign.pth"
+    torch.save({"format": "something-else/1", "state_dict": {}}, foreign)
+    with pytest.raises(ValueError, match=r"foreign\.pth.*format"):
+        load_weights(foreign)
+    assert main(["--ckpt_path", str(tmp_path / "missing.ckpt")]) == 1
+
+
+def test_load_model_reads_reference_release_file(tmp_path: Path) -> None:
+    pytest.importorskip("ultralytics")
+    from model_oracle import reference_model, save_like_release
+
+    ref = reference_model("n", 4, seed=3)
+    path = save_like_release(ref, tmp_path / "yolo11n.pt", {i: f"c{i}" for i in range(4)})
+    model = load_model(path)
+    assert (model.scale, model.num_classes, model.names, model.training) == (
+        "n",
+        4,
+        ["c0", "c1", "c2", "c3"],
+        False,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained_checkpoint(tmp_path_factory: pytest.TempPathFactory, tiny_dataset: Path) -> Path:
+    """A real Lightning checkpoint after 3 optimiser steps with EMA on (EMA != raw weights)."""
+    import lightning as L
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from yolo11_lightning import YOLO11Module, YOLODataModule
+
+    root = tmp_path_factory.mktemp("ema_run")
+    data = YOLODataModule(str(tiny_dataset), batch_size=4, image_size=64, num_workers=0, pin_memory=False)
+    # nominal_batch = batch: one optimiser step (and one EMA update) per batch.
+    module = YOLO11Module("n", data.num_classes, data.class_names, nominal_batch=4, log_images=0)
+    # Saved by ModelCheckpoint during training, as in real runs (at the end of fit, WeightAveraging copies the
+    # average into the model, after which raw and EMA weights coincide).
+    saver = ModelCheckpoint(dirpath=root, filename="trained")
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=1, limit_train_batches=3, limit_val_batches=1, logger=False,
+        callbacks=[saver], enable_progress_bar=False, enable_model_summary=False, default_root_dir=root,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data)
+    return root / "trained.ckpt"
+
+
+def test_export_writes_the_ema_weights(trained_checkpoint: Path, tmp_path: Path) -> None:
+    checkpoint = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    ema, raw = checkpoint["state_dict"], checkpoint["current_model_state"]
+    assert any(not torch.equal(ema[k], raw[k]) for k in ema), "training made no EMA/raw difference to test"
+    out = tmp_path / "exported.pth"
+    assert main(["--ckpt_path", str(trained_checkpoint), "--format", "weights", "--out", str(out)]) == 0
+    exported = load_weights(out).state_dict()
+    assert exported.keys() == {k[len("model.") :] for k in ema}
+    for key, value in exported.items():
+        assert torch.equal(value, ema[f"model.{key}"].float()), key
+    names = torch.load(trained_checkpoint, weights_only=True)["hyper_parameters"]["class_names"]
+    assert load_weights(out).names == names
+
+
+def test_export_command_onnx_checks_parity(trained_checkpoint: Path, tmp_path: Path, capsys) -> None:
+    pytest.importorskip("onnxruntime")
+    from yolo11_lightning.cli import main as cli_main
+
+    out = tmp_path / "model.onnx"
+    args = ["export", "--ckpt_path", str(trained_checkpoint), "--format", "onnx", "--image-size", "64"]
+    assert cli_main([*args, "--out", str(out)]) == 0
+    assert out.is_file() and "max |diff|" in capsys.readouterr().out
+    assert os.path.getsize(out) > 1_000_000  # the weights are in the graph (YOLO11n: ~2.6M params)
