@@ -1,8 +1,12 @@
 """Command-line front door: ``yolo11-lightning <command> ...``.
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI. The small utility commands
-(``info``, ``synthetic``, ``check-data``) are plain argparse programs living next to the code they
-drive; they are imported only when asked for, so ``info`` starts without Lightning.
+(``info``, ``synthetic``, ``check-data``, ``export``) are plain argparse programs living next to the code
+they drive; they are imported only when asked for, so ``info`` starts without Lightning.
+
+``predict`` has two forms: with ``--source`` (files, folders, videos) it is the utility in
+``yolo11_lightning.predict``; without it, LightningCLI's predict over the dataset's test/val split.
+``predict --help`` alone shows the utility's help, which names the other form.
 """
 
 from __future__ import annotations
@@ -16,13 +20,33 @@ UTILITY_COMMANDS = {
     "info": "yolo11_lightning.nn.summary:main",
     "synthetic": "yolo11_lightning.data.synthetic:main",
     "check-data": "yolo11_lightning.data.check_data:main",
+    "export": "yolo11_lightning.export:main",
 }
+# `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.
+PREDICT_SOURCE_COMMAND = "yolo11_lightning.predict:main"
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 
 def _usage() -> str:
     names = ", ".join([*LIGHTNING_COMMANDS, *UTILITY_COMMANDS])
-    return f"usage: yolo11-lightning <command> [options]\ncommands: {names}\n"
+    return (
+        f"usage: yolo11-lightning <command> [options]\ncommands: {names}\n"
+        "  predict --source PATH --ckpt_path CKPT: images, folders or videos -> annotated copies + COCO json\n"
+        "  predict --config ... (no --source): LightningCLI predict over the dataset's test/val split\n"
+        "  <command> --help: the options of one command\n"
+    )
+
+
+def _wants_predict_utility(rest: Sequence[str]) -> bool:
+    """``predict`` with ``--source`` (any spelling), or only asking for help."""
+    if any(a == "--source" or a.startswith("--source=") for a in rest):
+        return True
+    return bool(rest) and all(a in ("-h", "--help") for a in rest)
+
+
+def _run_utility(target: str, rest: Sequence[str]) -> int:
+    module_name, func_name = target.split(":")
+    return int(getattr(importlib.import_module(module_name), func_name)(list(rest)) or 0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -33,8 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0 if args else 2
     command, rest = args[0], args[1:]
     if command in UTILITY_COMMANDS:
-        module_name, func_name = UTILITY_COMMANDS[command].split(":")
-        return int(getattr(importlib.import_module(module_name), func_name)(rest) or 0)
+        return _run_utility(UTILITY_COMMANDS[command], rest)
+    if command == "predict" and _wants_predict_utility(rest):
+        return _run_utility(PREDICT_SOURCE_COMMAND, rest)
     if command in LIGHTNING_COMMANDS:
         from yolo11_lightning.training.cli import run_lightning_cli
 

@@ -1,0 +1,158 @@
+"""``yolo11-lightning predict --source``: folders with a bad file, videos, options, errors, CLI routing."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from yolo11_lightning import YOLO11
+from yolo11_lightning.cli import main as cli_main
+from yolo11_lightning.data.image_io import read_image
+from yolo11_lightning.data.transforms import letterbox
+from yolo11_lightning.ops.postprocess import letterbox_to_original, non_max_suppression
+from yolo11_lightning.predict_data import SkippedSourceWarning
+
+# An untrained detector scores everything near its class prior (~1e-3 at 64 px); a low threshold still yields
+# boxes, so drawing, NMS and the json all have work to do.
+CONF = "0.0005"
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("predict_weights") / "tiny.pth"
+    YOLO11("n", 3, names=["rectangle", "ellipse", "triangle"]).save_weights(path)
+    return path
+
+
+def _images(tiny_dataset: Path, count: int) -> list[Path]:
+    return sorted((tiny_dataset.parent / "images" / "val").glob("*.png"))[:count]
+
+
+def _run(*args: str) -> int:
+    return cli_main(["predict", *args, "--device", "cpu", "--image-size", "64"])
+
+
+def test_folder_with_a_corrupt_image(tiny_dataset: Path, weights: Path, tmp_path: Path, capsys) -> None:
+    source = tmp_path / "in"
+    source.mkdir()
+    good = [Path(shutil.copy(p, source)) for p in _images(tiny_dataset, 3)]
+    (source / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 definitely not a JPEG")
+    (source / "notes.txt").write_text("not an image: ignored, not reported")
+    out = tmp_path / "out"
+    with pytest.warns(SkippedSourceWarning, match=r"broken\.jpg: skipped"):
+        code = _run("--ckpt_path", str(weights), "--source", str(source), "--out", str(out), "--conf", CONF,
+                    "--batch-size", "2")  # fmt: skip
+    assert code == 0
+    assert "broken.jpg" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == sorted([*(p.name for p in good), "predictions.json"])
+    results = json.loads((out / "predictions.json").read_text())
+    assert results, "no detection at all: the test threshold is too high"
+    for path in good:
+        original, drawn = read_image(str(path)), read_image(str(out / path.name))
+        assert drawn.shape == original.shape
+        rows = [r for r in results if r["file_name"] == path.name]
+        assert rows and not np.array_equal(drawn, original)  # boxes were drawn
+        h, w = original.shape[:2]
+        for r in rows:
+            x, y, bw, bh = r["bbox"]
+            assert 0 <= x <= x + bw <= w and 0 <= y <= y + bh <= h
+            assert r["category_name"] == ["rectangle", "ellipse", "triangle"][r["category_id"]]
+            assert r["score"] >= float(CONF)
+    assert {r["file_name"] for r in results} <= {p.name for p in good}
+    assert len({r["image_id"] for r in results}) == len(good)
+
+
+def test_options_reach_the_postprocessing(tiny_dataset: Path, weights: Path, tmp_path: Path) -> None:
+    """The json equals letterbox -> model -> NMS(conf, iou, max_det) -> original pixels, done by hand."""
+    image_path = _images(tiny_dataset, 1)[0]
+    out = tmp_path / "out"
+    assert _run("--ckpt_path", str(weights), "--source", str(image_path), "--out", str(out), "--conf", CONF,
+                "--iou", "0.5", "--max-det", "3", "--no-save") == 0  # fmt: skip
+    results = json.loads((out / "predictions.json").read_text())
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.json"]  # --no-save: json only
+
+    model = YOLO11.from_weights(weights).eval()
+    rgb = read_image(str(image_path))
+    boxed, scale, pad = letterbox(rgb, 64, scaleup=True)
+    x = torch.from_numpy(boxed.transpose(2, 0, 1).copy())[None].float() / 255
+    with torch.no_grad():
+        (det,) = non_max_suppression(
+            model(x), conf_threshold=float(CONF), iou_threshold=0.5, max_detections=3
+        )
+    det[:, :4] = letterbox_to_original(det[:, :4], scale, torch.tensor(pad, dtype=torch.float32),
+                                       torch.tensor(rgb.shape[:2]))  # fmt: skip
+    assert len(results) == len(det) == 3
+    for row, (x1, y1, x2, y2, score, cls) in zip(results, det.tolist()):
+        assert row["category_id"] == int(cls) and row["score"] == pytest.approx(score, abs=1e-5)
+        assert row["bbox"] == pytest.approx([x1, y1, x2 - x1, y2 - y1], abs=2e-3)
+
+
+def test_video_frames_in_order(tiny_dataset: Path, weights: Path, tmp_path: Path) -> None:
+    video = tmp_path / "clip.mp4"
+    frames = [cv2.resize(read_image(str(p)), (96, 64)) for p in _images(tiny_dataset, 5)]
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10.0, (96, 64))
+    if not writer.isOpened():
+        pytest.skip("this OpenCV build cannot write mp4v video")
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+    out = tmp_path / "out"
+    # Two workers and batches of 2: the video still comes out whole and in order.
+    assert _run("--ckpt_path", str(weights), "--source", str(video), "--out", str(out), "--conf", CONF,
+                "--batch-size", "2", "--num-workers", "2") == 0  # fmt: skip
+    capture = cv2.VideoCapture(str(out / "clip.mp4"))
+    size = (capture.get(cv2.CAP_PROP_FRAME_WIDTH), capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    count = 0
+    while capture.read()[0]:
+        count += 1
+    capture.release()
+    assert size == (96, 64) and count == len(frames)
+    results = json.loads((out / "predictions.json").read_text())
+    assert {r["frame"] for r in results} == set(range(len(frames)))
+    assert all(r["file_name"] == "clip.mp4" for r in results)
+
+
+def test_clear_errors(tiny_dataset: Path, weights: Path, tmp_path: Path, capsys) -> None:
+    image = str(_images(tiny_dataset, 1)[0])
+    assert (
+        _run("--ckpt_path", str(weights), "--source", str(tmp_path / "nowhere"), "--out", str(tmp_path)) == 1
+    )
+    assert "source not found" in capsys.readouterr().err
+    assert _run("--ckpt_path", str(tmp_path / "none.ckpt"), "--source", image, "--out", str(tmp_path)) == 1
+    assert "none.ckpt" in capsys.readouterr().err
+    (tmp_path / "table.csv").write_text("a,b\n")
+    assert (
+        _run("--ckpt_path", str(weights), "--source", str(tmp_path / "table.csv"), "--out", str(tmp_path))
+        == 1
+    )
+    assert "table.csv: not an image or video" in capsys.readouterr().err
+    bad = tmp_path / "all_bad"
+    bad.mkdir()
+    (bad / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")
+    with pytest.warns(SkippedSourceWarning, match=r"a\.png"):
+        assert _run("--ckpt_path", str(weights), "--source", str(bad), "--out", str(tmp_path / "o")) == 1
+    assert "no input could be read" in capsys.readouterr().err
+
+
+def test_predict_routing(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """With --source (or only --help): the utility; otherwise LightningCLI's predict, untouched."""
+    import yolo11_lightning.training.cli as training_cli
+
+    seen: list[list[str]] = []
+    monkeypatch.setattr(training_cli, "run_lightning_cli", lambda args: seen.append(list(args)))
+    assert cli_main(["predict", "--config", "c.yaml", "--ckpt_path", "x.ckpt"]) == 0
+    assert seen == [["predict", "--config", "c.yaml", "--ckpt_path", "x.ckpt"]]
+    with pytest.raises(SystemExit) as exit_info:
+        cli_main(["predict", "--help"])
+    assert exit_info.value.code == 0
+    help_text = capsys.readouterr().out
+    assert "--source" in help_text and "LightningCLI" in help_text
+    cli_main(["--help"])
+    assert "predict --source" in capsys.readouterr().out
