@@ -32,6 +32,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.export import load_model
+from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.predict_data import PredictionSource, Source, collate_prediction, list_sources
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.visualize import draw_boxes, save_rgb
@@ -134,9 +135,10 @@ def _trainer_device(device: str) -> tuple[str, Any]:
     raise ValueError(f"--device {device!r}: use auto, cpu, gpu, cuda, cuda:N or mps")
 
 
-def build_module(model_path: str | Path, conf: float, iou: float, max_det: int) -> YOLO11Module:
-    """A ``YOLO11Module`` around any model file (``export.load_model``) with the given post-processing."""
-    model = load_model(model_path)
+def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
+    """A ``YOLO11Module`` around a detector or any model file (``export.load_model``), with the given
+    post-processing."""
+    model = model if isinstance(model, YOLO11) else load_model(model)
     module = YOLO11Module(
         scale=model.scale, num_classes=model.num_classes, class_names=model.names,
         conf_threshold=conf, iou_threshold=iou, max_detections=max_det, ema=False, log_images=0,
@@ -146,7 +148,7 @@ def build_module(model_path: str | Path, conf: float, iou: float, max_det: int) 
 
 
 def predict(
-    model_path: str | Path,
+    model: str | Path | YOLO11,
     source: str | Path,
     out_dir: str | Path,
     conf: float = 0.25,
@@ -161,7 +163,8 @@ def predict(
 ) -> PredictionWriter:
     """Predict on ``source`` and write the outputs under ``out_dir``; returns the writer (results, counts).
 
-    Raises FileNotFoundError / ValueError naming a missing or unusable source or model file.
+    ``model`` is a ``YOLO11`` (e.g. ``module.model`` in a notebook) or a model file: Lightning ``.ckpt``,
+    weights file, reference ``.pt``. Raises FileNotFoundError / ValueError naming a missing or unusable source or model file.
     """
     if not 0.0 <= conf <= 1.0 or not 0.0 <= iou <= 1.0:
         raise ValueError(f"--conf and --iou must lie in [0, 1], got {conf} and {iou}")
@@ -169,7 +172,7 @@ def predict(
         raise ValueError("--max-det and --batch-size must be >= 1, --num-workers >= 0")
     sources: list[Source] = list_sources(source)
     dataset = PredictionSource(sources, image_size, keep_originals=save_media)
-    module = build_module(model_path, conf, iou, max_det)
+    module = build_module(model, conf, iou, max_det)
     writer = PredictionWriter(out_dir, module.model.names, save_media)
     accelerator, devices = _trainer_device(device)
     loader = DataLoader(
