@@ -1,0 +1,210 @@
+"""Every command in README.md runs: ```bash blocks on this CPU machine (tiny overrides appended), ```python
+blocks as they are, and the cluster-only ``$ yolo11-lightning ...`` lines of ```console blocks are parsed with
+``--print_config``. The commands that cannot run here are listed in SKIPPED with the reason and where they
+are exercised instead. The section between the multinode markers belongs to its own tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+CHECKPOINTS = Path("runs/quickstart/lightning_logs/version_0/checkpoints")
+
+# Substring of a command -> why this test does not run it (and what does).
+SKIPPED = {
+    "pip install": "installs packages: .ci/run installs the project into a fresh virtual environment",
+    "python -m pytest": "the test suite itself: .ci/run runs it",
+    "python benchmarks/": "benchmarks take minutes and import the reference package; never part of the test run",
+    "jupyter lab": "interactive; tests/test_notebook.py executes notebooks/quickstart.ipynb with tiny settings",
+    "--trainer.strategy ddp": "two gloo processes: tests/test_cli.py::test_fit_two_ranks_ddp_rank_zero_writes_once "
+    "runs this fit",
+}
+# Appended to each runnable command: tiny images, one short epoch, CPU, no worker processes.
+TINY_ARGS = {
+    "fit": [
+        "--data.synthetic_train", "8", "--data.synthetic_val", "4", "--data.synthetic_image_size", "64",
+        "--data.image_size", "64", "--data.batch_size", "4", "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2",
+        "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+    ],
+    "predict": ["--device", "cpu", "--image-size", "64"],
+    "export": ["--image-size", "64"],
+    "synthetic": ["--train", "8", "--val", "4", "--size", "64"],
+    "check-data": ["--imgsz", "64", "--samples", "4"],
+    "info": [],
+}  # fmt: skip
+LIGHTNING_CLI = ("fit", "validate", "test", "predict")
+
+
+@dataclass
+class Command:
+    text: str  # as written (one logical line)
+    lang: str  # bash | console | python
+    line: int  # README line of the block
+
+
+def readme_blocks(text: str) -> list[tuple[str, str, int]]:
+    """(language, body, first line) of every fenced block outside the multinode markers."""
+    start, end = text.find("<!-- multinode:start -->"), text.find("<!-- multinode:end -->")
+    if start >= 0 and end > start:  # blank the owned section but keep line numbers
+        text = text[:start] + re.sub(r"[^\n]", "", text[start:end]) + text[end:]
+    blocks = []
+    for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
+        blocks.append((m.group(1), m.group(2), text.count("\n", 0, m.start()) + 2))
+    return blocks
+
+
+def readme_commands(text: str) -> list[Command]:
+    commands = []
+    for lang, body, line in readme_blocks(text):
+        if lang == "python":
+            commands.append(Command(body, lang, line))
+        elif lang == "bash":
+            for logical in body.replace("\\\n", " ").splitlines():
+                if logical.strip() and not logical.strip().startswith("#"):
+                    commands.extend(Command(part.strip(), lang, line) for part in logical.split("&&"))
+        elif lang == "console":
+            for logical in body.replace("\\\n", " ").splitlines():
+                if logical.startswith("$ "):
+                    commands.extend(Command(part.strip(), lang, line) for part in logical[2:].split("&&"))
+    return commands
+
+
+def plan(command: Command) -> tuple[str, object]:
+    """("skip", reason) | ("python", code) | ("run", argv) | ("parse", argv) | ("unknown", why)."""
+    for needle, reason in SKIPPED.items():
+        if needle in command.text:
+            return "skip", reason
+    if command.lang == "python":
+        return "python", command.text
+    tokens = shlex.split(command.text, comments=True)
+    while tokens and re.fullmatch(r"[A-Z_]+=\S*", tokens[0]):  # leading VAR=value assignments
+        tokens.pop(0)
+    if not tokens or tokens[0] != "yolo11-lightning" or len(tokens) < 2:
+        return "unknown", "not a yolo11-lightning command"
+    name, args = tokens[1], tokens[1:]
+    if command.lang == "console":
+        if name in LIGHTNING_CLI and "--source" not in args:
+            return "parse", [*args, "--print_config"]
+        return "unknown", "cluster-only command that is not a LightningCLI one"
+    if "--print_config" in args:
+        return "run", args
+    if name not in TINY_ARGS:
+        return "unknown", f"no tiny overrides for `{name}`"
+    return "run", [*args, *TINY_ARGS[name]]
+
+
+def test_setup_commands_keep_their_markers() -> None:
+    """CI reads the command after each marker: both must be there, each the first line of a bash block."""
+    text = README.read_text()
+    for marker, expected in (("<!-- main-command -->", "yolo11-lightning fit --config configs/quickstart.yaml"),
+                             ("<!-- test-command -->", "python -m pytest")):  # fmt: skip
+        after = text.split(marker, 1)[1].lstrip("\n")
+        assert after.startswith("```bash\n"), f"{marker} must be followed by a ```bash block"
+        assert expected in after.split("\n")[1]
+
+
+def test_every_command_is_run_or_skipped_with_a_reason() -> None:
+    commands = readme_commands(README.read_text())
+    plans = [(c, plan(c)) for c in commands]
+    unknown = [f"README.md:{c.line}: {c.text!r} ({why})" for c, (kind, why) in plans if kind == "unknown"]
+    assert not unknown, (
+        "commands this test cannot run; make them cheap or add them to SKIPPED:\n" + "\n".join(unknown)
+    )
+    used = {needle for needle in SKIPPED for c in commands if needle in c.text}
+    assert used == set(SKIPPED), f"stale SKIPPED entries: {set(SKIPPED) - used}"
+    kinds = {kind for _, (kind, _) in plans}
+    assert {"run", "parse", "python"} <= kinds
+
+
+_RUNNER = r"""
+import contextlib, io, json, sys, traceback
+from yolo11_lightning.cli import main
+
+jobs = json.load(open(sys.argv[1]))
+results = []
+for job in jobs:
+    out = io.StringIO()
+    code, error = 0, ""
+    try:
+        with contextlib.redirect_stdout(out):
+            if job["kind"] == "python":
+                exec(compile(job["code"], f"README.md:{job['line']}", "exec"), {"__name__": "__readme__"})
+            else:
+                try:
+                    code = main(job["args"])
+                except SystemExit as e:
+                    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+    except Exception:
+        code, error = 1, traceback.format_exc()
+    results.append({"code": code, "error": error, "stdout": out.getvalue()})
+    json.dump(results, open(sys.argv[2], "w"))
+    if code != 0:
+        break
+"""
+
+
+def test_readme_commands_run(tmp_path: Path) -> None:
+    """The runnable commands, in README order, in one interpreter (one start-up), in a scratch folder."""
+    commands = readme_commands(README.read_text())
+    jobs, labels = [], []
+    for command in commands:
+        kind, payload = plan(command)
+        if kind in ("run", "parse"):
+            jobs.append({"kind": kind, "args": payload})
+        elif kind == "python":
+            jobs.append({"kind": "python", "code": payload, "line": command.line})
+        else:
+            continue
+        labels.append(f"README.md:{command.line}: {command.text[:200]}")
+    (tmp_path / "configs").symlink_to(REPO / "configs")  # commands name configs/... relative to the repo
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUNNER, "jobs.json", "results.json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    results_file = tmp_path / "results.json"
+    assert results_file.is_file(), proc.stderr[-5000:]
+    results = json.loads(results_file.read_text())
+    for label, job, result in zip(labels, jobs, results):
+        detail = (result["error"] or result["stdout"][-2000:] or proc.stderr[-4000:]).strip()
+        assert result["code"] == 0, f"{label}\nexit {result['code']}\n{detail}"
+        if job["kind"] == "parse":  # a resolved config came out
+            assert "trainer" in yaml.safe_load(result["stdout"]), label
+    assert len(results) == len(jobs), proc.stderr[-5000:]
+
+    for produced in (
+        CHECKPOINTS / "best.ckpt", CHECKPOINTS / "best.onnx", CHECKPOINTS / "best.pth",
+        Path("runs/predict/predictions.json"), Path("runs/export/yolo11n.onnx"), Path("runs/export/yolo11n.pth"),
+        Path("datasets/shapes/data.yaml"),
+    ):  # fmt: skip
+        assert (tmp_path / produced).is_file(), f"{produced} was not written"
+    predictions = json.loads((tmp_path / "runs/predict/predictions.json").read_text())
+    assert isinstance(predictions, list)
+    assert any(p.suffix == ".png" for p in (tmp_path / "runs/check").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("text", "lang", "expected"),
+    [
+        ("pip install -e . ", "bash", "skip"),
+        ("yolo11-lightning fit --config c.yaml", "console", "parse"),
+        ("yolo11-lightning predict --source x --ckpt_path y", "console", "unknown"),
+        ("yolo11-lightning export --ckpt_path y --format onnx", "bash", "run"),
+        ("srun python train.py", "bash", "unknown"),
+    ],
+)
+def test_plan_classifies_commands(text: str, lang: str, expected: str) -> None:
+    assert plan(Command(text, lang, 1))[0] == expected
