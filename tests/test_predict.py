@@ -133,6 +133,9 @@ def test_clear_errors(tiny_dataset: Path, weights: Path, tmp_path: Path, capsys)
         == 1
     )
     assert "table.csv: not an image or video" in capsys.readouterr().err
+    shutil.copy(image, tmp_path / "in_place.png")
+    assert _run("--ckpt_path", str(weights), "--source", str(tmp_path), "--out", str(tmp_path)) == 1
+    assert "would overwrite the input" in capsys.readouterr().err
     bad = tmp_path / "all_bad"
     bad.mkdir()
     (bad / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")

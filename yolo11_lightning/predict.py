@@ -38,6 +38,14 @@ from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.visualize import draw_boxes, save_rgb
 
 RESULTS_JSON = "predictions.json"
+# Extensions OpenCV writes everywhere; other inputs (e.g. .mpo, .pbm) get an annotated .jpg.
+_WRITABLE = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
+
+
+def annotated_name(path: str | Path) -> str:
+    """File name of the annotated copy of an image (videos become ``<stem>.mp4``)."""
+    path = Path(path)
+    return path.name if path.suffix.lower() in _WRITABLE else f"{path.stem}.jpg"
 
 
 def _image_id(path: str, running: int) -> int:
@@ -112,7 +120,7 @@ class PredictionWriter(BasePredictionWriter):
                 continue
             drawn = self._draw(original, det)
             if frame < 0:
-                save_rgb(str(self.out_dir / Path(path).name), drawn)
+                save_rgb(str(self.out_dir / annotated_name(path)), drawn)
             else:
                 self._write_video_frame(path, batch["fps"][i], drawn)
 
@@ -171,6 +179,11 @@ def predict(
     if max_det < 1 or batch_size < 1 or num_workers < 0:
         raise ValueError("--max-det and --batch-size must be >= 1, --num-workers >= 0")
     sources: list[Source] = list_sources(source)
+    if save_media:
+        out = Path(out_dir).resolve()
+        clash = [s.path for s in sources if (out / annotated_name(s.path)).resolve() == s.path.resolve()]
+        if clash:
+            raise ValueError(f"--out {out_dir}: the annotated copy would overwrite the input {clash[0]}")
     dataset = PredictionSource(sources, image_size, keep_originals=save_media)
     module = build_module(model, conf, iou, max_det)
     writer = PredictionWriter(out_dir, module.model.names, save_media)
