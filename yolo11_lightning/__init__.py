@@ -20,7 +20,7 @@ _LAZY = {
     "YOLO11Module": "yolo11_lightning.training.module",
 }
 
-__all__ = ["DetectionLoss", "TaskAlignedAssigner", "YOLO11", "YOLO11Module", "YOLODataModule", "__version__"]
+__all__ = ["YOLO11", "DetectionLoss", "TaskAlignedAssigner", "YOLO11Module", "YOLODataModule", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
     from yolo11_lightning.data.datamodule import YOLODataModule

@@ -46,6 +46,11 @@ class ValidationImages(Callback):
     def __init__(self, num_images: int = 4, min_score: float = 0.25) -> None:
         self.num_images = num_images
         self.min_score = min_score
+        self.out_dir: Path | None = None
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0: every rank must ask, never rank 0 alone (it would hang).
+        self.out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
 
     @rank_zero_only
     def on_validation_batch_end(
@@ -74,7 +79,7 @@ class ValidationImages(Callback):
             det = det[det[:, 4] >= self.min_score]
             drawn.append(draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names))
         grid = image_grid(drawn)
-        out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
+        out_dir = self.out_dir or Path(trainer.default_root_dir) / "val_images"
         out_dir.mkdir(parents=True, exist_ok=True)
         save_rgb(str(out_dir / f"epoch_{trainer.current_epoch:03d}.png"), grid)
         self._send_to_logger(trainer, grid)
