@@ -291,7 +291,8 @@ class YOLO11Module(L.LightningModule):
     def _log_map(self, metric: DetectionMAP, prefix: str) -> None:
         # compute() gathers every rank's detections, so each rank logs the same global value.
         for name, value in metric.compute().items():
-            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=False)
+            # Already global: the "sync" is a mean of equal values, which keeps every rank's logger in step.
+            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=True)
         metric.reset()
 
     def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Tensor]:
