@@ -1,0 +1,177 @@
+"""Faults: non-finite losses, a failing or hung rank, a checkpoint write killed half-way, bad launch shapes.
+
+The DDP cases run the real CLI on 2 gloo ranks (Lightning's own launcher) with a fault injected on rank 1
+only, by the callbacks in tests/scripts/fault_callbacks.py; each subprocess has a timeout, so a hang fails
+the test instead of the suite.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from cli_runs import SCRIPTS, TINY_FIT, cli_env, ddp, fit_args, records, run_cli, tail
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger
+
+from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
+from yolo11_lightning.training.cli import run_lightning_cli
+from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
+
+FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
+
+
+# ------------------------------------------------------------------------------------------ step guard
+def test_guard_skips_a_step_when_any_of_its_batches_is_not_finite() -> None:
+    guard = NonFiniteStepGuard(max_consecutive=3)
+    assert not guard.should_skip()  # nothing observed: nothing to decide
+    guard.observe(FINITE)
+    assert not guard.should_skip()
+    guard.observe(FINITE)  # accumulation window: one bad micro-batch spoils the step's gradients
+    guard.observe(torch.tensor([float("inf"), 0.0, 0.0]))
+    assert guard.should_skip() and (guard.skipped, guard.consecutive) == (1, 1)
+    guard.observe(FINITE)
+    assert not guard.should_skip() and (guard.skipped, guard.consecutive) == (1, 0)
+
+
+def test_guard_stops_after_k_consecutive_skips_and_resumes_its_counts() -> None:
+    guard = NonFiniteStepGuard(max_consecutive=2)
+    guard.observe(NAN)
+    assert guard.should_skip()
+    guard.observe(NAN)
+    with pytest.raises(NonFiniteLossError, match=r"2 consecutive optimiser steps .*max_skipped_steps=2"):
+        guard.should_skip()
+    restored = NonFiniteStepGuard(max_consecutive=2)
+    restored.load_state_dict({"skipped": 7, "consecutive": 1})
+    restored.observe(NAN)
+    with pytest.raises(NonFiniteLossError):
+        restored.should_skip()
+    never = NonFiniteStepGuard(max_consecutive=0)  # 0: skip forever, never stop
+    for _ in range(50):
+        never.observe(NAN)
+        assert never.should_skip()
+    assert never.state_dict() == {"skipped": 50, "consecutive": 50}
+    with pytest.raises(ValueError, match="max_skipped_steps"):
+        NonFiniteStepGuard(max_consecutive=-1)
+
+
+# ------------------------------------------------------------------------------------------ checkpoints
+def test_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable(tmp_path: Path) -> None:
+    ckpt, marker = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "half-written"
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / "killed_write.py"), str(ckpt), str(marker)],
+                            env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.stdout.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the second write never started"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    loaded = torch.load(ckpt, weights_only=True)
+    assert loaded["version"] == 1 and loaded["weights"].equal(torch.arange(200_000.0))
+    leftovers = [p.name for p in ckpt.parent.iterdir() if p != ckpt]
+    assert leftovers and all(name.startswith(".last.ckpt.tmp-") for name in leftovers), leftovers
+    # The next write replaces the file and clears what the killed one left.
+    AtomicCheckpointIO().save_checkpoint({"version": 3}, ckpt)
+    assert torch.load(ckpt, weights_only=True) == {"version": 3}
+    assert [p.name for p in ckpt.parent.iterdir()] == ["last.ckpt"]
+
+
+def test_ckpt_path_last_finds_the_newest_last_checkpoint_of_any_logger_version(tmp_path: Path) -> None:
+    trainer = L.Trainer(
+        default_root_dir=tmp_path, logger=CSVLogger(tmp_path), callbacks=[ModelCheckpoint(save_last=True)],
+        enable_progress_bar=False,
+    )  # fmt: skip
+    assert find_last_checkpoint(trainer) is None  # nothing yet: the CLI starts fresh
+    old = tmp_path / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    new = tmp_path / "lightning_logs" / "version_1" / "checkpoints" / "last-v1.ckpt"
+    temp = new.with_name(".last.ckpt.tmp-123")  # a killed write
+    for i, path in enumerate((old, new, temp)):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+        os.utime(path, ns=(i * 10**9, i * 10**9))
+    (new.parent / "best.ckpt").write_bytes(b"x")
+    assert find_last_checkpoint(trainer) == str(new)
+    hpc = tmp_path / "hpc_ckpt_3.ckpt"  # Lightning's SLURM requeue checkpoint, newer still
+    hpc.write_bytes(b"x")
+    assert find_last_checkpoint(trainer) == str(hpc)
+
+
+def test_global_batch_that_does_not_divide_by_the_world_size_fails_before_launch(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # the config names fault_callbacks.FreezeBatchNorm
+    args = ["fit", "--config", str(TINY_FIT), "--data.dataset", str(tiny_dataset), "--trainer.devices", "3",
+            "--trainer.default_root_dir", str(tmp_path)]  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"batch_size=4 is the GLOBAL batch .* world size 3 .*batch_size=3 or 6"
+    ):
+        run_lightning_cli(args)
+    assert not list(tmp_path.rglob("*.ckpt")) and not list(tmp_path.rglob("metrics.csv"))
+
+
+# ------------------------------------------------------------------------------------------ DDP faults
+def test_nan_loss_on_one_rank_skips_the_step_on_every_rank(tiny_dataset: Path, tmp_path: Path) -> None:
+    """NaN on rank 1 only at optimiser steps 0, 2 and 3 (limit 2 in a row): steps 0 and 2 are skipped on
+    both ranks, step 1 trains, step 3 is the second in a row and stops the job with a clear message."""
+    nan = ["--model.max_skipped_steps", "2", "--trainer.callbacks+=fault_callbacks.NaNLossOnRank",
+           "--trainer.callbacks.rank", "1", "--trainer.callbacks.steps", "[0, 2, 3]"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp(), *nan), cwd=tmp_path, timeout=180)
+    assert proc.returncode != 0, tail(proc)
+    assert "NonFiniteLossError: the loss was NaN/inf in 2 consecutive optimiser steps" in proc.stderr
+
+    rows = records(tmp_path / "rec")
+    for rank in (0, 1):
+        mine = [r for r in rows if r["rank"] == rank]
+        start = next(r["checksum"] for r in mine if r["event"] == "start")
+        # checksum and skip count after the last batch of each optimiser step (2 batches per step)
+        after = {r["global_step"] - 1: (r["checksum"], r["skipped"]) for r in mine
+                 if r["event"] == "batch" and r["batch_idx"] % 2 == 1}  # fmt: skip
+        assert after[0] == (start, 1), f"rank {rank}: step 0 changed the weights"
+        assert after[1][0] != start and after[1][1] == 1, f"rank {rank}: step 1 did not train"
+        assert after[2] == (after[1][0], 2), f"rank {rank}: step 2 changed the weights"
+    by_step = {}
+    for r in rows:
+        if r["event"] == "batch":
+            by_step.setdefault((r["epoch"], r["batch_idx"]), set()).add(r["checksum"])
+    assert all(len(sums) == 1 for sums in by_step.values()), "the ranks' weights diverged"
+    (metrics,) = tmp_path.glob("lightning_logs/version_0/metrics.csv")
+    logged = [
+        float(row["train/skipped_steps"])
+        for row in csv.DictReader(metrics.open())
+        if row["train/skipped_steps"]
+    ]
+    assert logged and logged[0] == 1.0 and logged[-1] == 2.0
+
+
+def test_exception_on_one_rank_ends_the_whole_job(tiny_dataset: Path, tmp_path: Path) -> None:
+    fail = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.RaiseOnRank",
+            "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp(), *fail), cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0, tail(proc)
+    assert "injected failure on rank 1 at step 1" in proc.stderr
+    assert not [r for r in records(tmp_path / "rec") if r["event"] == "end"], "a rank finished training"
+
+
+def test_hung_rank_trips_the_collective_timeout_and_no_rank_is_left_behind(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """Rank 1 stops responding: rank 0 gives up after the configured 5 s collective timeout, and the CLI
+    ends rank 1 (a process it launched) instead of leaving it asleep; `run` returning at all proves that,
+    since rank 1 would otherwise hold the output pipes open for 10 minutes."""
+    hang = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.HangOnRank",
+            "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp("0:00:05"), *hang), cwd=tmp_path, timeout=120)
+    assert proc.returncode != 0, tail(proc)
+    assert "Timed out" in proc.stderr or "timed out" in proc.stderr, tail(proc)
