@@ -129,8 +129,7 @@ class Detect(nn.Module):
 
         Anchors run level by level (P3, P4, P5), row-major within a level.
         """
-        b = maps[0].shape[0]
-        flat = torch.cat([m.view(b, self.no, -1) for m in maps], 2)  # (B, no, A)
+        flat = torch.cat([m.flatten(2) for m in maps], 2)  # (B, no, A); flatten also works for B = 0
         box, cls = flat.split((4 * self.reg_max, self.nc), 1)
         points, strides = self.anchors(maps)
         boxes = dist_to_box(self.dfl(box), points.unsqueeze(0), xywh=True, dim=1) * strides
