@@ -75,7 +75,8 @@ def test_weights_round_trip_loads_without_lightning(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["n", "5", ",".join(model.names), "False"]
-    assert torch.equal(torch.load(tmp_path / "y.pt"), expected)
+    # Same weights; only the CPU kernels' thread split (reduction order) may differ between processes.
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected, rtol=1e-5, atol=1e-5)
     # The payload is plain data: weights_only loading accepts it.
     assert torch.load(path, weights_only=True)["scale"] == "n"
 
