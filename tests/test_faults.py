@@ -167,11 +167,14 @@ def test_exception_on_one_rank_ends_the_whole_job(tiny_dataset: Path, tmp_path: 
 def test_hung_rank_trips_the_collective_timeout_and_no_rank_is_left_behind(
     tiny_dataset: Path, tmp_path: Path
 ) -> None:
-    """Rank 1 stops responding: rank 0 gives up after the configured 5 s collective timeout, and the CLI
+    """Rank 1 stops responding: rank 0 gives up after the configured 15 s collective timeout, and the CLI
     ends rank 1 (a process it launched) instead of leaving it asleep; `run` returning at all proves that,
-    since rank 1 would otherwise hold the output pipes open for 10 minutes."""
+    since rank 1 would otherwise hold the output pipes open for the rest of its 150 s sleep.
+
+    (The timeout must also cover start-up: it bounds the ranks' first connection to the store too.)
+    """
     hang = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.HangOnRank",
-            "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1"]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp("0:00:05"), *hang), cwd=tmp_path, timeout=120)
+            "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "150"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp("0:00:15"), *hang), cwd=tmp_path, timeout=120)
     assert proc.returncode != 0, tail(proc)
     assert "Timed out" in proc.stderr or "timed out" in proc.stderr, tail(proc)

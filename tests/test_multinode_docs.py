@@ -1,0 +1,110 @@
+"""The README's multi-node section and the launch scripts it points at stay runnable.
+
+The section holds cluster-only ``console`` commands (torchrun per node, sbatch, resuming on another node
+count, a restart loop). Each is turned into the ``fit`` command line the script would run and parsed with
+``--print_config``, so a renamed option or config file fails here. The scripts' final command lines are
+checked for the order that lets the launch shape win over config files; tests/test_resume.py runs
+scripts/torchrun_node.sh for real (two nodes on loopback).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from yolo11_lightning.training.cli import run_lightning_cli
+
+REPO = Path(__file__).resolve().parents[1]
+TORCHRUN_NODE, SLURM = REPO / "scripts" / "torchrun_node.sh", REPO / "scripts" / "slurm_ddp.sbatch"
+
+
+def section() -> str:
+    text = (REPO / "README.md").read_text()
+    start, end = text.index("<!-- multinode:start -->"), text.index("<!-- multinode:end -->")
+    return text[start:end]
+
+
+def console_commands() -> list[str]:
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", section(), flags=re.S | re.M)
+    assert blocks and all(lang == "console" for lang, _ in blocks), "cluster-only commands go in ```console"
+    return [line[2:] for _, body in blocks for line in body.splitlines() if line.startswith("$ ")]
+
+
+def as_fit_args(command: str) -> list[str]:
+    """The `yolo11-lightning fit` arguments a README command ends up running."""
+    tokens = shlex.split(command.split(";")[0])
+    env = {}
+    while re.fullmatch(r"[A-Z_]+=\S*", tokens[0]):
+        key, value = tokens.pop(0).split("=", 1)
+        env[key] = value
+    if tokens[0] == "until":
+        tokens.pop(0)
+    if tokens[0] == "scripts/torchrun_node.sh":  # see the script's last line (checked below)
+        nodes, gpus = env.get("NNODES", "1"), env.get("GPUS_PER_NODE", "8")
+        return [
+            "fit",
+            "--ckpt_path",
+            "last",
+            *tokens[1:],
+            "--trainer.num_nodes",
+            nodes,
+            "--trainer.devices",
+            gpus,
+        ]
+    if tokens[0] == "sbatch":
+        nodes = tokens[tokens.index("--nodes") + 1]
+        script = tokens.index("scripts/slurm_ddp.sbatch")
+        return ["fit", "--ckpt_path", "last", *tokens[script + 1 :], "--trainer.num_nodes", nodes,
+                "--trainer.devices", "8"]  # fmt: skip
+    assert tokens[:2] == ["yolo11-lightning", "fit"], command
+    return tokens[1:]
+
+
+def test_scripts_pass_the_launch_shape_last_and_ckpt_path_first() -> None:
+    for script in (TORCHRUN_NODE, SLURM):
+        assert subprocess.run(["bash", "-n", str(script)]).returncode == 0, f"{script} has a syntax error"
+    torchrun = TORCHRUN_NODE.read_text()
+    assert (
+        'fit --ckpt_path last "$@" --trainer.num_nodes "$NNODES" --trainer.devices "$GPUS_PER_NODE"'
+        in torchrun
+    )
+    assert 'TORCH_DISABLE_SHARE_RDZV_TCP_STORE="${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:-1}"' in torchrun
+    slurm = SLURM.read_text().replace("\\\n", " ")
+    assert re.search(
+        r'srun --kill-on-bad-exit=1 python -m yolo11_lightning fit --ckpt_path last "\$@"\s+'
+        r'--trainer.num_nodes "\$SLURM_JOB_NUM_NODES" --trainer.devices "\$SLURM_NTASKS_PER_NODE"',
+        slurm,
+    )
+    assert "#SBATCH --ntasks-per-node=8" in slurm and "#SBATCH --gpus-per-node=8" in slurm
+
+
+def test_readme_multinode_commands_parse(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(REPO)
+    commands = console_commands()
+    assert any("torchrun_node.sh" in c for c in commands) and any("sbatch" in c for c in commands)
+    # The mid-epoch checkpoint recipe given inline in the prose.
+    (callbacks,) = re.findall(r"`(--trainer\.callbacks\+=ModelCheckpoint[^`]*)`", section())
+    commands.append(f"yolo11-lightning fit --config configs/quickstart.yaml {callbacks}")
+    for command in commands:
+        args = as_fit_args(command)
+        with pytest.raises(SystemExit) as exit_info:
+            run_lightning_cli([*args, "--print_config"])
+        out = capsys.readouterr().out
+        assert exit_info.value.code in (0, None), f"{command}\n{out[-2000:]}"
+        config = yaml.safe_load(out)
+        trainer = config["trainer"]
+        if "--trainer.num_nodes" in args:  # the launch shape wins over the config files
+            assert trainer["num_nodes"] == int(args[args.index("--trainer.num_nodes") + 1]), command
+        if "multinode.yaml" in command:
+            assert trainer["strategy"]["init_args"]["timeout"] is not None
+            every = [c["init_args"].get("every_n_train_steps") for c in trainer["callbacks"]]
+            assert 500 in every, command
+        if "--ckpt_path" in args:
+            assert config["ckpt_path"] == args[len(args) - 1 - args[::-1].index("--ckpt_path") + 1]
