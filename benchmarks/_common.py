@@ -1,0 +1,324 @@
+"""Shared pieces of the benchmarks: machine description, alternating timing, tables, workers, datasets.
+
+Benchmarks run as scripts (``python benchmarks/x.py``), so this module is imported as ``_common`` from
+the script's own folder. The reference package (ultralytics, AGPL) is an oracle here only: it is
+imported inside the functions that need it, never by the ``yolo11_lightning`` package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run from anywhere without installing the package
+    sys.path.insert(0, str(REPO))
+os.environ.setdefault("YOLO_OFFLINE", "1")  # the oracle must never reach the network
+os.environ.setdefault("WANDB_MODE", "offline")
+
+RESULT_TAG = "BENCH_RESULT "  # prefix of the JSON line a worker subprocess prints
+
+
+# ------------------------------------------------------------------------------------ machine
+def cpu_name() -> str:
+    """CPU model name (from /proc/cpuinfo on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _version(module: str) -> str:
+    try:
+        return __import__(module).__version__
+    except Exception:  # not installed, or its import fails: say so instead of stopping the benchmark
+        return "-"
+
+
+def machine_info(threads: int | None = None) -> str:
+    """One paragraph: device, cores, threads, load average and package versions."""
+    if torch.cuda.is_available():
+        device = f"{torch.cuda.get_device_name()} (CUDA {torch.version.cuda})"
+    else:
+        device = "CPU only"
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "-"
+    lines = [
+        f"machine: {cpu_name()}, {os.cpu_count()} cores, {device}; load average {load}",
+        f"torch threads {threads if threads is not None else torch.get_num_threads()}; python "
+        f"{platform.python_version()}, torch {torch.__version__}, lightning {_version('lightning')}, "
+        f"torchvision {_version('torchvision')}, ultralytics {_version('ultralytics')} (oracle)",
+    ]
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    """The 1-minute load average, to show how busy the machine was while measuring."""
+    return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "-"
+
+
+# ------------------------------------------------------------------------------------ timing
+def sync(device: torch.device | str) -> None:
+    """Wait for queued device work, so wall-clock time covers it."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_call(fn: Callable[[], Any], device: torch.device | str = "cpu") -> float:
+    """Seconds of one call of ``fn``, device work included."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def alternate(
+    fns: Sequence[Callable[[], Any]], rounds: int, warmup: int = 1, device: torch.device | str = "cpu"
+) -> list[list[float]]:
+    """Seconds of each call of every ``fn``, measured in alternating rounds.
+
+    Round i runs the functions in order, round i+1 in reverse, so load from other processes and slow
+    drifts (thermal, caches) hit all of them alike. Returns one list of ``rounds`` timings per function.
+    """
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
+    order = list(range(len(fns)))
+    for r in range(rounds):
+        for i in order if r % 2 == 0 else order[::-1]:
+            times[i].append(time_call(fns[i], device))
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def spread(values: Sequence[float]) -> float:
+    """Half the min-max range over the median, in percent: how noisy a figure is."""
+    if len(values) < 2:
+        return float("nan")
+    m = statistics.median(values)
+    return 50.0 * (max(values) - min(values)) / m if m else float("nan")
+
+
+def ratio(ours: float, theirs: float) -> str:
+    """``ours / theirs`` as text; '-' when the oracle figure is missing."""
+    if not theirs or theirs != theirs or ours != ours:
+        return "-"
+    return f"{ours / theirs:.2f}"
+
+
+# ------------------------------------------------------------------------------------ tables
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (readable in a terminal, pasteable into benchmarks/README.md)."""
+
+    def cell(v: Any) -> str:
+        if isinstance(v, float):
+            return "-" if v != v else f"{v:.3g}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    text = [[cell(v) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in text)) if text else len(h) for i, h in enumerate(headers)]
+    line = lambda cells: "| " + " | ".join(c.rjust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join(
+        [line(headers), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|", *map(line, text)]
+    )
+
+
+# ------------------------------------------------------------------------------------ data
+def synthetic_yaml(
+    root: str | Path, num_train: int, num_val: int, image_size: int, num_classes: int = 8
+) -> Path:
+    """A synthetic detection dataset (1-8 objects per image), reused when already generated.
+
+    Its yaml has no ``path`` key, so the oracle reads it as well as ``YOLODataModule`` does.
+    """
+    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+
+    name = f"syn_{num_train}_{num_val}_{image_size}_{num_classes}"
+    return make_synthetic_dataset(
+        Path(root) / name, num_train=num_train, num_val=num_val, image_size=image_size,
+        num_classes=num_classes, max_objects=8, min_objects=1, seed=0,
+    )  # fmt: skip
+
+
+def default_workdir() -> Path:
+    """Where benchmarks keep generated data and run folders between runs (not in git)."""
+    path = Path(os.environ.get("BENCH_DIR", "/tmp/yolo11_lightning_bench"))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+# ------------------------------------------------------------------------------------ workers
+def emit(result: dict[str, Any]) -> None:
+    """Print a worker's result as one tagged JSON line (the parent picks it from stdout)."""
+    print(RESULT_TAG + json.dumps(result), flush=True)
+
+
+def run_worker(
+    script: str | Path, args: Sequence[str], threads: int, timeout: float = 900, env: dict | None = None
+) -> dict[str, Any]:
+    """Run ``python script --worker ...args`` in a fresh process and return the dict it emitted.
+
+    A fresh process per measurement gives both sides the same start: thread settings, allocator and
+    imports (the oracle changes global state on import: OpenCV threads, OMP_NUM_THREADS).
+    """
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONWARNINGS": "ignore",
+        **(env or {}),
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), "--worker", *args],
+        env=full_env, capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    )  # fmt: skip
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_TAG):
+            return json.loads(line[len(RESULT_TAG) :])
+    raise RuntimeError(
+        f"worker {script} {' '.join(args)} failed (exit {proc.returncode}):\n"
+        f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
+
+
+def steady_rate(stamps: Sequence[float], items_per_step: int, skip: int, cycle: int = 1) -> float:
+    """Items per second between step ``skip`` and the last whole ``cycle`` of steps after it.
+
+    ``stamps[i]`` is the time step i ended. Whole accumulation cycles keep the share of optimiser
+    steps exact; the first ``skip`` steps (allocator warm-up, first optimiser step) are left out.
+    """
+    if len(stamps) <= skip + cycle:
+        raise ValueError(f"need more than {skip + cycle} steps, got {len(stamps)}")
+    steps = (len(stamps) - skip) // cycle * cycle
+    start, end = stamps[skip - 1] if skip else None, stamps[skip - 1 + steps]
+    if start is None:
+        raise ValueError("skip must be >= 1: the first step has no start stamp")
+    return items_per_step * steps / (end - start)
+
+
+# ------------------------------------------------------------------------------------ oracle
+def oracle_available() -> bool:
+    try:
+        import ultralytics  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class StopTraining(Exception):
+    """Raised from an oracle callback to end its training loop after the measured steps."""
+
+
+# ------------------------------------------------------------------------------------ training runs
+def our_fit_parts(
+    yaml: str | Path,
+    scale: str,
+    image_size: int,
+    batch: int,
+    workers: int,
+    max_steps: int,
+    workdir: str | Path,
+    callbacks: Sequence[Any] = (),
+    module_options: dict[str, Any] | None = None,
+    trainer_options: dict[str, Any] | None = None,
+) -> tuple[Any, Any, Any]:
+    """(Trainer, YOLO11Module, YOLODataModule) for a measured ``fit`` with the project's defaults.
+
+    The CLI's default callbacks (checkpointing, LR monitor), a CSV logger and the progress bar stay on:
+    the loop measured is the one users run. Benchmarks turn off what the oracle run turns off too:
+    validation, close-mosaic (so mosaic stays on) and warmup (the oracle ramps its accumulation during
+    warmup, which would give it a different number of optimiser steps).
+    """
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from yolo11_lightning import YOLO11Module, YOLODataModule
+    from yolo11_lightning.training.cli import default_callbacks
+
+    data = YOLODataModule(
+        dataset=str(yaml), batch_size=batch, image_size=image_size, num_workers=workers, seed=0
+    )
+    options = {"close_mosaic": 0, "warmup_epochs": 0.0, "log_images": 0, **(module_options or {})}
+    module = YOLO11Module(scale=scale, num_classes=data.num_classes, class_names=data.class_names, **options)
+    trainer = L.Trainer(
+        **{
+            "accelerator": "auto",
+            "devices": 1,
+            "max_steps": max_steps,
+            "limit_val_batches": 0,
+            "num_sanity_val_steps": 0,
+            "logger": CSVLogger(str(workdir), name="ours"),
+            "callbacks": [*default_callbacks(), *callbacks],
+            "default_root_dir": str(workdir),
+            "enable_model_summary": False,
+            **(trainer_options or {}),
+        }
+    )
+    return trainer, module, data
+
+
+def oracle_trainer(
+    yaml: str | Path,
+    scale: str,
+    image_size: int,
+    batch: int,
+    workers: int,
+    threads: int,
+    workdir: str | Path,
+    **overrides: Any,
+) -> Any:
+    """The oracle's ``DetectionTrainer`` on the same data and settings as ``our_fit_parts``.
+
+    Plots, AMP check, validation, saving and warmup are off; determinism off (ours is not forced either).
+    On CPU the oracle forces 0 workers and ``cores - 1`` threads; both are set back to the values asked for,
+    so the two sides compare at equal resources.
+    """
+    import torch as _torch
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    args = {
+        "model": f"yolo11{scale}.yaml", "data": str(yaml), "imgsz": image_size, "batch": batch,
+        "epochs": 1, "workers": workers, "device": "0" if _torch.cuda.is_available() else "cpu",
+        "amp": False, "plots": False, "val": False, "save": False, "deterministic": False,
+        "close_mosaic": 0, "warmup_epochs": 0, "project": str(workdir), "name": "oracle",
+        "exist_ok": True, "verbose": False, "seed": 0, **overrides,
+    }  # fmt: skip
+    trainer = DetectionTrainer(overrides=args)
+    trainer.args.workers = workers  # undo the CPU override: same loader workers as ours
+    trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(threads))
+    trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(threads))
+    return trainer
+
+
+def children_cpu_seconds() -> float:
+    """CPU seconds (user + system) used so far by this process's live children (DataLoader workers)."""
+    try:
+        import psutil
+    except ImportError:
+        return float("nan")
+    total = 0.0
+    for child in psutil.Process().children(recursive=True):
+        try:
+            times = child.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:  # exited meanwhile
+            pass
+    return total
