@@ -122,46 +122,59 @@ def test_global_batch_that_does_not_divide_by_the_world_size_fails_before_launch
 
 
 # ------------------------------------------------------------------------------------------ DDP faults
-def test_nan_loss_on_one_rank_skips_the_step_on_every_rank(tiny_dataset: Path, tmp_path: Path) -> None:
-    """NaN on rank 1 only at optimiser steps 0, 2 and 3 (limit 2 in a row): steps 0 and 2 are skipped on
-    both ranks, step 1 trains, step 3 is the second in a row and stops the job with a clear message."""
-    nan = ["--model.max_skipped_steps", "2", "--trainer.callbacks+=fault_callbacks.NaNLossOnRank",
-           "--trainer.callbacks.rank", "1", "--trainer.callbacks.steps", "[0, 2, 3]"]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp(), *nan), cwd=tmp_path, timeout=180)
-    assert proc.returncode != 0, tail(proc)
-    assert "NonFiniteLossError: the loss was NaN/inf in 2 consecutive optimiser steps" in proc.stderr
+@pytest.fixture(scope="module")
+def nan_then_failure(
+    tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess]:
+    """One 2-rank run: NaN loss on rank 1 only at optimiser steps 0 and 2, then rank 1 raises at step 3."""
+    root = tmp_path_factory.mktemp("nan_then_failure")
+    faults = [
+        "--trainer.callbacks+=fault_callbacks.NaNLossOnRank",
+        "--trainer.callbacks.rank", "1", "--trainer.callbacks.steps", "[0, 2]",
+        "--trainer.callbacks+=fault_callbacks.RaiseOnRank", "--trainer.callbacks.rank", "1",
+        "--trainer.callbacks.step", "3",
+    ]  # fmt: skip
+    return root, run_cli(fit_args(tiny_dataset, root, "rec", *ddp(), *faults), cwd=root, timeout=180)
 
-    rows = records(tmp_path / "rec")
+
+def test_nan_loss_on_one_rank_skips_the_step_on_every_rank(
+    nan_then_failure: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """Steps 0 and 2 are skipped on both ranks (weights unchanged, in step), step 1 trains, count logged."""
+    root, proc = nan_then_failure
+    rows = records(root / "rec")
     for rank in (0, 1):
         mine = [r for r in rows if r["rank"] == rank]
         start = next(r["checksum"] for r in mine if r["event"] == "start")
         # checksum and skip count after the last batch of each optimiser step (2 batches per step)
         after = {r["global_step"] - 1: (r["checksum"], r["skipped"]) for r in mine
                  if r["event"] == "batch" and r["batch_idx"] % 2 == 1}  # fmt: skip
-        assert after[0] == (start, 1), f"rank {rank}: step 0 changed the weights"
+        assert after[0] == (start, 1), f"rank {rank}: step 0 changed the weights\n" + tail(proc)
         assert after[1][0] != start and after[1][1] == 1, f"rank {rank}: step 1 did not train"
         assert after[2] == (after[1][0], 2), f"rank {rank}: step 2 changed the weights"
     by_step = {}
     for r in rows:
         if r["event"] == "batch":
             by_step.setdefault((r["epoch"], r["batch_idx"]), set()).add(r["checksum"])
-    assert all(len(sums) == 1 for sums in by_step.values()), "the ranks' weights diverged"
-    (metrics,) = tmp_path.glob("lightning_logs/version_0/metrics.csv")
+    assert len(by_step) == 6 and all(len(sums) == 1 for sums in by_step.values()), "the ranks diverged"
+    (metrics,) = root.glob("lightning_logs/version_0/metrics.csv")
     logged = [
         float(row["train/skipped_steps"])
         for row in csv.DictReader(metrics.open())
         if row["train/skipped_steps"]
     ]
     assert logged and logged[0] == 1.0 and logged[-1] == 2.0
+    assert "optimiser step skipped on all ranks (2 skipped, 1 in a row, limit 10)" in proc.stderr
 
 
-def test_exception_on_one_rank_ends_the_whole_job(tiny_dataset: Path, tmp_path: Path) -> None:
-    fail = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.RaiseOnRank",
-            "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1"]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp(), *fail), cwd=tmp_path, timeout=120)
+def test_exception_on_one_rank_ends_the_whole_job(
+    nan_then_failure: tuple[Path, subprocess.CompletedProcess],
+) -> None:
+    """Rank 1 raises at step 3: the job exits non-zero (within the run's timeout), no rank finishes."""
+    root, proc = nan_then_failure
     assert proc.returncode != 0, tail(proc)
-    assert "injected failure on rank 1 at step 1" in proc.stderr
-    assert not [r for r in records(tmp_path / "rec") if r["event"] == "end"], "a rank finished training"
+    assert "injected failure on rank 1 at step 3" in proc.stderr
+    assert not [r for r in records(root / "rec") if r["event"] == "end"], "a rank finished training"
 
 
 def test_hung_rank_trips_the_collective_timeout_and_no_rank_is_left_behind(
