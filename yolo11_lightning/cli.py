@@ -63,7 +63,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in LIGHTNING_COMMANDS:
         from yolo11_lightning.training.cli import run_lightning_cli
 
-        run_lightning_cli([command, *rest])
+        # From the shell, LightningCLI reads sys.argv itself (passing it again makes it warn); from Python,
+        # the given argv is the command line.
+        run_lightning_cli(None if argv is None else [command, *rest])
         return 0
     sys.stderr.write(f"unknown command {command!r}\n" + _usage())
     return 2
