@@ -45,6 +45,14 @@ def test_switches_are_off_by_default() -> None:
     assert module._model_input(_batch()[0]).is_contiguous()
 
 
+def test_float_images_are_bitwise_the_reference_conversion() -> None:
+    images = _batch()[0]
+    for layout in (torch.contiguous_format, torch.channels_last):
+        x = YOLO11Module.to_float(images.contiguous(memory_format=layout))
+        assert x.dtype == torch.float32 and x.is_contiguous(memory_format=layout)
+        assert torch.equal(x, images.float() / 255)  # what the reference trainer feeds its model
+
+
 def test_channels_last_gives_the_same_loss_and_gradients() -> None:
     torch.manual_seed(0)
     plain = YOLO11Module(scale="n", num_classes=3, log_images=0)

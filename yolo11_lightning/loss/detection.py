@@ -61,6 +61,22 @@ class DetectionLoss(nn.Module):
         self.gains = (float(box), float(cls), float(dfl))
         self.normalizer_reduce = normalizer_reduce
         self.assigner = assigner if assigner is not None else TaskAlignedAssigner()
+        self._grid: tuple[tuple, Tensor, Tensor, Tensor] | None = None
+
+    def _anchor_grid(
+        self, shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(anchors (A, 2) in grid units, strides (A, 1), DFL bins (reg_max,)), built once per input shape.
+
+        The training shape rarely changes: keeping them saves a dozen small allocations (kernel launches
+        on an accelerator) per step. Nothing downstream writes into them.
+        """
+        key = (tuple(shapes), dtype, device)
+        if self._grid is None or self._grid[0] != key:
+            anchors, stride = make_anchors(shapes, self.strides, dtype=dtype, device=device)
+            bins = torch.arange(self.reg_max, dtype=dtype, device=device)
+            self._grid = (key, anchors, stride, bins)
+        return self._grid[1], self._grid[2], self._grid[3]
 
     def forward(self, feats: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
         self._check(feats, targets)
@@ -78,8 +94,7 @@ class DetectionLoss(nn.Module):
         na = preds.shape[1]
 
         # Anchor centres (A, 2) in grid units of their level, strides (A, 1); boxes decoded in grid units.
-        anchors, stride = make_anchors(shapes, self.strides, dtype=dtype, device=device)
-        bins = torch.arange(self.reg_max, dtype=dtype, device=device)
+        anchors, stride, bins = self._anchor_grid(shapes, dtype, device)
         distances = pred_dist.unflatten(-1, (4, self.reg_max)).softmax(-1) @ bins  # expected bin, per side
         pred_boxes = dist_to_box(distances, anchors, xywh=False)
 

@@ -204,7 +204,8 @@ class YOLO11Module(L.LightningModule):
     @staticmethod
     def to_float(images: Tensor) -> Tensor:
         """uint8 (B, 3, H, W) batch -> float in [0, 1], on the device it already is."""
-        return images.float().div_(255) if images.dtype == torch.uint8 else images
+        # One kernel (the uint8 -> float cast happens inside the division): no float copy to divide again.
+        return images / 255 if images.dtype == torch.uint8 else images
 
     def _model_input(self, images: Tensor) -> Tensor:
         """The batch's uint8 images as the detector's float input, in its memory layout."""
