@@ -35,6 +35,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
+import _common as C
+
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, collate_detection
 from yolo11_lightning.data.records import ImageRecord
@@ -110,6 +112,7 @@ def main() -> None:
 
     cv2.setNumThreads(1)  # one DataLoader worker = one core; the reference sets the same on import
     torch.set_num_threads(1)
+    print(C.machine_info(), flush=True)
     tmp = None
     if args.out is None:
         tmp = tempfile.TemporaryDirectory()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 import types
 
+import _common as C
 import torch
 
 from yolo11_lightning.loss import DetectionLoss
@@ -58,25 +58,22 @@ def reference_loss(nc: int, device: str):
     return call
 
 
-def _one_call(fn, feats, targets, device: str) -> float:
-    leaves = [f.detach().requires_grad_() for f in feats]
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    out = fn(leaves, targets)
-    (out[0] if isinstance(out, tuple) else out).backward()
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+def _call(fn, feats, targets):
+    """One forward + backward of ``fn`` on fresh leaves (the timed unit)."""
+
+    def run() -> None:
+        leaves = [f.detach().requires_grad_() for f in feats]
+        out = fn(leaves, targets)
+        (out[0] if isinstance(out, tuple) else out).backward()
+
+    return run
 
 
 def time_pair(ours, reference, feats, targets, repeats: int, device: str) -> tuple[float, float]:
     """Median seconds of each, calls alternated so that load from other processes hits both alike."""
-    _one_call(ours, feats, targets, device), _one_call(reference, feats, targets, device)  # warm-up
-    t_ours, t_ref = [], []
-    for _ in range(repeats):
-        t_ours.append(_one_call(ours, feats, targets, device))
-        t_ref.append(_one_call(reference, feats, targets, device))
+    t_ours, t_ref = C.alternate(
+        [_call(ours, feats, targets), _call(reference, feats, targets)], rounds=repeats, device=device
+    )
     return statistics.median(t_ours), statistics.median(t_ref)
 
 
@@ -92,6 +89,7 @@ def main() -> None:
 
     ours = DetectionLoss(args.classes).to(args.device)
     reference = reference_loss(args.classes, args.device)
+    print(C.machine_info())
     print(
         f"loss forward+backward, batch {args.batch}, {args.imgsz}x{args.imgsz}, {args.classes} classes, "
         f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"

@@ -19,20 +19,15 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import time
 from collections.abc import Callable
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
+import _common as C
 import torch
 from torch import nn
 
 from yolo11_lightning import YOLO11
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _eval_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -52,25 +47,11 @@ def _train_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
     return step
 
 
-def _time(step: Callable[[], None], device: torch.device) -> float:
-    _sync(device)
-    t0 = time.perf_counter()
-    step()
-    _sync(device)
-    return time.perf_counter() - t0
-
-
 def compare(
     ours: Callable[[], None], ref: Callable[[], None], device: torch.device, warmup: int, reps: int
 ) -> tuple[float, float]:
     """Best seconds per call of each, measured in alternating rounds."""
-    for _ in range(warmup):
-        ours(), ref()
-    t_ours, t_ref = [], []
-    for i in range(reps):
-        pair = [(ours, t_ours), (ref, t_ref)]
-        for step, acc in pair if i % 2 == 0 else pair[::-1]:  # alternate who goes first
-            acc.append(_time(step, device))
+    t_ours, t_ref = C.alternate([ours, ref], rounds=reps, warmup=warmup, device=device)
     return min(t_ours), min(t_ref)
 
 
@@ -97,8 +78,8 @@ def main() -> None:
     modes = args.modes.split(",")
     if cuda:
         torch.backends.cudnn.benchmark = True
-    where = torch.cuda.get_device_name(device) if cuda else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {where}; batch {batch}; best of {reps} alternating rounds; ms per image")
+    print(C.machine_info())
+    print(f"batch {batch}; best of {reps} alternating rounds; ms per image")
     print(f"{'scale':<6}{'size':>5}  {'mode':<11}{'ours':>9}{'reference':>11}{'ours/ref':>10}")
 
     for scale in scales:
