@@ -116,6 +116,8 @@ class YOLO11Module(L.LightningModule):
         self.val_map = DetectionMAP(class_names)
         self.test_map = DetectionMAP(class_names)
         self._schedule: WarmupSchedule | None = None
+        self._last_step_index = -1  # global batch index of the last optimiser step (accumulation windows)
+        self._fixed_accumulation: int | None = None
         self.step_guard = NonFiniteStepGuard(max_skipped_steps)
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -157,12 +159,10 @@ class YOLO11Module(L.LightningModule):
             callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))
         if self.hparams.log_images > 0:
             callbacks.append(ValidationImages(num_images=self.hparams.log_images))
-        accumulate = self.accumulation() if self.trainer.state.fn == "fit" else 1
-        if accumulate > 1 and self.trainer.accumulate_grad_batches == 1:
-            # Set on the Trainer, not with GradientAccumulationScheduler: that callback sets it in
-            # on_train_epoch_start, which Lightning skips when resuming mid-epoch, so the rest of that epoch
-            # would step on every batch.
-            self.trainer.accumulate_grad_batches = accumulate
+        # Gradient accumulation follows the recipe batch by batch (on_train_batch_start) unless the user fixed
+        # it with --trainer.accumulate_grad_batches.
+        fixed = self.trainer.accumulate_grad_batches
+        self._fixed_accumulation = fixed if fixed != 1 else None
         return callbacks
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -213,11 +213,36 @@ class YOLO11Module(L.LightningModule):
             images = images.contiguous(memory_format=torch.channels_last)
         return self.to_float(images)
 
+    def _global_batch_index(self, batch_idx: int) -> int:
+        return self.current_epoch * self._schedule.batches_per_epoch + batch_idx
+
     def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
-        if self._schedule is not None:
-            global_index = self.current_epoch * self._schedule.batches_per_epoch + batch_idx
-            for optimizer in self.trainer.optimizers:
-                self._schedule.apply(optimizer, global_index, self.current_epoch)
+        if self._schedule is None:
+            return
+        index = self._global_batch_index(batch_idx)
+        for optimizer in self.trainer.optimizers:
+            self._schedule.apply(optimizer, index, self.current_epoch)
+        if self._fixed_accumulation is None:
+            self._set_accumulation(index)
+
+    def _set_accumulation(self, index: int) -> None:
+        """Make Lightning step after this batch exactly when the reference would.
+
+        The reference steps once ``accumulation(index)`` batches have passed since its last step, a count
+        that ramps up during warmup. Lightning steps when ``ready % accumulate_grad_batches == 0`` (``ready``
+        counts this epoch's batches including this one), so it gets 1 for a step and ``ready + 1`` (never a
+        divisor) otherwise; it also keeps DDP's gradient all-reduce for the stepping batch only. The loss
+        scale in ``training_step`` cancels Lightning's division by the same number, and gradients are zeroed
+        right after each step (``optimizer_step``), not by Lightning.
+        """
+        step = index - self._last_step_index >= self._schedule.accumulation(index, self.global_batch_size())
+        ready = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        self.trainer.accumulate_grad_batches = 1 if step else ready + 1
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        if self._fixed_accumulation is not None:
+            optimizer.zero_grad(set_to_none=True)
+        # Otherwise gradients are zeroed right after each optimiser step (optimizer_step).
 
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
@@ -254,14 +279,20 @@ class YOLO11Module(L.LightningModule):
         else:
             # The closure already ran: hand its loss back (mixed-precision plugins need a non-None result).
             optimizer.step(closure=lambda: loss)
+            if self._fixed_accumulation is None:
+                optimizer.zero_grad(set_to_none=True)
+        if self._schedule is not None:
+            self._last_step_index = self._global_batch_index(batch_idx)
         if self.step_guard.skipped:
             self.log("train/skipped_steps", float(self.step_guard.skipped), rank_zero_only=True)
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = self.step_guard.state_dict()
+        checkpoint["last_step_batch_index"] = self._last_step_index
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.step_guard.load_state_dict(checkpoint.get("nonfinite_steps", {}))
+        self._last_step_index = int(checkpoint.get("last_step_batch_index", -1))
 
     # ------------------------------------------------------------------------------------- evaluation
     def _detect(self, images: Tensor) -> list[Tensor]:

@@ -146,6 +146,17 @@ class WarmupSchedule:
         momentum = float(np.interp(batch_index, xp, [self.recipe.warmup_momentum, self.recipe.momentum]))
         return lrs, momentum
 
+    def accumulation(self, batch_index: int, global_batch: int) -> int:
+        """Batches per optimiser step at global batch ``batch_index``.
+
+        As the reference: 1 at the start, rising to nominal_batch / global_batch over the warmup (more,
+        smaller steps while the LR ramps up), then the nominal-batch count.
+        """
+        if batch_index > self.warmup_iters:
+            return nominal_accumulation(global_batch, self.recipe.nominal_batch)
+        ramp = np.interp(batch_index, [0, self.warmup_iters], [1, self.recipe.nominal_batch / global_batch])
+        return max(1, round(float(ramp)))
+
     def apply(self, optimizer: torch.optim.Optimizer, batch_index: int, epoch: int) -> None:
         """Write this batch's LR and momentum into the optimiser's groups."""
         lrs, momentum = self.values(batch_index, epoch, len(optimizer.param_groups))
