@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,6 +57,9 @@ def test_fit_one_device_writes_checkpoints_and_one_logger_run(tiny_dataset: Path
     assert (run / "config.yaml").is_file() and (run / "metrics.csv").is_file()
     assert "val/mAP50-95" in (run / "metrics.csv").read_text().splitlines()[0]
     assert list((run / "val_images").glob("epoch_*.png")), "validation images were not saved"
+    # Batch 4, nominal 64: accumulation starts at 1 during warmup (reference ramp), so both batches step.
+    checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["global_step"] == 2
 
 
 def test_fit_two_ranks_ddp_rank_zero_writes_once(tiny_dataset: Path, tmp_path: Path) -> None:

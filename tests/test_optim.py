@@ -59,6 +59,15 @@ def test_warmup_ramps_then_follows_linear_schedule() -> None:
     assert schedule.lr_factor(100) == pytest.approx(0.01)  # ends at lr0 * lrf
 
 
+def test_accumulation_ramps_from_one_to_nominal_over_warmup() -> None:
+    schedule = WarmupSchedule(OptimizerRecipe(warmup_epochs=1), max_epochs=10, batches_per_epoch=50)
+    assert schedule.warmup_iters == 100
+    # Global batch 16, nominal 64: 1 at the start, 4 at the end of warmup and after (reference ramp).
+    counts = [schedule.accumulation(i, global_batch=16) for i in (0, 10, 50, 90, 100, 101, 5000)]
+    assert counts == [1, 1, 2, 4, 4, 4, 4]
+    assert schedule.accumulation(0, global_batch=128) == 1 and schedule.accumulation(500, 128) == 1
+
+
 def test_cosine_schedule_end_points() -> None:
     schedule = WarmupSchedule(OptimizerRecipe(cos_lr=True, lrf=0.05), max_epochs=10, batches_per_epoch=10)
     assert schedule.lr_factor(0) == pytest.approx(1.0)
