@@ -304,18 +304,19 @@ class YOLO11Module(L.LightningModule):
             max_detections=self.hparams.max_detections,
         )
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+    def _evaluate(self, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
         detections = self._detect(batch["images"])
-        self.val_map.update(detections, batch)
-        return {"detections": detections}
+        metric.update(detections, batch)
+        return {"detections": detections}  # ValidationImages draws these
+
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+        return self._evaluate(batch, self.val_map)
 
     def on_validation_epoch_end(self) -> None:
         self._log_map(self.val_map, "val")
 
     def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
-        detections = self._detect(batch["images"])
-        self.test_map.update(detections, batch)
-        return {"detections": detections}
+        return self._evaluate(batch, self.test_map)
 
     def on_test_epoch_end(self) -> None:
         self._log_map(self.test_map, "test")
