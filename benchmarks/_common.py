@@ -205,8 +205,8 @@ def steady_rate(stamps: Sequence[float], items_per_step: int, skip: int, cycle: 
     ``stamps[i]`` is the time step i ended. Whole accumulation cycles keep the share of optimiser
     steps exact; the first ``skip`` steps (allocator warm-up, first optimiser step) are left out.
     """
-    if len(stamps) <= skip + cycle:
-        raise ValueError(f"need more than {skip + cycle} steps, got {len(stamps)}")
+    if len(stamps) < skip + cycle:
+        raise ValueError(f"need at least {skip + cycle} steps, got {len(stamps)}")
     steps = (len(stamps) - skip) // cycle * cycle
     start, end = stamps[skip - 1] if skip else None, stamps[skip - 1 + steps]
     if start is None:
