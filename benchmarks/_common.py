@@ -287,12 +287,17 @@ def oracle_trainer(
 ) -> Any:
     """The oracle's ``DetectionTrainer`` on the same data and settings as ``our_fit_parts``.
 
-    Plots, AMP check, validation, saving and warmup are off; determinism off (ours is not forced either).
+    Plots, the AMP check (a download), validation, saving and warmup are off; determinism off (ours is not
+    forced either).
     On CPU the oracle forces 0 workers and ``cores - 1`` threads; both are set back to the values asked for,
     so the two sides compare at equal resources.
     """
     import torch as _torch
+    import ultralytics.engine.trainer as oracle_engine
     from ultralytics.models.yolo.detect import DetectionTrainer
+
+    # Its AMP check loads yolo11n.pt (a download): skip it, AMP is what we ask for.
+    oracle_engine.check_amp = lambda *args, **kwargs: True
 
     args = {
         "model": f"yolo11{scale}.yaml", "data": str(yaml), "imgsz": image_size, "batch": batch,

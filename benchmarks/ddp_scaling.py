@@ -52,7 +52,7 @@ def run_ours(args: argparse.Namespace) -> None:
     if trainer.is_global_zero:
         rate = C.steady_rate(stamps, global_batch, skip=args.skip)
         cpu_per_step = (cpu[-1] - cpu[args.skip - 1]) / (len(cpu) - args.skip)
-        C.emit({"rate": rate, "cpu_per_step": cpu_per_step, "accumulate": trainer.accumulate_grad_batches})
+        C.emit({"rate": rate, "cpu_per_step": cpu_per_step})
 
 
 def main() -> None:

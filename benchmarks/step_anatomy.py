@@ -119,9 +119,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         def summary(self) -> str:
             return ""
 
-    accumulate = max(
-        round(64 / args.batch), 1
-    )  # the module's nominal-batch rule: max_steps counts optimiser steps
+    # The recipe's nominal-batch rule (warmup, which ramps it, is off). The module rewrites Lightning's
+    # accumulate_grad_batches batch by batch, so that cannot tell the cycle length.
+    accumulate = max(round(64 / args.batch), 1)
     recorder = EventRecorder()
     floor_model: list[Any] = []
     worker_cpu: list[float] = []
@@ -130,7 +130,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         """Once per accumulation cycle, time the bare forward + backward (excluded from the step)."""
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            if (batch_idx + 1) % accumulate:
                 return
             if not floor_model:
                 model = YOLO11(args.scale, pl_module.hparams.num_classes).to(pl_module.device).train()
@@ -172,7 +172,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         "steps": steps,
         "floors": floors,
         "worker_cpu": worker_cpu,
-        "accumulate": trainer.accumulate_grad_batches,
+        "accumulate": accumulate,
     }
 
 

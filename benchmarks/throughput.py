@@ -47,7 +47,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         callbacks=[Stamps()], module_options=options,
     )  # fmt: skip
     trainer.fit(module, data)
-    return {"stamps": stamps, "accumulate": trainer.accumulate_grad_batches}
+    return {"stamps": stamps, "accumulate": accumulate}  # the module rewrites Lightning's per batch
 
 
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
