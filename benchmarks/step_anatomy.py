@@ -134,9 +134,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 return
             if not floor_model:
                 model = YOLO11(args.scale, pl_module.hparams.num_classes).to(pl_module.device).train()
-                if args.channels_last:
+                if not args.nchw:  # the floor runs in the layout of the module measured
                     model = model.to(memory_format=torch.channels_last)
-                floor_model.append(bare_step(model, args.batch, args.image_size, args.channels_last))
+                floor_model.append(bare_step(model, args.batch, args.image_size, not args.nchw))
             worker_cpu.append(C.children_cpu_seconds())
             recorder.start("#floor")
             C.sync(pl_module.device)
@@ -147,7 +147,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     trainer, module, data = C.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,
         callbacks=[Floor()], trainer_options={"profiler": recorder},
-        module_options={"channels_last": args.channels_last, "compile": args.compile},
+        module_options={"channels_last": not args.nchw, "compile": args.compile},
     )  # fmt: skip
 
     def hooks(module_: torch.nn.Module, name: str) -> None:
@@ -304,7 +304,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers (both sides)")
     parser.add_argument("--cycles", type=int, default=2, help="measured accumulation cycles per run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per side, alternating")
-    parser.add_argument("--channels-last", action="store_true", help="ours with channels_last=True")
+    parser.add_argument("--nchw", action="store_true", help="ours with channels_last=False (NCHW)")
     parser.add_argument("--compile", action="store_true", help="ours with compile=True")
     parser.add_argument("--no-oracle", action="store_true")
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
@@ -331,7 +331,7 @@ def main() -> None:
         "--steps", str(steps), "--workdir", str(workdir / "anatomy"),
     ]  # fmt: skip
     ours_flags = [
-        *(["--channels-last"] if args.channels_last else []),
+        *(["--nchw"] if args.nchw else []),
         *(["--compile"] if args.compile else []),
     ]
     sides = ["ours"] + ([] if args.no_oracle or not C.oracle_available() else ["oracle"])
@@ -361,7 +361,7 @@ def print_report(
         ratios = [(c["step"] - (c[minus] if minus else 0.0)) / c["floor"] - 1 for c in results.get(side, [])]
         return 100 * C.median(ratios)
 
-    switches = [s for s, on in (("channels_last", args.channels_last), ("compile", args.compile)) if on]
+    switches = [s for s, on in (("NCHW", args.nchw), ("compile", args.compile)) if on]
     print(
         f"\nyolo11{args.scale}, {args.image_size}x{args.image_size}, batch {args.batch} (accumulate {accumulate}), "
         f"{args.threads} threads, {args.workers} workers{', ours with ' + ' + '.join(switches) if switches else ''}; "

@@ -2,7 +2,7 @@
 
     python benchmarks/throughput.py                      # yolo11n at 320; about 3 minutes on 2 cores
     python benchmarks/throughput.py --full               # yolo11n and yolo11s at 320 and 640 (long on CPU)
-    python benchmarks/throughput.py --switches           # also ours with channels_last=True
+    python benchmarks/throughput.py --switches           # also ours in NCHW layout (channels_last=False)
 
 Both sides train the same synthetic dataset (mosaic on, reference augmentation) with the same batch,
 image size, torch threads and DataLoader workers; warmup and close-mosaic are off on both (the oracle
@@ -41,7 +41,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             C.sync(pl_module.device)
             stamps.append(time.perf_counter())
 
-    options = {"channels_last": args.channels_last, "compile": args.compile}
+    options = {"channels_last": not args.nchw, "compile": args.compile}
     trainer, module, data = C.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, batches // accumulate, args.workdir,
         callbacks=[Stamps()], module_options=options,
@@ -82,12 +82,12 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers (both sides)")
     parser.add_argument("--cycles", type=int, default=2, help="measured accumulation cycles per run")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--switches", action="store_true", help="add ours with channels_last=True")
+    parser.add_argument("--switches", action="store_true", help="add ours with channels_last=False")
     parser.add_argument("--compile", action="store_true", help="add ours with compile=True")
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--scale", help=argparse.SUPPRESS)
     parser.add_argument("--image-size", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--channels-last", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nchw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -102,7 +102,7 @@ def main() -> None:
     workdir = C.default_workdir()
     variants: list[tuple[str, list[str]]] = [("ours", [])]
     if args.switches:
-        variants.append(("ours channels_last", ["--channels-last"]))
+        variants.append(("ours NCHW", ["--nchw"]))
     if args.compile:
         variants.append(("ours compile", ["--compile"]))
     if C.oracle_available():

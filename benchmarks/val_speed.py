@@ -84,7 +84,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     data = YOLODataModule(dataset=args.yaml, batch_size=args.batch, image_size=args.image_size, num_workers=0)
     module = YOLO11Module(
         scale=args.scale, num_classes=data.num_classes, class_names=data.class_names, weights=args.weights,
-        log_images=0, channels_last=args.channels_last,
+        log_images=0, channels_last=not args.nchw,
     )  # fmt: skip
     clock: dict[str, float] = {}
 
@@ -151,12 +151,12 @@ def main() -> None:
     parser.add_argument(
         "--candidates", type=int, default=3000, help="(anchor, class) pairs per image above 0.001"
     )
-    parser.add_argument("--switches", action="store_true", help="add ours with channels_last=True")
+    parser.add_argument("--switches", action="store_true", help="add ours with channels_last=False")
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     parser.add_argument("--ref-weights", help=argparse.SUPPRESS)
-    parser.add_argument("--channels-last", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--nchw", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
@@ -176,7 +176,7 @@ def main() -> None:
     ]  # fmt: skip
     variants = [("ours", ["ours"]), ("oracle", ["oracle"])]
     if args.switches:
-        variants.insert(1, ("ours channels_last", ["ours", "--channels-last"]))
+        variants.insert(1, ("ours NCHW", ["ours", "--nchw"]))
     print(C.machine_info(args.threads), flush=True)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     for r in range(args.rounds):

@@ -36,9 +36,15 @@ def _loss_and_grads(module: YOLO11Module, images: torch.Tensor, targets: torch.T
     return loss.detach(), items, grads
 
 
-def test_switches_are_off_by_default() -> None:
+def test_defaults_are_nhwc_without_compile() -> None:
     module = YOLO11Module(scale="n", num_classes=3, log_images=0)
-    assert module.hparams.channels_last is False and module.hparams.compile is False
+    assert module.hparams.channels_last is True and module.hparams.compile is False
+    assert module.model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert module._model_input(_batch()[0]).is_contiguous(memory_format=torch.channels_last)
+
+
+def test_channels_last_off_keeps_nchw() -> None:
+    module = YOLO11Module(scale="n", num_classes=3, log_images=0, channels_last=False)
     module.setup("fit")
     assert getattr(module.model, "_compiled_call_impl", None) is None
     assert module.model.layers[0].conv.weight.is_contiguous()  # NCHW
@@ -55,7 +61,7 @@ def test_float_images_are_bitwise_the_reference_conversion() -> None:
 
 def test_channels_last_gives_the_same_loss_and_gradients() -> None:
     torch.manual_seed(0)
-    plain = YOLO11Module(scale="n", num_classes=3, log_images=0)
+    plain = YOLO11Module(scale="n", num_classes=3, log_images=0, channels_last=False)
     torch.manual_seed(0)
     nhwc = YOLO11Module(scale="n", num_classes=3, log_images=0, channels_last=True)
     images, targets = _batch()

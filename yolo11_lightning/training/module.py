@@ -56,8 +56,9 @@ class YOLO11Module(L.LightningModule):
         log_images: validation images drawn with predictions each epoch (0 disables).
         max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
             a row stop the run with a clear error (0: never stop).
-        channels_last: keep weights and activations in NHWC memory layout (faster convolutions with Tensor
-            Cores and on oneDNN CPUs; the numbers stay the same up to float rounding).
+        channels_last: keep weights and activations in NHWC memory layout (on by default: +20-30% training
+            images/s on oneDNN CPUs, the layout Tensor Cores want; the numbers stay the same up to float
+            rounding). Turn off to train in PyTorch's default NCHW layout.
         compile: ``torch.compile`` the detector (``nn.Module.compile``: state-dict keys unchanged). Costs a
             compile at the first step of each mode (train, eval); pays off on long GPU runs.
     """
@@ -93,7 +94,7 @@ class YOLO11Module(L.LightningModule):
         grad_clip_norm: float = 10.0,
         log_images: int = 4,
         max_skipped_steps: int = 10,
-        channels_last: bool = False,
+        channels_last: bool = True,
         compile: bool = False,
     ) -> None:
         super().__init__()
