@@ -21,7 +21,9 @@ def load_pretrained(model: YOLO11, path: str | Path) -> tuple[int, list[str]]:
     target = model.state_dict()
     matched = {k: v for k, v in source.items() if k in target and v.shape == target[k].shape}
     if not matched:
-        raise ValueError(f"{path}: no tensor matches a YOLO11-{model.scale} model; wrong scale or not YOLO11?")
+        raise ValueError(
+            f"{path}: no tensor matches a YOLO11-{model.scale} model; wrong scale or not YOLO11?"
+        )
     skipped = sorted(set(target) - set(matched))
     model.load_state_dict({**target, **{k: v.to(target[k].dtype) for k, v in matched.items()}})
     log.info("loaded %d/%d tensors from %s; re-initialised: %s", len(matched), len(target), path, skipped[:8])
