@@ -49,7 +49,8 @@ def test_batch_contract(records):
         batch = collate_detection([dataset[(2, i)] for i in (0, 3, 8)])  # 8: background image, no labels
         assert set(batch) == {"images", "targets", "indices", "orig_sizes", "scales", "pads", "paths"}
         assert batch["images"].dtype == torch.uint8 and batch["images"].shape == (3, 3, SIZE, SIZE)
-        assert batch["images"].is_contiguous()
+        # Stored channels-last (OpenCV's HWC, the detector's default layout): no transpose anywhere.
+        assert batch["images"].is_contiguous(memory_format=torch.channels_last)
         t = batch["targets"]
         assert t.dtype == torch.float32 and t.ndim == 2 and t.shape[1] == 6
         assert set(t[:, 0].tolist()) <= {0.0, 1.0, 2.0} and len(t) > 0

@@ -48,7 +48,11 @@ def test_channels_last_off_keeps_nchw() -> None:
     module.setup("fit")
     assert getattr(module.model, "_compiled_call_impl", None) is None
     assert module.model.layers[0].conv.weight.is_contiguous()  # NCHW
-    assert module._model_input(_batch()[0]).is_contiguous()
+    images = _batch()[0]
+    assert module._model_input(images).is_contiguous()
+    loader_batch = images.contiguous(memory_format=torch.channels_last)  # how the DataLoader delivers them
+    x = module._model_input(loader_batch)
+    assert x.is_contiguous() and torch.equal(x, images.float() / 255)
 
 
 def test_float_images_are_bitwise_the_reference_conversion() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 import cv2
 import lightning as L
 import numpy as np
+import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from torch.utils.data import DataLoader
 
@@ -146,10 +147,14 @@ def _trainer_device(device: str) -> tuple[str, Any]:
 def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
     """A ``YOLO11Module`` around a detector or any model file (``export.load_model``), with the given
     post-processing."""
-    model = model if isinstance(model, YOLO11) else load_model(model)
+    if isinstance(model, YOLO11):  # the caller's model (e.g. in a notebook): used in its own memory layout
+        nhwc = model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    else:
+        model, nhwc = load_model(model).to(memory_format=torch.channels_last), True
     module = YOLO11Module(
         scale=model.scale, num_classes=model.num_classes, class_names=model.names,
         conf_threshold=conf, iou_threshold=iou, max_detections=max_det, ema=False, log_images=0,
+        channels_last=nhwc,
     )  # fmt: skip
     module.model = model
     return module.eval()

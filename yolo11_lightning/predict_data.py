@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from yolo11_lightning.data.dataset import image_tensor, stack_images
 from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, read_image
 from yolo11_lightning.data.transforms import letterbox
 
@@ -92,7 +93,7 @@ class PredictionSource(IterableDataset):
     def _sample(self, rgb: np.ndarray, source: Source, frame: int, fps: float) -> dict[str, Any]:
         image, scale, (left, top) = letterbox(rgb, self.image_size, scaleup=True)
         return {
-            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "image": image_tensor(image),
             "scale": scale,
             "pad": (float(left), float(top)),
             "orig_size": rgb.shape[:2],
@@ -139,7 +140,7 @@ class PredictionSource(IterableDataset):
 def collate_prediction(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Stack ``PredictionSource`` samples into one batch (module docstring for the keys)."""
     return {
-        "images": torch.stack([s["image"] for s in samples]),
+        "images": stack_images([s["image"] for s in samples]),
         "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
         "pads": torch.tensor([s["pad"] for s in samples], dtype=torch.float32).reshape(-1, 2),
         "orig_sizes": torch.tensor([s["orig_size"] for s in samples], dtype=torch.int64).reshape(-1, 2),

@@ -11,6 +11,10 @@ Batch contract (DESIGN.md): ``collate_detection`` returns
     paths       list[str]
 
 so a box in the batch image maps back to original pixels as ``(xy - pad) / scale``.
+
+``images`` is stored channels-last ((B, H, W, 3) memory seen as (B, 3, H, W), ``image_tensor`` and
+``stack_images``): that is OpenCV's layout, so no sample is transposed, and it is the layout the detector
+trains in by default (``YOLO11Module(channels_last=True)``), so the batch needs no reordering either.
 """
 
 from __future__ import annotations
@@ -259,7 +263,7 @@ class DetectionDataset(Dataset):
             axis=1,
         )
         return {
-            "image": torch.from_numpy(np.ascontiguousarray(image.transpose(2, 0, 1))),
+            "image": image_tensor(image),
             "labels": torch.from_numpy(labels),
             "index": index,
             "path": rec.path,
@@ -269,12 +273,25 @@ class DetectionDataset(Dataset):
         }
 
 
+def image_tensor(image: np.ndarray) -> torch.Tensor:
+    """(H, W, 3) uint8 array -> (3, H, W) tensor over the same memory (channels-last strides, no copy)."""
+    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+
+
+def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
+    """(3, H, W) images -> (B, 3, H, W) batch in channels-last memory (``torch.channels_last``).
+
+    One copy, the stack itself; for ``image_tensor`` outputs each image is a contiguous (H, W, 3) block.
+    """
+    return torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
+
+
 def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Stack ``DetectionDataset`` samples into the batch contract (module docstring)."""
     labels = [s["labels"] for s in samples]
     image_index = torch.cat([torch.full((len(lab), 1), float(i)) for i, lab in enumerate(labels)])
     return {
-        "images": torch.stack([s["image"] for s in samples]),
+        "images": stack_images([s["image"] for s in samples]),
         "targets": torch.cat([image_index, torch.cat(labels)], dim=1),
         "indices": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
         "orig_sizes": torch.tensor([s["orig_size"] for s in samples], dtype=torch.int64).reshape(-1, 2),

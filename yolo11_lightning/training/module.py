@@ -209,9 +209,13 @@ class YOLO11Module(L.LightningModule):
         return images / 255 if images.dtype == torch.uint8 else images
 
     def _model_input(self, images: Tensor) -> Tensor:
-        """The batch's uint8 images as the detector's float input, in its memory layout."""
-        if self.hparams.get("channels_last"):  # convert while still uint8: 4x fewer bytes to shuffle
-            images = images.contiguous(memory_format=torch.channels_last)
+        """The batch's uint8 images as the detector's float input, in its memory layout.
+
+        Loader batches are channels-last already (``data.dataset.stack_images``): no copy then. Any reorder
+        happens while still uint8, 4x fewer bytes to shuffle than in float.
+        """
+        nhwc = self.hparams.get("channels_last", False)  # checkpoints from before the switch: NCHW
+        images = images.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
         return self.to_float(images)
 
     def _global_batch_index(self, batch_idx: int) -> int:
