@@ -18,6 +18,7 @@ from yolo11_lightning.training.callbacks import CloseMosaic, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
 from yolo11_lightning.training.evaluation import DetectionMAP
 from yolo11_lightning.training.faults import NonFiniteStepGuard
+from yolo11_lightning.training.host_memory import keep_freed_host_memory
 from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
@@ -61,6 +62,9 @@ class YOLO11Module(L.LightningModule):
             rounding). Turn off to train in PyTorch's default NCHW layout.
         compile: ``torch.compile`` the detector (``nn.Module.compile``: state-dict keys unchanged). Costs a
             compile at the first step of each mode (train, eval); pays off on long GPU runs.
+        keep_host_memory: when running on a CPU (Linux, glibc), keep freed memory in the process instead of
+            returning it to the OS after every step (``training.host_memory``): up to 1.5x faster CPU steps
+            at 640 px. Process-wide; the process keeps its peak memory.
     """
 
     def __init__(
@@ -96,6 +100,7 @@ class YOLO11Module(L.LightningModule):
         max_skipped_steps: int = 10,
         channels_last: bool = True,
         compile: bool = False,
+        keep_host_memory: bool = True,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -129,6 +134,13 @@ class YOLO11Module(L.LightningModule):
         if self.hparams.get("compile") and not getattr(self.model, "_compiled_call_impl", None):
             # After the callbacks' setup: the EMA copy (a deepcopy) is made from the plain module.
             self.model.compile()
+        trainer = self._trainer  # None when setup is called by hand
+        if (
+            self.hparams.get("keep_host_memory")
+            and trainer is not None
+            and trainer.strategy.root_device.type == "cpu"
+        ):
+            keep_freed_host_memory()
 
     def _sum_over_ranks(self, value: Tensor) -> Tensor:
         return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
