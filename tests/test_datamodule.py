@@ -118,16 +118,18 @@ class IndexRecorder(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
+QUIET_CPU_TRAINER = {
+    "accelerator": "cpu",
+    "logger": False,
+    "enable_progress_bar": False,
+    "enable_model_summary": False,
+}
+
+
 def test_lightning_mid_epoch_checkpoint_resumes_with_the_rest_of_the_epoch(synthetic, tmp_path):
-    options = {
-        "accelerator": "cpu",
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-    }
     first = IndexRecorder()
     saver = ModelCheckpoint(tmp_path, every_n_train_steps=1, save_top_k=-1)  # saves in on_train_batch_end
-    trainer = L.Trainer(max_steps=1, callbacks=[saver], **options)
+    trainer = L.Trainer(max_steps=1, callbacks=[saver], **QUIET_CPU_TRAINER)
     trainer.fit(first, datamodule=make_dm(synthetic, num_workers=2))
     (ckpt,) = tmp_path.glob("*.ckpt")
     state = torch.load(ckpt, weights_only=True)["YOLODataModule"]["train_sampler"]
@@ -135,7 +137,7 @@ def test_lightning_mid_epoch_checkpoint_resumes_with_the_rest_of_the_epoch(synth
 
     second = IndexRecorder()
     # Workers start (and draw indices) before Lightning calls set_epoch: the restored position must hold.
-    resumed = L.Trainer(max_epochs=2, enable_checkpointing=False, **options)
+    resumed = L.Trainer(max_epochs=2, enable_checkpointing=False, **QUIET_CPU_TRAINER)
     resumed.fit(second, datamodule=make_dm(synthetic, num_workers=2), ckpt_path=ckpt)
     epoch0 = first.seen + second.seen[:8]
     assert sorted(epoch0) == list(range(16)), "the resumed epoch skipped or repeated samples"
@@ -143,19 +145,13 @@ def test_lightning_mid_epoch_checkpoint_resumes_with_the_rest_of_the_epoch(synth
 
 
 def test_lightning_end_of_epoch_checkpoint_resumes_with_the_next_epochs_order(synthetic, tmp_path):
-    options = {
-        "accelerator": "cpu",
-        "logger": False,
-        "enable_progress_bar": False,
-        "enable_model_summary": False,
-    }
     first = IndexRecorder()
-    L.Trainer(max_epochs=1, callbacks=[ModelCheckpoint(tmp_path)], **options).fit(
+    L.Trainer(max_epochs=1, callbacks=[ModelCheckpoint(tmp_path)], **QUIET_CPU_TRAINER).fit(
         first, datamodule=make_dm(synthetic, num_workers=2)
     )
     (ckpt,) = tmp_path.glob("*.ckpt")
     second = IndexRecorder()
-    L.Trainer(max_epochs=2, enable_checkpointing=False, **options).fit(
+    L.Trainer(max_epochs=2, enable_checkpointing=False, **QUIET_CPU_TRAINER).fit(
         second, datamodule=make_dm(synthetic, num_workers=2), ckpt_path=ckpt
     )
     assert first.seen == epoch_order(16, 0, 0, 8).tolist()
