@@ -38,7 +38,7 @@ def test_reference_column_is_the_oracles_default_configuration() -> None:
     )
     assert f"max_norm={REFERENCE_DEFAULTS['clip_grad_norm']}" in trainer_src
     validator_src = inspect.getsource(
-        pytest.importorskip("ultralytics.engine.validator").BaseValidator.__call__
+        pytest.importorskip("ultralytics.engine.validator").BaseValidator.__init__
     )
     assert f"else {REFERENCE_DEFAULTS['val_conf']}" in validator_src
 
