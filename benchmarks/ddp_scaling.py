@@ -48,11 +48,36 @@ def run_ours(args: argparse.Namespace) -> None:
             "enable_progress_bar": False,
         },
     )  # fmt: skip
+    if (
+        args.without_stop_check
+    ):  # LastCheckpoint agrees on stop signals (one scalar all-reduce) per optimiser step
+        from yolo11_lightning.training.checkpoint_callbacks import LastCheckpoint
+
+        trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LastCheckpoint)]
     trainer.fit(module, data)
     if trainer.is_global_zero:
         rate = C.steady_rate(stamps, global_batch, skip=args.skip)
         cpu_per_step = (cpu[-1] - cpu[args.skip - 1]) / (len(cpu) - args.skip)
         C.emit({"rate": rate, "cpu_per_step": cpu_per_step})
+
+
+def compare_stop_check(args: argparse.Namespace, yaml, workdir) -> None:
+    """2 ranks with and without the stop-signal agreement, alternating; an optimiser step every batch (worst case)."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.rounds):
+        for with_check in (True, False) if r % 2 == 0 else (False, True):
+            out = C.run_worker(__file__, [
+                "--devices", "2", "--scale", args.scale, "--image-size", str(args.image_size),
+                "--per-rank-batch", str(args.per_rank_batch), "--steps", str(args.steps), "--skip", str(args.skip),
+                "--yaml", str(yaml), "--workdir", str(workdir / "ddp-stop"),
+                *([] if with_check else ["--without-stop-check"]),
+            ], threads=1)  # fmt: skip
+            rates[with_check].append(out["rate"])
+            print(f"  round {r + 1}, stop check {'on' if with_check else 'off'}: {out['rate']:.2f} img/s "
+                  f"(load {C.load_average()})", flush=True)  # fmt: skip
+    on, off = C.median(rates[True]), C.median(rates[False])
+    rows = [["stop check on", on, f"{on / off:.3f}"], ["stop check off", off, "1.000"]]
+    print(C.format_table(["2 gloo ranks", "img/s", "ratio"], rows))
 
 
 def main() -> None:
@@ -70,6 +95,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8, help="measured steps per run")
     parser.add_argument("--skip", type=int, default=2, help="warm-up steps left out")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--stop-check", action="store_true",
+        help="instead of 1 vs 2 ranks: 2 ranks with vs without LastCheckpoint's per-step stop-signal agreement",
+    )  # fmt: skip
+    parser.add_argument("--without-stop-check", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
@@ -84,6 +114,9 @@ def main() -> None:
     images = (args.skip + args.steps + 1) * args.per_rank_batch * 2
     yaml = C.synthetic_yaml(workdir, num_train=max(images, 64), num_val=8, image_size=args.image_size)
     print(C.machine_info(1), flush=True)
+    if args.stop_check:
+        compare_stop_check(args, yaml, workdir)
+        return
     rates: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
     for r in range(args.rounds):

@@ -10,12 +10,33 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
+
+from yolo11_lightning.data.sampler import epoch_order
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 SCRIPTS = TESTS / "scripts"
 TINY_FIT = SCRIPTS / "tiny_fit.yaml"
+
+
+# tests/scripts/tiny_fit.yaml on tests/conftest.py's tiny_dataset: 16 images, global batch 4 (4 batches per epoch,
+# 2 per optimiser step), 2 epochs, data seed 0.
+EPOCHS, BATCH, IMAGES, SEED = 2, 4, 16, 0
+
+
+def expected_order() -> list[int]:
+    """The global sample order of the uninterrupted tiny run, epoch after epoch."""
+    return np.concatenate([epoch_order(IMAGES, SEED, e, BATCH) for e in range(EPOCHS)]).tolist()
+
+
+def flatten(batches: dict[tuple[int, int], list[int]]) -> list[int]:
+    return [i for key in sorted(batches) for i in batches[key]]
+
+
+def start_of(rows: list[dict], attempt: int = 0) -> list[dict]:
+    return [r for r in rows if r["event"] == "start" and r["attempt"] == attempt]
 
 
 def cli_env(**extra: str) -> dict[str, str]:

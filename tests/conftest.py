@@ -23,3 +23,24 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     root = tmp_path_factory.mktemp("tiny_synthetic")
     return make_synthetic_dataset(root, num_train=16, num_val=7, image_size=64, num_classes=3, seed=0)
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tests/scripts/tiny_fit.yaml`` on 1 rank, start to end (4 optimiser steps over 2 epochs), through the CLI
+    with ``--ckpt_path last`` and nothing to resume; keeps its step-3 checkpoint (``at-step=3.ckpt``) too.
+
+    The reference every resume, preemption and fault test compares its final state with.
+    """
+    from cli_runs import fit_args, run_cli, tail
+
+    root = tmp_path_factory.mktemp("uninterrupted")
+    keep_step = [
+        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
+        "--trainer.callbacks.every_n_train_steps", "3", "--trainer.callbacks.save_top_k", "-1",
+        "--trainer.callbacks.filename", "at-{step}",
+    ]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, root, "rec", "--ckpt_path", "last", *keep_step), cwd=root)
+    assert proc.returncode == 0, tail(proc)
+    assert "--ckpt_path last: no checkpoint yet, starting fresh" in proc.stdout + proc.stderr
+    return root

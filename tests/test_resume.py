@@ -18,62 +18,36 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-import pytest
 from cli_runs import (
+    BATCH,
+    EPOCHS,
+    IMAGES,
     REPO,
     assert_same_training_state,
     cli_env,
     ddp,
+    expected_order,
     final_checkpoint,
     fit_args,
+    flatten,
     global_batches,
     load,
     max_relative_difference,
     records,
     run,
     run_cli,
+    start_of,
     tail,
 )
 
-from yolo11_lightning.data.sampler import epoch_order
-
-EPOCHS, BATCH, IMAGES, SEED = 2, 4, 16, 0
 CUT = (1, 2)  # runs are cut when epoch 1, batch 2 starts: after optimiser step 3, mid-epoch
 STEP_AT_CUT = 3
-
-
-def expected_order() -> list[int]:
-    return np.concatenate([epoch_order(IMAGES, SEED, e, BATCH) for e in range(EPOCHS)]).tolist()
-
-
-def flatten(batches: dict[tuple[int, int], list[int]]) -> list[int]:
-    return [i for key in sorted(batches) for i in batches[key]]
-
-
-def start_of(rows: list[dict], attempt: int = 0) -> list[dict]:
-    return [r for r in rows if r["event"] == "start" and r["attempt"] == attempt]
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """1 rank, start to end, ``--ckpt_path last`` with nothing to resume; keeps its step-3 checkpoint too."""
-    root = tmp_path_factory.mktemp("uninterrupted")
-    keep_step = [
-        "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
-        "--trainer.callbacks.every_n_train_steps", str(STEP_AT_CUT), "--trainer.callbacks.save_top_k", "-1",
-        "--trainer.callbacks.filename", "at-{step}",
-    ]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, root, "rec", "--ckpt_path", "last", *keep_step), cwd=root)
-    assert proc.returncode == 0, tail(proc)
-    assert "--ckpt_path last: no checkpoint yet, starting fresh" in proc.stdout + proc.stderr
-    return root
 
 
 def test_uninterrupted_run_sees_the_global_order_with_atomic_checkpoints(uninterrupted: Path) -> None:

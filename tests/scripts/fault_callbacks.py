@@ -147,3 +147,20 @@ class HangOnRank(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             time.sleep(self.seconds)
+
+
+class SlowBatches(Callback):
+    """Each training batch takes at least ``seconds`` longer: signals sent from outside land mid-run."""
+
+    def __init__(self, seconds: float = 0.3) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        time.sleep(self.seconds)
+
+
+class FlatMetric(Callback):
+    """The monitored validation mAP is 0 every epoch: best.ckpt is never improved on after epoch 0."""
+
+    def on_validation_end(self, trainer, pl_module):
+        trainer.callback_metrics["val/mAP50-95"] = torch.tensor(0.0)

@@ -18,6 +18,8 @@ import cv2
 import lightning as L
 from torch.utils.data import DataLoader
 
+from yolo11_lightning.training.preemption import ignore_stop_signals_in_worker
+
 from .augment import AugmentConfig
 from .config import DatasetConfig, DatasetError, load_dataset_config
 from .dataset import DetectionDataset, collate_detection
@@ -247,6 +249,8 @@ class YOLODataModule(L.LightningDataModule):
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
             collate_fn=collate_detection,
+            # Stop signals are the training process's to handle (it saves, then the workers end with it).
+            worker_init_fn=ignore_stop_signals_in_worker if self.num_workers > 0 else None,
         )
 
     def train_dataloader(self) -> DataLoader:

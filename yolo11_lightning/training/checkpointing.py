@@ -20,6 +20,7 @@ import lightning as L
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +123,22 @@ def find_last_checkpoint(trainer: L.Trainer) -> str | None:
     if not candidates:
         return None
     return str(max(candidates, key=lambda p: p.stat().st_mtime_ns))
+
+
+def continue_logger_version(trainer: L.Trainer, checkpoint_path: str) -> None:
+    """Write a resumed run into the logger version folder its checkpoint lives in.
+
+    A checkpoint at ``<save_dir>/<name>/<version>/checkpoints/x.ckpt`` makes a CSV or TensorBoard logger with
+    that save_dir and name reuse ``<version>``: the run keeps one folder (metrics.csv appended, the same
+    ``best.ckpt`` and ``last.ckpt``, so the best score carries on), instead of a new version per restart.
+    Must run before anything reads ``trainer.log_dir``; other loggers are left alone.
+    """
+    path = Path(checkpoint_path).resolve()
+    if path.parent.name != "checkpoints" or not trainer.loggers:
+        return
+    logger = trainer.loggers[0]
+    if not isinstance(logger, CSVLogger | TensorBoardLogger) or logger.save_dir is None:
+        return
+    version_dir = path.parent.parent
+    if version_dir.parent == (Path(str(logger.save_dir)) / str(logger.name)).resolve():
+        logger._version = version_dir.name  # both loggers read their version lazily from here

@@ -1,0 +1,188 @@
+"""The two checkpoints of a run: ``best.ckpt`` follows validation mAP, ``last.ckpt`` is always the newest state.
+
+Since Lightning 2.6, ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` only when a top-k checkpoint is
+saved at the same step: while the monitored mAP does not improve, ``last.ckpt`` goes stale and a resume
+silently repeats every epoch since the last improvement. So ``last`` has its own callback, ``LastCheckpoint``,
+a ``ModelCheckpoint`` without a monitor that writes ``last.ckpt``:
+
+- after every training epoch (whatever validation did);
+- every ``every_n_train_steps`` optimiser steps, when set;
+- every ``every_n_minutes`` of training (default 10), so a hard kill (OOM, node loss) loses at most that;
+- when the job is asked to stop (SIGTERM; SIGUSR1 under SLURM), then it ends the run with
+  ``TrainingPreempted`` (exit 143 / 138; under SLURM after ``scontrol requeue``).
+
+Mid-epoch saves happen only right after an optimiser step, where no gradient is half accumulated, so resuming
+from any of them repeats and skips no sample. None is made after an epoch's last batch: the epoch-end save
+follows right after validation, and Lightning 2.6 restores a checkpoint saved there into loop counters whose
+next mid-epoch checkpoint resumes at batch 0 of an epoch already under way (seen in tests/test_preemption.py's
+chaos test; it affects ``ModelCheckpoint(every_n_train_steps=...)`` too). A stop asked for at that point
+happens after the epoch-end save. The decisions that depend on one rank (a signal, its clock) are
+agreed with one small all-reduce at those boundaries (``preemption.agree``), never per micro-batch.
+
+``BestCheckpoint`` keeps its best score and path across restarts even when the resumed run writes elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
+
+from yolo11_lightning.training.preemption import StopRequest, TrainingPreempted, agree, requeue_slurm_job
+
+log = logging.getLogger(__name__)
+
+
+def _at_epoch_end(trainer: L.Trainer) -> bool:
+    """Whether the epoch's last training batch is done (validation and the epoch-end hooks come next)."""
+    return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` on validation mAP50-95 (``best.ckpt``) whose best score survives any restart.
+
+    Lightning restores ``best_model_score`` only when the resumed run writes to the same folder; otherwise
+    the first validation after a restart would become "best" whatever it scored.
+    """
+
+    def __init__(
+        self, monitor: str = "val/mAP50-95", mode: str = "max", filename: str = "best", **kwargs: Any
+    ):
+        kwargs.setdefault("auto_insert_metric_name", False)
+        super().__init__(monitor=monitor, mode=mode, filename=filename, **kwargs)
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.best_model_score is None and state_dict.get("best_model_score") is not None:
+            self.best_model_score = state_dict["best_model_score"]
+            self.best_k_models = dict(state_dict.get("best_k_models", {}))
+            self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
+            self.kth_value = state_dict.get("kth_value", self.kth_value)
+
+
+class LastCheckpoint(ModelCheckpoint):
+    """Owns ``last.ckpt``: written at every epoch end, every N steps / minutes, and on a stop signal.
+
+    Args:
+        dirpath: folder (default: the logger's ``checkpoints`` folder, as ``ModelCheckpoint``).
+        every_n_minutes: also save mid-epoch once this much training time passed since the last save
+            (0 disables). Bounds the work a SIGKILL can lose.
+        every_n_train_steps: also save every this many optimiser steps (0 disables).
+        stop_on_signal: on SIGTERM (and SIGUSR1) every rank stops after the same optimiser step, ``last.ckpt``
+            is written and the run ends with ``TrainingPreempted`` (exit 128 + signal).
+    """
+
+    def __init__(
+        self,
+        dirpath: str | None = None,
+        every_n_minutes: float = 10.0,
+        every_n_train_steps: int = 0,
+        stop_on_signal: bool = True,
+    ) -> None:
+        super().__init__(
+            dirpath=dirpath, filename=self.CHECKPOINT_NAME_LAST, monitor=None, save_top_k=1, save_last=False,
+            every_n_epochs=1, save_on_train_epoch_end=True, enable_version_counter=False,
+        )  # fmt: skip
+        if every_n_minutes < 0 or every_n_train_steps < 0:
+            raise ValueError("every_n_minutes and every_n_train_steps must be >= 0")
+        self.every_n_minutes = every_n_minutes
+        self.every_n_steps = every_n_train_steps
+        self.stop_on_signal = stop_on_signal
+        self.stop_request = StopRequest()
+        self._stop_at_epoch_end = 0  # agreed stop signal deferred to the epoch-end save
+        self._boundary_step = -1
+        self._last_save_time = time.monotonic()
+
+    # ------------------------------------------------------------------------------------ signals
+    def _listen(self, trainer: L.Trainer) -> None:
+        # After Lightning registered its own handlers (which exit 0 without saving): ours replace them.
+        if self.stop_on_signal and trainer.state.fn == TrainerFn.FITTING:
+            self.stop_request.install()
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._listen(trainer)
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        self._listen(trainer)
+        self._boundary_step = trainer.global_step
+        self._last_save_time = time.monotonic()
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.stop_request.uninstall()
+
+    # ------------------------------------------------------------------------------------ saving
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Part of the run's identity (``run_identity``), which Lightning does not record.
+        seed = os.environ.get("PL_GLOBAL_SEED")
+        checkpoint["seed_everything"] = int(seed) if seed is not None else None
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        super()._save_checkpoint(trainer, filepath)
+        self._last_save_time = time.monotonic()
+
+    def _save_now(self, trainer: L.Trainer) -> None:
+        if not self._should_skip_saving_checkpoint(trainer):
+            self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _agreed(self, trainer: L.Trainer, with_clock: bool) -> tuple[int, bool]:
+        """(stop signal or 0, time-based save due), the same on every rank."""
+        due = with_clock and self.every_n_minutes > 0
+        due = due and time.monotonic() - self._last_save_time >= 60 * self.every_n_minutes
+        signum, due_any = agree([float(self.stop_request.signum), float(due)], trainer.strategy.root_device)
+        return int(signum), bool(due_any)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        step = trainer.global_step
+        if step == self._boundary_step:  # no optimiser step in this batch: gradients are half accumulated
+            return
+        self._boundary_step = step
+        signum, due = self._agreed(trainer, with_clock=True)
+        if _at_epoch_end(trainer):  # the epoch-end save comes next (after validation)
+            self._stop_at_epoch_end = self._stop_at_epoch_end or signum
+            return
+        if due or signum or (self.every_n_steps and step % self.every_n_steps == 0):
+            self._save_now(trainer)
+        if signum:
+            self._stop(trainer, signum)
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_validation_end(trainer, pl_module)
+        if trainer.state.fn != TrainerFn.FITTING or not self.stop_on_signal:
+            return
+        signum, _ = self._agreed(trainer, with_clock=False)  # every rank ends validation, in step
+        if not signum:
+            return
+        if trainer.sanity_checking:
+            self._stop(trainer, signum)  # nothing trained yet, nothing to save
+        elif _at_epoch_end(trainer):
+            self._stop_at_epoch_end = self._stop_at_epoch_end or signum
+        else:  # validation inside an epoch (val_check_interval)
+            self._save_now(trainer)
+            self._stop(trainer, signum)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)  # the epoch-end last.ckpt
+        if self._stop_at_epoch_end:
+            self._stop(trainer, self._stop_at_epoch_end)
+
+    def _stop(self, trainer: L.Trainer, signum: int) -> None:
+        for logger in trainer.loggers:
+            logger.save()
+        path = self.best_model_path or None
+        if signum == signal.SIGUSR1 and trainer.is_global_zero and "SLURM_JOB_ID" in os.environ:
+            requeue_slurm_job()
+        name = signal.Signals(signum).name
+        if trainer.is_global_zero:
+            log.warning("%s: stopped at global step %d; saved %s", name, trainer.global_step, path)
+        raise TrainingPreempted(signum, path)

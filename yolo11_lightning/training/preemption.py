@@ -1,0 +1,131 @@
+"""Stop requests from the outside world (SIGTERM, SLURM's SIGUSR1), agreed on by every rank.
+
+Schedulers ask a job to stop with a signal and a grace period: Kubernetes, spot instances, ``scancel``
+and torchrun send SIGTERM; SLURM sends SIGUSR1 (``--signal=SIGUSR1@120``) before a time limit when the job
+may be requeued. Lightning 2.6 turns SIGTERM into a ``SystemExit`` without a code (exit 0, nothing saved)
+and saves SLURM's checkpoint inside the signal handler, in the middle of a batch.
+
+Here a signal only raises a flag (``StopRequest``): handlers run between Python bytecodes of the main thread
+and must not start collectives. The ranks then agree at the next optimiser-step boundary with one
+all-reduce of the flag (``agree``): a signal that reached only some ranks, or reached them at different
+moments, stops them all after the same batch. ``LastCheckpoint`` (``checkpoint_callbacks``) then writes the
+exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM).
+
+DataLoader workers ignore these signals (``ignore_stop_signals_in_worker``): a scheduler that signals the whole
+process group would otherwise kill them, and the main process would fail on its next batch before it could
+save. Workers still end with their parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class TrainingPreempted(SystemExit):
+    """Every rank stopped at the same batch after a stop signal; the checkpoint holds the exact position.
+
+    A ``SystemExit`` whose code is ``128 + signal`` (143 for SIGTERM, 138 for SIGUSR1), the shell's convention
+    for "ended by this signal", so restart policies keyed on the exit code see a job that did not finish.
+    """
+
+    def __init__(self, signum: int, checkpoint: str | None) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+        self.checkpoint = checkpoint
+
+    def __str__(self) -> str:
+        name = signal.Signals(self.signum).name
+        where = f"; resume with --ckpt_path last ({self.checkpoint})" if self.checkpoint else ""
+        return f"training stopped by {name} at an optimiser-step boundary{where}"
+
+
+class StopRequest:
+    """Signal handlers that record the first stop signal; ``signum`` is 0 until one arrives."""
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
+        self.signum = 0
+        self._previous: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if not self.signum:
+            self.signum = signum
+            # os.write is async-signal-safe; logging from a handler can deadlock on the handler's own lock.
+            os.write(2, f"[rank pid {os.getpid()}] received {signal.Signals(signum).name}: stopping at the next "
+                        "optimiser step, after saving a checkpoint\n".encode())  # fmt: skip
+
+    def install(self) -> None:
+        """Take over the stop signals (main thread only; elsewhere a no-op). Idempotent."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in self.signals:
+            current = signal.getsignal(signum)
+            if current != self._handle:
+                self._previous.setdefault(signum, current)
+                signal.signal(signum, self._handle)
+
+    def uninstall(self) -> None:
+        """Give the signals back to the handlers found at the first ``install``."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+
+def agree(local: list[float], device: torch.device) -> list[float]:
+    """Element-wise maximum of ``local`` over all ranks (itself when not distributed); one small all-reduce.
+
+    Every rank must call it at the same point of the loop: callers use optimiser-step boundaries and the end
+    of validation, which every rank reaches in the same order.
+    """
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return list(local)
+    if torch.distributed.get_world_size() == 1:
+        return list(local)
+    flags = torch.tensor(local, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
+    torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+    return flags.tolist()
+
+
+def ignore_stop_signals_in_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1 to the training process.
+
+    PyTorch's workers die on a SIGTERM that does not come from their parent; a process-group signal would
+    then fail the next batch with "DataLoader worker ... is killed by signal". Ignoring it keeps them alive
+    until the training process has saved; they still exit when it does (PyTorch watches the parent).
+    """
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def requeue_slurm_job() -> None:
+    """``scontrol requeue <job>`` as Lightning's SLURM auto-requeue does (global rank 0 only)."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job_id = (
+        f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")
+    )
+    if not job_id:
+        log.warning("SLURM requeue asked, but SLURM_JOB_ID is not set: requeue the job yourself")
+        return
+    try:
+        result = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        log.warning("could not requeue SLURM job %s (%s): requeue it yourself", job_id, error)
+        return
+    if result.returncode:
+        log.warning("`scontrol requeue %s` failed (%d): %s", job_id, result.returncode, result.stderr.strip())
+    else:
+        log.info("requeued SLURM job %s", job_id)
