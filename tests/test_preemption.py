@@ -220,7 +220,9 @@ def test_chaos_sigterm_sigkill_sigterm_alternating_world_sizes(
         assert code == (-9 if signum == signal.SIGKILL else 143), output[-6000:]
         batches = global_batches(records(folder))
         saved = position(load(final_checkpoint(tmp_path)))
-        shutil.copy(final_checkpoint(tmp_path), tmp_path / f"after-attempt-{attempt}.ckpt")  # for a post-mortem
+        shutil.copy(
+            final_checkpoint(tmp_path), tmp_path / f"after-attempt-{attempt}.ckpt"
+        )  # for a post-mortem
         # SIGKILL: what ran after the last (time-based) save is lost and will be redone; nothing else is.
         kept = {k: v for k, v in batches.items() if k[0] * BATCHES_PER_EPOCH + k[1] < saved}
         assert saved >= start + done - 1, (attempt, start, done, saved)
