@@ -298,3 +298,27 @@ def test_ckpt_path_last_knows_its_run(tiny_dataset: Path, uninterrupted: Path, t
     ]
     assert float(new) == pytest.approx(max(float(old), scores[-1])), (old, new, scores)
     assert torch.is_tensor(new) or isinstance(new, float)
+
+
+def test_sigterm_to_torchrun_stops_every_worker_with_a_checkpoint(tiny_dataset: Path, tmp_path: Path) -> None:
+    """SIGTERM to the torchrun agent (as a scheduler sends it): it passes SIGTERM on to its 2 workers, which
+    save at the same optimiser step and end; torchrun exits non-zero and does not restart them."""
+    args = fit_args(tiny_dataset, tmp_path, "rec", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                    "--ckpt_path", "last", *NO_STEP_SAVES, *SLOW)  # fmt: skip
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                "--max-restarts", "1", "-m", "yolo11_lightning"]  # fmt: skip
+    proc = subprocess.Popen([*torchrun, *args], cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    moment = random.Random().randrange(1, BATCHES_PER_EPOCH)
+    while batches_done(tmp_path / "rec") < moment:
+        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        time.sleep(0.02)
+    done = batches_done(tmp_path / "rec")
+    proc.send_signal(signal.SIGTERM)
+    code, output = finish(proc)
+    assert code != 0, output[-6000:]
+    assert output.count("received SIGTERM") == 2 and "stopped at global step" in output, output[-6000:]
+    assert len({p.name.split("-")[1] for p in (tmp_path / "rec").glob("rank*.jsonl")}) == 1, (
+        "torchrun restarted"
+    )
+    assert position(load(final_checkpoint(tmp_path))) >= done - 1
