@@ -31,12 +31,19 @@ import time
 from typing import Any
 
 import lightning as L
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from yolo11_lightning.training.preemption import StopRequest, TrainingPreempted, agree, requeue_slurm_job
 
 log = logging.getLogger(__name__)
+
+
+def _slurm_auto_requeue(trainer: L.Trainer) -> bool:
+    """Whether this is a SLURM job whose environment plugin requeues it (Lightning's default there)."""
+    environment = trainer._accelerator_connector.cluster_environment
+    return isinstance(environment, SLURMEnvironment) and environment.auto_requeue
 
 
 def _at_epoch_end(trainer: L.Trainer) -> bool:
@@ -180,7 +187,7 @@ class LastCheckpoint(ModelCheckpoint):
         for logger in trainer.loggers:
             logger.save()
         path = self.best_model_path or None
-        if signum == signal.SIGUSR1 and trainer.is_global_zero and "SLURM_JOB_ID" in os.environ:
+        if signum == signal.SIGUSR1 and trainer.is_global_zero and _slurm_auto_requeue(trainer):
             requeue_slurm_job()
         name = signal.Signals(signum).name
         if trainer.is_global_zero:
