@@ -8,18 +8,16 @@ class count and which is re-initialised when the count differs).
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from yolo11_lightning.export import load_model
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.nn.checkpoint import HEAD_INDEX, WrongTaskError, load_reference, rename_key
 from yolo11_lightning.nn.torch_file import CheckpointError
-
-log = logging.getLogger(__name__)
 
 CLASS_HEAD = "head.cv3."  # the class branch: its widths depend on the class count
 _LISTED = 6  # mismatches named in a message
@@ -55,14 +53,13 @@ def load_pretrained(model: YOLO11, path: str | Path, strict: bool = True) -> tup
             raise WeightsMismatchError(
                 f"{summary}; {detail}. Pass --model.weights_strict false to load only the tensors that fit."
             )
-        log.warning("%s (weights_strict off, the rest keeps its initialisation); %s", summary, detail)
+        rank_zero_warn(f"{summary} (weights_strict off, the rest keeps its initialisation); {detail}")
     skipped = [k for k in target if k not in matched]
     model.load_state_dict({**target, **{k: v.to(target[k].dtype) for k, v in matched.items()}})
     head = [k for k in skipped if k.startswith(CLASS_HEAD)]
     if not missing:
-        log.info(
-            "%s (%s)%s", summary, held, f"; class head re-initialised ({len(head)} tensors)" if head else ""
-        )
+        reset = f"; class head re-initialised ({len(head)} tensors)" if head else ""
+        rank_zero_info(f"{summary} ({held}){reset}")  # shown by default, unlike a module logger's info
     return len(matched), skipped
 
 
