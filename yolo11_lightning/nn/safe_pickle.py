@@ -262,6 +262,13 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
             raise pickle.UnpicklingError(
                 f"malformed pickle near byte {data.tell()}: {type(e).__name__}: {e}"
             ) from None
+        finally:
+            # Our wrappers hold bound methods of self (a reference cycle): drop what they reach now, so the
+            # storages are freed with the result, not at the next cyclic garbage collection.
+            self._globals.clear()
+            self._storages.clear()
+            self.memo.clear()
+            self.stack, self.metastack = [], []
         check_depth(value)
         return value
 
