@@ -107,9 +107,22 @@ def codec_bomb(levels: int = 34) -> bytes:
     return in_dict(body)
 
 
-def memo_chain(levels: int = 30_000) -> bytes:
+def memo_chain(levels: int = 20_000) -> bytes:
     """A list nested ``levels`` deep, built through the memo with a constant stack: x.append(y); x = y."""
     return PROTO2 + EMPTY_LIST + put(0) + (get(0) + EMPTY_LIST + put(0) + APPEND + POP) * levels + STOP
+
+
+def copy_bomb(call: bytes, container: bytes, args: bytes, copies: int) -> bytes:
+    """``container`` memoised once, then ``copies`` x ``call(<args around it>)`` kept in a list: each call is
+    ~10 bytes of file and copies the whole container. ``args`` turns the container (memo 2) into arguments."""
+    body = EMPTY_LIST + put(1) + POP + call + put(0) + POP + container + put(2) + POP
+    body += get(1) + MARK + (get(0) + args + REDUCE) * copies + b"e"  # APPENDS into the list (memo 1)
+    return in_dict(body)
+
+
+def distinct_globals(n: int = 20_000) -> bytes:
+    """``n`` different reference class names: a class object (~1 KB) each for a few bytes of file."""
+    return in_dict(b"".join(glob("ultralytics.nn.modules.block", f"C{i}") + POP for i in range(n)) + NONE)
 
 
 def cases(marker: Path) -> dict[str, tuple[str, dict[str, bytes]]]:
@@ -149,8 +162,35 @@ def cases(marker: Path) -> dict[str, tuple[str, dict[str, bytes]]]:
         "binbytes8_claim": ("claims 1099511627776 bytes", both(binbytes8)),
         "bytearray8_claim": ("claims 8589934592 bytes", both(bytearray8)),
         "mark_depth_bomb": ("MARKs nested deeper", both(PROTO2 + MARK * 1_000_000 + STOP)),
-        "tuple_depth_bomb": ("nests deeper", both(in_dict(EMPTY_TUPLE + TUPLE1 * 100_000))),
+        "tuple_depth_bomb": ("nests deeper", both(in_dict(EMPTY_TUPLE + TUPLE1 * 50_000))),
         "memo_list_depth_bomb": ("nests deeper", both(memo_chain())),
+        "encode_copy_bomb": (  # _codecs.encode(<memoised 1 MB str>, "latin1") x 400
+            "builds more than 64 MB of objects",
+            both(
+                copy_bomb(glob("_codecs", "encode"), text("x" * 2**20), get(2) + text("latin1") + TUPLE2, 400)
+            ),
+        ),
+        "set_copy_bomb": (  # set(<memoised tuple of 100k ints>) x 1000
+            "builds more than 64 MB of objects",
+            both(
+                copy_bomb(
+                    glob("builtins", "set"),
+                    MARK + b"".join(map(integer, range(10**5))) + TUPLE,
+                    get(2) + TUPLE1,
+                    1000,
+                )
+            ),
+        ),
+        "stand_in_args_bomb": (  # Conv2d(*<memoised tuple of 100k Nones>) x 1000
+            "builds more than 64 MB of objects|holds pickled model objects",
+            both(
+                copy_bomb(glob("torch.nn.modules.conv", "Conv2d"), MARK + NONE * 10**5 + TUPLE, get(2), 1000)
+            ),
+        ),
+        "distinct_globals_bomb": (
+            "more than 2000 distinct globals|holds pickled model objects",
+            both(distinct_globals()),
+        ),
         "unknown_global_torch_load": (
             "refusing to load global 'torch.load'",
             both(in_dict(glob("torch", "load") + text("x.pt") + TUPLE1 + REDUCE)),

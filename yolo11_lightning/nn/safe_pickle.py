@@ -31,8 +31,10 @@ What a file may do, and why that is enough for weights files:
   torch (or this module) for later loads.
 * **Allocate** only what the file pays for: a length the file claims (strings, bytes, bytearrays, storages)
   must fit in the bytes it has; ``MARK`` nesting is limited (``MAX_MARK_DEPTH``), so is the number of
-  opcodes (``MAX_OPS``: each builds at most one small object) and the nesting of the result
-  (``MAX_DEPTH``, checked after loading without recursion).
+  opcodes (``MAX_OPS``: each builds at most one small object), of distinct globals (``MAX_GLOBALS``), the
+  objects our functions build (``ALLOC_BUDGET``: a short ``REDUCE`` could otherwise copy a large memoised
+  string or list again and again) and the nesting of the result (``MAX_DEPTH``, checked after loading
+  without recursion). Not bounded: CPU time on crafted hash collisions in a dict (at most ``MAX_OPS`` keys).
 
 Storages come from a ``records`` callback (the archive reader in ``torch_file``) that checks the size a
 storage claims against the record's real size before reading it. The approach follows
@@ -57,7 +59,11 @@ MAX_OPS = 2_000_000  # ~64 bytes of objects each at most: ~128 MB
 MAX_MARK_DEPTH = 256
 MAX_DEPTH = 256
 MAX_DIMS = 64
-MAX_TENSORS = 200_000
+MAX_GLOBALS = 2_000  # distinct names (a release names ~30); each stand-in class costs ~1 KB until GC
+# Objects built by our functions are not paid for byte by byte (a 10-byte REDUCE can copy a memoised 1 MB
+# string or list): they draw on this budget, estimated per object and per copied item.
+ALLOC_BUDGET = 64 * 2**20
+_TENSOR_COST, _OBJECT_COST, _ITEM_COST = 512, 256, 64
 
 _STORAGE_DTYPES = {
     "DoubleStorage": torch.float64,
@@ -228,7 +234,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self._label = label
         self._globals: dict[str, Any] = {}
         self._storages: dict[tuple[str, torch.dtype], Storage] = {}
-        self._tensors = 0
+        self._spent = 0
         self._classes: dict[str, type[StandIn]] = {}
         self._class_ids: set[int] = set()
 
@@ -241,6 +247,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         dispatch = self.dispatch
         read = self.read
         ops = 0
+        error: Exception | None = None
         try:
             while True:
                 key = read(1)
@@ -259,16 +266,23 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         except UnsafePickleError:
             raise
         except Exception as e:  # a malformed stream: stack underflow, bad memo index, wrong types ...
-            raise pickle.UnpicklingError(
+            error = pickle.UnpicklingError(
                 f"malformed pickle near byte {data.tell()}: {type(e).__name__}: {e}"
-            ) from None
+            )
         finally:
-            # Our wrappers hold bound methods of self (a reference cycle): drop what they reach now, so the
-            # storages are freed with the result, not at the next cyclic garbage collection.
+            # Drop what the file built, in place: our wrappers hold bound methods of self (a cycle), and an
+            # exception's traceback keeps the handlers' frames (and so the stacks) alive until it is freed.
             self._globals.clear()
             self._storages.clear()
             self.memo.clear()
-            self.stack, self.metastack = [], []
+            for pending in (self.stack, *self.metastack):
+                pending.clear()
+            self.metastack.clear()
+        if error is not None:
+            try:
+                raise error
+            finally:
+                del error  # no frame -> exception -> traceback -> frame cycle
         check_depth(value)
         return value
 
@@ -289,13 +303,17 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         functions: dict[str, Callable[..., Any]] = {
             "torch._utils._rebuild_tensor_v2": self._rebuild_tensor,
             "torch._utils._rebuild_parameter": self._rebuild_parameter,
-            "collections.OrderedDict": _ordered_dict,
-            "builtins.set": lambda items=(): set(_items(items, "set")),
-            "builtins.frozenset": lambda items=(): frozenset(_items(items, "frozenset")),
-            "_codecs.encode": _encode,
+            "collections.OrderedDict": self._copying(_ordered_dict, 2 * _ITEM_COST),
+            "builtins.set": self._copying(lambda items=(): set(_items(items, "set")), _ITEM_COST),
+            "builtins.frozenset": self._copying(
+                lambda items=(): frozenset(_items(items, "frozenset")), _ITEM_COST
+            ),
+            "_codecs.encode": self._copying(_encode, 1),
             "torch.Size": lambda dims=(): torch.Size(_ints(dims, "torch.Size")),
             "torch.device": _device,
         }
+        if len(self._globals) >= MAX_GLOBALS:
+            raise UnsafePickleError(f"more than {MAX_GLOBALS} distinct globals: not a weights file")
         if qualname in functions:
             return _Global(qualname, functions[qualname])
         module, _, name = qualname.rpartition(".")
@@ -319,6 +337,24 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         self._classes[qualname] = cls
         self._class_ids.add(id(cls))
         return cls
+
+    def _charge(self, nbytes: int) -> None:
+        """Count ``nbytes`` of objects built for the file against ``ALLOC_BUDGET``."""
+        self._spent += nbytes
+        if self._spent > ALLOC_BUDGET:
+            raise UnsafePickleError(
+                f"the file builds more than {ALLOC_BUDGET >> 20} MB of objects: not a weights file"
+            )
+
+    def _copying(self, fn: Callable[..., Any], per_item: int) -> Callable[..., Any]:
+        """``fn`` charged ``per_item`` bytes per element of its first argument (which it copies)."""
+
+        def call(*args: Any) -> Any:
+            first = args[0] if args else ()
+            self._charge(_OBJECT_COST + per_item * (len(first) if type(first) in _SIZED else 0))
+            return fn(*args)
+
+        return call
 
     def _is_stand_in_class(self, obj: Any) -> bool:
         return isinstance(obj, type) and id(obj) in self._class_ids
@@ -379,9 +415,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
                     f"tensor of size {size} (stride {stride}, offset {offset}) reaches past its storage "
                     f"{storage.key!r} of {storage.numel} elements"
                 )
-        self._tensors += 1
-        if self._tensors > MAX_TENSORS:
-            raise UnsafePickleError(f"more than {MAX_TENSORS} tensors: not a weights file")
+        self._charge(_TENSOR_COST)
         if storage.flat is None:
             return TensorRef(size, storage.dtype)
         if not numel:
@@ -409,6 +443,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
             raise UnsafePickleError("REDUCE arguments must be a tuple")
         ours = isinstance(func, _Global) and self._globals.get(func.qualname) is func
         if ours or self._is_stand_in_class(func):
+            self._charge(_OBJECT_COST + 8 * len(args))
             stack[-1] = func(*args)
         else:
             raise UnsafePickleError(f"refusing to call {_describe(func)} (REDUCE)")
@@ -418,6 +453,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         cls = self.stack.pop()
         if not self._is_stand_in_class(cls) or type(args) is not tuple:
             raise UnsafePickleError(f"refusing to create an object of {_describe(cls)} (NEWOBJ)")
+        self._charge(_OBJECT_COST + 8 * len(args))
         self.append(cls.__new__(cls, *args))
 
     def load_newobj_ex(self) -> None:
@@ -426,6 +462,7 @@ class Unpickler(pickle._Unpickler):  # type: ignore[name-defined]
         cls = self.stack.pop()
         if not self._is_stand_in_class(cls) or type(args) is not tuple or type(kwargs) is not dict:
             raise UnsafePickleError(f"refusing to create an object of {_describe(cls)} (NEWOBJ_EX)")
+        self._charge(_OBJECT_COST + 8 * (len(args) + len(kwargs)))
         self.append(cls.__new__(cls, *args, **kwargs))
 
     def load_build(self) -> None:
@@ -542,6 +579,9 @@ def _describe(obj: Any) -> str:
     if isinstance(obj, (_DType, Storage, TensorRef)):
         return repr(obj)
     return f"a {type(obj).__name__}"
+
+
+_SIZED = (str, bytes, list, tuple, set, frozenset, dict, collections.OrderedDict)
 
 
 def _items(items: Any, what: str) -> Any:

@@ -24,7 +24,7 @@ import pickle
 import struct
 import zipfile
 from collections.abc import Callable, Iterator
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import torch
 
@@ -49,22 +49,31 @@ def load(source: str | os.PathLike | IO[bytes], map_location: Any = "cpu", label
         try:
             archive.unpickle(model_classes=False, read_data=False)
         except safe_pickle.ModelClassError as e:
-            raise ModelObjectsError(
+            error: CheckpointError = ModelObjectsError(
                 f"{name}: holds pickled model objects (a reference .pt file?), not plain tensors ({e})"
-            ) from None
-        f.seek(0)
-        try:
-            return torch.load(f, map_location=map_location, weights_only=True)
-        except Exception as e:
-            raise CheckpointError(
-                f"{name}: not a readable torch checkpoint: {type(e).__name__}: {e}"
-            ) from None
+            )
+        else:
+            f.seek(0)
+            try:
+                return torch.load(f, map_location=map_location, weights_only=True)
+            except Exception as e:
+                error = CheckpointError(f"{name}: not a readable torch checkpoint: {type(e).__name__}: {e}")
+        _raise(error)
 
 
 def load_reference(source: str | os.PathLike | IO[bytes], label: str | None = None) -> Any:
     """The object a reference ``.pt`` holds, model classes as ``safe_pickle.StandIn`` trees, tensors real."""
     with _opened(source, label) as (f, name):
         return _Archive(f, name).unpickle(model_classes=True, read_data=True)
+
+
+def _raise(error: Exception) -> NoReturn:
+    """Raise ``error`` outside the ``except`` block that made it: no chained context, and no frame holding
+    the exception (a cycle that would keep the failed load's objects alive until the next GC)."""
+    try:
+        raise error
+    finally:
+        del error
 
 
 @contextlib.contextmanager
@@ -127,9 +136,10 @@ class _Archive:
         except safe_pickle.ModelClassError:
             raise
         except safe_pickle.UnsafePickleError as e:
-            raise self._refused(str(e)) from None
+            error = self._refused(str(e))
         except (pickle.UnpicklingError, EOFError, MemoryError, OSError) as e:
-            raise self._corrupt(f"{type(e).__name__}: {e}") from None
+            error = self._corrupt(f"{type(e).__name__}: {e}")
+        _raise(error)
 
     def _records(self, read_data: bool) -> Callable[[str, int], bytearray | None]:
         def record(key: str, nbytes: int) -> bytearray | None:
