@@ -39,7 +39,7 @@ What a file may do, and why that is enough for weights files:
 Storages come from a ``records`` callback (the archive reader in ``torch_file``) that checks the size a
 storage claims against the record's real size before reading it. The approach follows
 ``torch/_weights_only_unpickler.py``; unlike it, allowed globals are wrappers, the codec is fixed, and
-claimed sizes are checked (torch's own loader is used after ``torch_file.check`` has run this one).
+claimed sizes are checked (``torch_file.load`` runs this one as a check before torch's own loader).
 """
 
 from __future__ import annotations
