@@ -404,5 +404,47 @@ def test_crafted_label_cache_is_ignored(crafted_results: dict, case: str) -> Non
     assert result["rss_growth_mb"] < RSS_LIMIT_MB, f"peak RSS grew by {result['rss_growth_mb']:.0f} MB"
 
 
+def test_the_guard_reads_what_torch_writes(tmp_path: Path) -> None:
+    """The other side: real files of every kind of data and tensor layout read back exactly, by our own
+    reader and through the guard in front of torch's loader (so the checks do not refuse honest files)."""
+    import collections
+
+    import torch
+
+    from yolo11_lightning.nn import torch_file
+
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    data = {
+        "views": [
+            base,
+            base.t(),
+            base[1:, 2:],
+            base[:, ::2],
+            base[2],
+        ],  # one shared storage, strides, offsets
+        "dtypes": [base.half(), base.bfloat16(), base.long(), base > 3, torch.tensor(2.5), torch.zeros(0, 3)],
+        "parameter": torch.nn.Parameter(torch.ones(2)),
+        "containers": collections.OrderedDict(a=(1, 2.5, None, True), b={"x", "y"}, c=[-(2**40), 1e300]),
+        "bytes": b"\x00\xffraw",
+        "size": torch.Size([2, 3]),
+        "device": torch.device("cpu"),
+        "text": "ünïcode",
+    }
+    path = tmp_path / "plain.pt"
+    torch.save(data, path)
+    expected = torch.load(path, weights_only=True)
+    for got in (torch_file.load_reference(path), torch_file.load(path)):
+        assert got.keys() == expected.keys()
+        for a, b in zip(got["views"] + got["dtypes"], expected["views"] + expected["dtypes"]):
+            assert (
+                a.dtype == b.dtype and a.shape == b.shape and a.stride() == b.stride() and torch.equal(a, b)
+            )
+        assert torch.equal(got["parameter"], expected["parameter"])
+        assert isinstance(got["parameter"], torch.nn.Parameter)
+        assert {k: got[k] for k in ("containers", "bytes", "size", "device", "text")} == {
+            k: expected[k] for k in ("containers", "bytes", "size", "device", "text")
+        }
+
+
 if __name__ == "__main__":
     main(sys.argv[1])
