@@ -110,6 +110,23 @@ def test_plain_state_dict_and_ema_entry(tmp_path):
     assert YOLO11.from_ultralytics(tmp_path / "last.pt").num_classes == 5
 
 
+def test_restricted_reader_returns_exactly_what_torch_reads(tmp_path):
+    """Our reader of a reference release (stand-ins, our own storage reads) against torch's unrestricted
+    loader with the reference package importable: the same tensors, bit for bit, same dtypes."""
+    from yolo11_lightning.nn import torch_file
+    from yolo11_lightning.nn.checkpoint import load_reference
+
+    path = save_like_release(reference_model("n", 5, seed=2), tmp_path / "yolo11n.pt")
+    state, _, _ = load_reference(path)
+    expected = torch.load(path, map_location="cpu", weights_only=False)["model"].state_dict()
+    assert state.keys() == expected.keys()
+    for key, value in expected.items():
+        assert state[key].dtype == value.dtype and torch.equal(state[key], value), key
+    # The rest of the file (metadata, train args) comes back as plain data.
+    whole = torch_file.load_reference(path)
+    assert whole["train_args"]["imgsz"] == 640 and whole["version"] == "8.3.0"
+
+
 def test_key_mapping_is_a_prefix_rename():
     assert rename_key("model.0.conv.weight") == "layers.0.conv.weight"
     assert rename_key("model.10.m.0.attn.qkv.conv.weight") == "layers.10.m.0.attn.qkv.conv.weight"

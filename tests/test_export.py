@@ -156,3 +156,37 @@ def test_export_command_onnx_checks_parity(trained_checkpoint: Path, tmp_path: P
     assert cli_main([*args, "--out", str(out)]) == 0
     assert out.is_file() and "max |diff|" in capsys.readouterr().out
     assert os.path.getsize(out) > 1_000_000  # the weights are in the graph (YOLO11n: ~2.6M params)
+
+
+def test_checkpoint_io_reads_real_checkpoints_through_the_guard(
+    trained_checkpoint: Path, tmp_path: Path
+) -> None:
+    from yolo11_lightning.nn import CheckpointError
+    from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
+
+    ours = AtomicCheckpointIO().load_checkpoint(trained_checkpoint)
+    theirs = torch.load(trained_checkpoint, map_location="cpu", weights_only=True)
+    assert ours.keys() == theirs.keys() and ours["state_dict"].keys() == theirs["state_dict"].keys()
+    for key, value in theirs["state_dict"].items():
+        assert torch.equal(ours["state_dict"][key], value), key
+    assert ours["hyper_parameters"] == theirs["hyper_parameters"]
+    half = tmp_path / "half.ckpt"
+    half.write_bytes(trained_checkpoint.read_bytes()[: trained_checkpoint.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match=r"half\.ckpt: not a readable torch checkpoint \(truncated"):
+        AtomicCheckpointIO().load_checkpoint(half)
+    with pytest.raises(FileNotFoundError, match=r"missing\.ckpt"):
+        AtomicCheckpointIO().load_checkpoint(tmp_path / "missing.ckpt")
+
+
+def test_checkpoint_io_names_a_reference_file(tmp_path: Path) -> None:
+    pytest.importorskip("ultralytics")
+    from model_oracle import reference_model, save_like_release
+
+    from yolo11_lightning.nn.torch_file import ModelObjectsError
+    from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
+
+    path = save_like_release(reference_model("n", 4), tmp_path / "yolo11n.pt")
+    with pytest.raises(
+        ModelObjectsError, match=r"yolo11n\.pt: holds pickled model objects \(a reference \.pt"
+    ):
+        AtomicCheckpointIO().load_checkpoint(path)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn import YOLO11, torch_file
 from yolo11_lightning.nn.yolo11 import WEIGHTS_FORMAT
 
 FORMATS = ("onnx", "weights")
@@ -58,22 +58,23 @@ def load_model(path: str | os.PathLike) -> YOLO11:
     * a weights-only file from ``export --format weights`` (``YOLO11.from_weights``),
     * a reference ``.pt`` release file (``YOLO11.from_ultralytics``, no code from the file runs).
 
+    Every file is checked first (``nn.torch_file``: archive structure, claimed sizes, restricted unpickler);
+    ours are then read by torch's ``weights_only`` loader, reference files by our restricted one.
     Raises FileNotFoundError or ValueError naming the file.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model file not found: {path}")
     try:
-        # weights_only: our files hold plain types and tensors; anything else is refused, not executed.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:
-        checkpoint = None  # a reference release pickles model objects: its own safe reader below
+        checkpoint = torch_file.load(path)
+    except torch_file.ModelObjectsError:  # a reference release pickles model objects: its own reader
+        return YOLO11.from_ultralytics(path).eval()  # raises CheckpointError (a ValueError) naming the file
     if isinstance(checkpoint, dict) and checkpoint.get("format") == WEIGHTS_FORMAT:
         model = YOLO11.from_weights(path)
     elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
         model = _checkpoint_model(path, checkpoint)
     else:
-        model = YOLO11.from_ultralytics(path)  # raises CheckpointError (a ValueError) naming the file
+        model = YOLO11.from_ultralytics(path)  # a plain reference state dict, or a clear error
     return model.eval()
 
 

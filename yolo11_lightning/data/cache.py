@@ -1,7 +1,8 @@
 """Label cache: a split's checked records and report, saved once so the next start skips the checks.
 
 Format: one ``.npz`` (``np.savez``, read with ``allow_pickle=False``: a cache file can never run
-code) holding flat arrays: the image paths as one UTF-8 blob, sizes, per-image box counts, all
+code; before that, ``check_npz`` checks that no entry claims more bytes than the file holds, so a
+crafted cache cannot make ``np.load`` allocate either) holding flat arrays: the image paths as one UTF-8 blob, sizes, per-image box counts, all
 classes and boxes, and a small json header (format version, key, report, dependency hash).
 
 Validity: ``key`` hashes what can be listed before parsing (config, entries, image and label
@@ -96,9 +97,46 @@ def save_cache(path: Path, key: str, records: list[ImageRecord], report: DataRep
         raise
 
 
+def check_npz(path: Path) -> str | None:
+    """Why ``path`` is not an ``.npz`` we would load (None when it is fine), read from headers only.
+
+    Every entry must be stored uncompressed inside the file (``np.savez`` stores), and each array's header
+    (shape x itemsize) must fit in its entry; object arrays are refused. Raises OSError/BadZipFile.
+    """
+    size = path.stat().st_size
+    with zipfile.ZipFile(path) as z:
+        for info in z.infolist():
+            name = info.filename
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size != info.compress_size:
+                return f"entry {name!r} is compressed (np.savez stores entries uncompressed)"
+            if info.header_offset + info.file_size > size:
+                return f"entry {name!r} claims {info.file_size} bytes, more than the file's {size}"
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    return f"entry {name!r}: unsupported .npy version {version}"
+            if dtype.hasobject:
+                return f"entry {name!r} holds Python objects"
+            nbytes = dtype.itemsize * int(np.prod(shape, dtype=object))
+            if nbytes > info.file_size:
+                return f"entry {name!r} claims an array of shape {shape} ({nbytes} bytes) in {info.file_size} bytes"
+    return None
+
+
 def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | None:
     """Records and report from a valid cache file; None when missing, stale or unreadable."""
     if not path.is_file():
+        return None
+    try:
+        problem = check_npz(path)
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        problem = f"{type(e).__name__}: {e}"
+    if problem is not None:
+        log.warning("ignoring label cache %s (it will be rebuilt): %s", path, problem)
         return None
     try:
         with np.load(path, allow_pickle=False) as z:

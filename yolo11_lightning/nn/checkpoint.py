@@ -1,8 +1,8 @@
 """Reading reference (Ultralytics) YOLO11 checkpoints without the reference package.
 
 A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled
-``DetectionModel`` in fp16. We unpickle it with ``safe_pickle`` (reference classes become inert
-stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
+``DetectionModel`` in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
+unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
 to rebuild the state dict (keys ``model.<layer>.<path>``), infer scale and class count from the
 tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23).
 """
@@ -10,56 +10,74 @@ tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for l
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from yolo11_lightning.nn import safe_pickle
+from yolo11_lightning.nn import torch_file
 from yolo11_lightning.nn.safe_pickle import StandIn
+from yolo11_lightning.nn.torch_file import CheckpointError
+
+__all__ = ["HEAD_INDEX", "CheckpointError", "WrongTaskError", "infer_and_map", "load_reference", "rename_key"]
 
 HEAD_INDEX = 23  # reference index of the Detect layer
 _MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
+# Reference model classes of other tasks (their files share the backbone, not the head).
+_TASKS = {
+    "SegmentationModel": "segmentation",
+    "ClassificationModel": "classification",
+    "PoseModel": "pose",
+    "OBBModel": "oriented-box (OBB)",
+    "WorldModel": "open-vocabulary (YOLO-World)",
+    "YOLOEModel": "open-vocabulary (YOLOE)",
+    "RTDETRDetectionModel": "RT-DETR",
+}
 
 
-class CheckpointError(ValueError):
-    """A file or state dict that is not a readable reference YOLO11 detection checkpoint."""
+class WrongTaskError(CheckpointError):
+    """A reference file of another task (segmentation, classification, ...); ``task`` names it."""
+
+    def __init__(self, message: str, task: str) -> None:
+        super().__init__(message)
+        self.task = task
 
 
 def load_reference(
-    source: str | os.PathLike | Mapping[str, Any],
+    source: str | os.PathLike | Mapping[str, Any], any_task: bool = False
 ) -> tuple[dict[str, Tensor], list[str] | None, str]:
-    """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors."""
+    """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors.
+
+    A pickled model of another task raises WrongTaskError unless ``any_task``.
+    """
     if isinstance(source, Mapping):
-        return _extract(source, "state dict")
+        return _extract(source, "state dict", any_task)
     label = os.fspath(source)
     if not os.path.isfile(label):
         raise CheckpointError(f"{label}: no such checkpoint file")
-    try:
-        with warnings.catch_warnings():
-            # Legacy (non-zip) files ask to compare module source code; stand-ins have none.
-            warnings.filterwarnings("ignore", message="Couldn't retrieve source code")
-            obj = torch.load(label, map_location="cpu", pickle_module=safe_pickle, weights_only=False)
-    except safe_pickle.UnsafeGlobalError as e:
-        raise CheckpointError(f"{label}: {e}") from None
-    except Exception as e:  # truncated zip, bad pickle stream, ...
-        raise CheckpointError(
-            f"{label}: not a readable torch checkpoint (truncated or corrupt?): {type(e).__name__}: {e}"
-        ) from None
+    obj = torch_file.load_reference(label)  # CheckpointError naming the file: unsafe, truncated, ...
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{label}: expected a dict, the file holds a {type(obj).__name__}")
-    return _extract(obj, label)
+    return _extract(obj, label, any_task)
 
 
-def _extract(obj: Mapping[str, Any], label: str) -> tuple[dict[str, Tensor], list[str] | None, str]:
+def _extract(
+    obj: Mapping[str, Any], label: str, any_task: bool = False
+) -> tuple[dict[str, Tensor], list[str] | None, str]:
     """Find the model in a loaded checkpoint dict (``ema`` first, as the reference does) or accept a
     plain state dict."""
     if "ema" in obj or "model" in obj:
         entry_name = "ema" if obj.get("ema") is not None else "model"
         entry = obj.get(entry_name)
         if isinstance(entry, StandIn):
+            task = _TASKS.get(entry.qualname.rpartition(".")[2])
+            if task is not None and not any_task:
+                raise WrongTaskError(
+                    f"{label}: holds a {task} model ({entry.qualname}), not a detection model; use a "
+                    f"detection file (yolo11n.pt, not yolo11n-seg.pt or yolo11n-cls.pt)",
+                    task,
+                )
             state, names = _walk_module(entry, f"{label}['{entry_name}']")
             return state, names, f"{label}['{entry_name}'] ({entry.qualname})"
         if isinstance(entry, Mapping):

@@ -208,12 +208,9 @@ class YOLO11(nn.Module):
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"weights file not found: {path}")
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # truncated zip, pickled objects refused by weights_only, ...
-            raise ValueError(
-                f"{path}: not a yolo11_lightning weights file ({type(e).__name__}: {e})"
-            ) from None
+        from yolo11_lightning.nn.torch_file import load
+
+        payload = load(path)  # checked archive, then torch's weights_only loader; ValueError naming the file
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         if found != WEIGHTS_FORMAT:
             raise ValueError(

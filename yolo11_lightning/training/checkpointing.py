@@ -82,6 +82,31 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             return
         atomic_torch_save(checkpoint, target.removeprefix("file://"))
 
+    def load_checkpoint(
+        self,
+        path: Any,
+        map_location: Any | None = lambda storage, loc: storage,
+        weights_only: bool | None = None,
+    ) -> dict[str, Any]:
+        """Load with the checks of ``nn.torch_file.load`` (archive, claimed sizes, restricted unpickler), then
+        torch's ``weights_only=True`` loader on the same open file; CheckpointError naming the file.
+
+        ``weights_only=False`` passed explicitly (a caller that trusts the file) and ``http(s)`` URLs keep
+        Lightning's loader.
+        """
+        from lightning.fabric.utilities.cloud_io import get_filesystem
+
+        from yolo11_lightning.nn.torch_file import load
+
+        target = str(path)
+        if weights_only is False or target.startswith(("http://", "https://")):
+            return super().load_checkpoint(path, map_location=map_location, weights_only=weights_only)
+        fs = get_filesystem(target)
+        if not fs.exists(target):
+            raise FileNotFoundError(f"Checkpoint file not found: {target}")
+        with fs.open(target, "rb") as f:
+            return load(f, map_location=map_location, label=target)
+
 
 def use_atomic_checkpoints(trainer: L.Trainer) -> None:
     """Give ``trainer`` an ``AtomicCheckpointIO`` unless a custom checkpoint IO was configured."""

@@ -45,8 +45,10 @@ class YOLO11Module(L.LightningModule):
         scale: YOLO11 scale, one of n, s, m, l, x.
         num_classes: class count (the CLI links it from the dataset).
         class_names: class names, index = class id (linked from the dataset).
-        weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; tensors whose shape
-            differs (the class head when the class count changes) keep their fresh initialisation.
+        weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; the class head keeps
+            its fresh initialisation when the class count differs.
+        weights_strict: refuse ``weights`` unless every tensor outside the class head fits (another scale or
+            task is an error naming it); ``False`` loads whatever fits and warns.
         optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen
             once at fit start and kept by resumes), ``SGD`` or ``AdamW``.
         lr0, lrf, momentum, weight_decay, warmup_*, cos_lr: the reference recipe (``auto`` ignores lr0 and the
@@ -77,6 +79,7 @@ class YOLO11Module(L.LightningModule):
         num_classes: int = 80,
         class_names: list[str] | None = None,
         weights: str | None = None,
+        weights_strict: bool = True,
         optimizer: OptimizerName = "auto",
         lr0: float = 0.01,
         lrf: float = 0.01,
@@ -113,7 +116,7 @@ class YOLO11Module(L.LightningModule):
         self.model = YOLO11(scale=scale, num_classes=num_classes)
         self.model.names = list(class_names) if class_names is not None else None
         if weights:
-            load_pretrained(self.model, weights)
+            load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
             self.model.to(memory_format=torch.channels_last)
         self.criterion = DetectionLoss(num_classes, strides=self.model.strides, box=box, cls=cls, dfl=dfl)
