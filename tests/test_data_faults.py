@@ -31,7 +31,12 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.data import image_io
 from yolo11_lightning.data.agreement import SPLITS, compare, fingerprint, first_difference, record_digests
 from yolo11_lightning.data.config import load_dataset_config
-from yolo11_lightning.data.dataset import DetectionDataset, collate_detection, substitute_index
+from yolo11_lightning.data.dataset import (
+    BLANK_SUBSTITUTE,
+    DetectionDataset,
+    collate_detection,
+    substitute_index,
+)
 from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sampler import epoch_order
 from yolo11_lightning.data.sources import load_split
@@ -86,6 +91,16 @@ def test_unreadable_training_images_get_the_same_substitute_in_any_process(train
     for a, b in zip(*batches):
         assert torch.equal(a["images"], b["images"]) and torch.equal(a["substitutes"], b["substitutes"])
     assert sum(int((b["substitutes"] >= 0).sum()) for b in batches[0]) == 2
+
+
+def test_when_no_substitute_can_be_read_a_blank_sample_stands_in(train_records):
+    for record in train_records[:3]:
+        Path(record.path).unlink()
+    sample = DetectionDataset(train_records[:3], SIZE, augment=True, retry_backoff_s=0)[(0, 1)]
+    assert sample["substitute"] == BLANK_SUBSTITUTE and sample["labels"].shape == (0, 5)
+    assert sample["image"].shape == (3, SIZE, SIZE) and len(sample["unreadable"]) > 1
+    batch = collate_detection([sample])
+    assert int((batch["substitutes"] != -1).sum()) == 1  # counted: the limit sees it
 
 
 def test_a_transient_read_error_is_retried_and_no_substitute_is_needed(train_records, monkeypatch):
@@ -251,6 +266,10 @@ def test_images_broken_mid_run_are_substituted_counted_and_named(broken_runs):
     logged = [float(r["train/substituted_samples"]) for r in csv.DictReader(metrics.open())
               if r.get("train/substituted_samples")]  # fmt: skip
     assert logged and logged[0] == 1.0 and logged[-1] == 2.0, logged
+    missing = [
+        float(r["val/missing_images"]) for r in csv.DictReader(metrics.open()) if r.get("val/missing_images")
+    ]
+    assert missing == [1.0, 1.0], missing  # the truncated validation image, in both validations
     deleted, corrupted, val = broken_runs["paths"]
     assert f"unreadable image {deleted} (cannot read file" in proc.stderr
     assert f"unreadable image {corrupted} (corrupt or truncated PNG" in proc.stderr

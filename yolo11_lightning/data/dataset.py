@@ -10,7 +10,7 @@ Batch contract (DESIGN.md): ``collate_detection`` returns
     pads        float32 (B, 2)        letterbox (left, top) padding (NaN for augmented training images)
     paths       list[str]
     substitutes int64   (B,)          index of the image that stood in for a sample's own unreadable image
-                                      (training), else -1
+                                      (training; -2: none readable, a blank image), else -1
     unreadable  list[(path, reason)]  every image of the batch that could not be read: training images
                                       replaced by a substitute (own or mosaic partner) and evaluation
                                       images left out of the batch
@@ -45,8 +45,10 @@ from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywh
 SAMPLE_STREAM = 1
 # First entropy word of the generator choosing the substitute of an unreadable training image.
 SUBSTITUTE_STREAM = 2
-# Candidates tried in turn for an unreadable training image before giving up.
+# Candidates tried in turn for an unreadable training image before a blank image stands in.
 MAX_SUBSTITUTE_TRIES = 16
+# ``substitutes`` entry of a sample whose image and every candidate were unreadable (a grey, unlabelled image).
+BLANK_SUBSTITUTE = -2
 # Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
 MIN_PARTNER_POOL = 16
 
@@ -107,10 +109,6 @@ def substitute_index(seed: int, epoch: int, index: int, attempt: int, num_images
         raise ValueError("a dataset of one image has no substitute for it")
     j = int(np.random.default_rng([SUBSTITUTE_STREAM, seed, epoch, index, attempt]).integers(num_images - 1))
     return j + (j >= index)
-
-
-class UnusableDatasetError(RuntimeError):
-    """So many images are unreadable that no substitute could be found."""
 
 
 class DetectionDataset(Dataset):
@@ -260,6 +258,8 @@ class DetectionDataset(Dataset):
         """``_load_labelled`` that replaces an unreadable image by its first readable substitute.
 
         Records ``substitutes[index] = substitute`` and ``(path, reason)`` of every image it could not read.
+        When ``MAX_SUBSTITUTE_TRIES`` candidates fail too, a blank image without labels stands in
+        (``BLANK_SUBSTITUTE``).
         """
 
         def load(index: int) -> Labelled:
@@ -276,10 +276,14 @@ class DetectionDataset(Dataset):
                     continue
                 substitutes[index] = candidate
                 return sample
-            raise UnusableDatasetError(
-                f"{self.records[index].path}: unreadable, and so were its {MAX_SUBSTITUTE_TRIES} substitutes "
-                f"(last: {unreadable[-1][0]}: {unreadable[-1][1]}); most of the dataset is gone"
-            )
+            # Most of the data is gone. Raising here would end this rank alone (the others would wait in
+            # their next collective): a blank sample instead, counted like a substitute, lets the
+            # substitution limit stop every rank together.
+            substitutes[index] = BLANK_SUBSTITUTE
+            rec = self.records[index]
+            height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
+            blank = np.full((height, width, 3), 114, np.uint8)
+            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
 
         return load
 

@@ -122,7 +122,7 @@ class UnreadableImages(Callback):
 
     Training batches carry ``substitutes`` (a sample's own unreadable image was replaced) and
     ``unreadable`` ((path, reason) pairs); evaluation batches carry ``missing`` (images left out of the
-    metric). Per training batch the substitution count is summed over ranks (one all-reduce of a scalar,
+    metric, logged per validation as ``val/missing_images``, summed over ranks). Per training batch the substitution count is summed over ranks (one all-reduce of a scalar,
     so every rank sees the same figure) and logged as the run total ``train/substituted_samples``. When
     more samples of one epoch were substituted than ``max_substituted_fraction`` of the training set
     (at least ``min_limit``), every rank raises ``SubstitutionLimitError`` at the same batch: no hang.
@@ -137,6 +137,7 @@ class UnreadableImages(Callback):
         self.epoch = -1
         self.epoch_count = 0
         self._named: set[str] = set()
+        self._missing = 0
 
     def fraction(self, trainer: L.Trainer) -> float | None:
         """The share of the training set that may be substituted per epoch (None or >= 1: no limit)."""
@@ -165,7 +166,7 @@ class UnreadableImages(Callback):
         if not isinstance(batch, dict) or "substitutes" not in batch:
             return
         self._name(batch.get("unreadable", []), "training uses a substitute image in its place")
-        local = int((batch["substitutes"] >= 0).sum())
+        local = int((batch["substitutes"] != -1).sum())
         count = local
         if trainer.world_size > 1:
             summed = trainer.strategy.reduce(
@@ -187,6 +188,9 @@ class UnreadableImages(Callback):
                 "going away under the run; check its storage (the warnings above name the files)"
             )
 
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._missing = 0
+
     def on_validation_batch_end(
         self,
         trainer: L.Trainer,
@@ -198,6 +202,20 @@ class UnreadableImages(Callback):
     ) -> None:
         if isinstance(batch, dict) and batch.get("unreadable"):
             self._name(batch["unreadable"], "left out of the validation metric")
+            self._missing += int(batch.get("missing", 0))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log ``val/missing_images`` (summed over ranks) when an image could not be scored."""
+        if trainer.sanity_checking:
+            return
+        count = self._missing
+        if trainer.world_size > 1:  # every rank runs this hook: the collective is matched
+            summed = trainer.strategy.reduce(
+                torch.tensor(float(count), device=pl_module.device), reduce_op="sum"
+            )
+            count = round(float(summed))
+        if count:
+            pl_module.log("val/missing_images", float(count), rank_zero_only=True)
 
     def state_dict(self) -> dict[str, Any]:
         return {"total": self.total, "epoch": self.epoch, "epoch_count": self.epoch_count}
