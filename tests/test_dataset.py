@@ -48,7 +48,7 @@ def test_batch_contract(records):
         dataset = DetectionDataset(records, SIZE, augment=augment, seed=1)
         batch = collate_detection([dataset[(2, i)] for i in (0, 3, 8)])  # 8: background image, no labels
         assert set(batch) == {"images", "targets", "indices", "orig_sizes", "scales", "pads", "paths",
-                              "substitutes", "unreadable", "missing"}  # fmt: skip
+                              "substitutes", "substituted", "unreadable", "missing"}  # fmt: skip
         assert (
             batch["substitutes"].tolist() == [-1, -1, -1]
             and batch["unreadable"] == []

@@ -50,18 +50,35 @@ def record_digests(dataset: Any) -> list[tuple[str, int]]:
     return out
 
 
+def split_hash(dataset: Any) -> int:
+    """63-bit hash of a ``DetectionDataset``'s relative file list, image sizes and labels.
+
+    Hashes the flat arrays of its ``PackedRecords`` directly (about 0.1 s for COCO's 118k images).
+    """
+    packed = dataset.records
+    raw = packed._paths.tobytes()
+    ends = packed._path_ends.tolist()
+    starts = [0, *ends[:-1]]
+    paths = [raw[a:b] for a, b in zip(starts, ends)]
+    cut = 0
+    if paths:  # the common folder: the longest common prefix of the smallest and largest path, to a "/"
+        low, high = min(paths), max(paths)
+        n = next((i for i, (x, y) in enumerate(zip(low, high)) if x != y), min(len(low), len(high)))
+        cut = low.rfind(b"/", 0, n if len(paths) > 1 else len(low)) + 1
+    h = hashlib.blake2b(digest_size=8)
+    h.update(b"\0".join(p[cut:] for p in paths))
+    for array in (packed._sizes, packed._label_ends, packed._classes):
+        h.update(np.ascontiguousarray(array, np.int64).tobytes())
+    h.update(np.ascontiguousarray(packed._boxes, np.float32).tobytes())
+    return int.from_bytes(h.digest(), "little") & _MASK
+
+
 def fingerprint(datasets: Mapping[str, Any], failed: bool = False) -> torch.Tensor:
     """(1 + 3 * len(SPLITS),) int64: failed flag, then per split [loaded, image count, hash]."""
     values = [int(failed)]
     for split in SPLITS:
         dataset = datasets.get(split)
-        if dataset is None:
-            values += [0, 0, 0]
-            continue
-        h = hashlib.blake2b(digest_size=8)
-        for path, digest in record_digests(dataset):
-            h.update(path.encode("utf-8") + b"\0" + digest.to_bytes(8, "little"))
-        values += [1, len(dataset), int.from_bytes(h.digest(), "little") & _MASK]
+        values += [0, 0, 0] if dataset is None else [1, len(dataset), split_hash(dataset)]
     return torch.tensor(values, dtype=torch.int64)
 
 

@@ -11,6 +11,8 @@ Batch contract (DESIGN.md): ``collate_detection`` returns
     paths       list[str]
     substitutes int64   (B,)          index of the image that stood in for a sample's own unreadable image
                                       (training; -2: none readable, a blank image), else -1
+    substituted int                   samples of the batch with a substitute (``substitutes != -1``), as a
+                                      plain int: read on the host without a device sync
     unreadable  list[(path, reason)]  every image of the batch that could not be read: training images
                                       replaced by a substitute (own or mosaic partner) and evaluation
                                       images left out of the batch
@@ -419,6 +421,7 @@ def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "pads": torch.tensor([s["pad"] for s in samples], dtype=torch.float32).reshape(-1, 2),
         "paths": [s["path"] for s in samples],
         "substitutes": torch.tensor([s.get("substitute", -1) for s in samples], dtype=torch.int64),
+        "substituted": sum(s.get("substitute", -1) != -1 for s in samples),
         "unreadable": unreadable,
         "missing": missing,
     }
@@ -435,6 +438,7 @@ def _empty_batch(unreadable: list[tuple[str, str]], missing: int) -> dict[str, A
         "pads": torch.zeros(0, 2),
         "paths": [],
         "substitutes": torch.zeros(0, dtype=torch.int64),
+        "substituted": 0,
         "unreadable": unreadable,
         "missing": missing,
     }

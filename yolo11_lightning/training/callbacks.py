@@ -166,7 +166,9 @@ class UnreadableImages(Callback):
         if not isinstance(batch, dict) or "substitutes" not in batch:
             return
         self._name(batch.get("unreadable", []), "training uses a substitute image in its place")
-        local = int((batch["substitutes"] != -1).sum())
+        local = batch.get("substituted")
+        if local is None:
+            local = int((batch["substitutes"] != -1).sum())
         count = local
         if trainer.world_size > 1:
             summed = trainer.strategy.reduce(
@@ -178,7 +180,7 @@ class UnreadableImages(Callback):
         self.total += count
         self.epoch_count += count
         if self.total:
-            pl_module.log("train/substituted_samples", float(self.total), rank_zero_only=True)
+            pl_module.log("train/substituted_samples", float(self.total), rank_zero_only=True, batch_size=1)
         limit = self.limit(trainer)
         if limit is not None and self.epoch_count > limit:
             raise SubstitutionLimitError(
