@@ -86,7 +86,10 @@ def video_shortfall(frames_read: int, frames_claimed: int) -> str | None:
     missing = frames_claimed - frames_read
     if frames_claimed <= 0 or missing <= max(1, frames_claimed // 100):
         return None
-    return f"video ended after {frames_read} of {frames_claimed} frames (truncated or corrupt); the frames read are kept"
+    return (
+        f"video ended after {frames_read} of {frames_claimed} frames (truncated or corrupt); "
+        "the frames read are kept"
+    )
 
 
 class PredictionSource(IterableDataset):

@@ -93,7 +93,8 @@ def first_difference(per_rank: Sequence[Sequence[tuple[str, int]]]) -> str:
                 continue
             if a is not None and b is not None and a[0] == b[0]:
                 return f"the labels (or recorded size) of {a[0]} differ between rank 0 and rank {rank}"
-            return f"image {i} is {a[0] if a else 'absent'} on rank 0 but {b[0] if b else 'absent'} on rank {rank}"
+            ours, theirs = a[0] if a else "absent", b[0] if b else "absent"
+            return f"image {i} is {ours} on rank 0 but {theirs} on rank {rank}"
     return "no single file differs (the file lists are ordered differently)"
 
 
@@ -135,7 +136,8 @@ def check_ranks_agree(datasets: Mapping[str, Any], strategy: Any, error: BaseExc
     torch.distributed.all_gather_object(gathered, record_digests(datasets[split]))
     counts = ", ".join(f"rank {r}: {len(g)}" for r, g in enumerate(gathered))
     raise DataMismatchError(
-        f"the ranks loaded different `{split}` data (images per rank: {counts}); {first_difference(gathered)}. "
+        f"the ranks loaded different `{split}` data (images per rank: {counts}); "
+        f"{first_difference(gathered)}. "
         "Every rank must see the same dataset files and labels: sync node-local copies, or rebuild the label "
         "cache where it is stale"
     )

@@ -49,7 +49,7 @@ SAMPLE_STREAM = 1
 SUBSTITUTE_STREAM = 2
 # Candidates tried in turn for an unreadable training image before a blank image stands in.
 MAX_SUBSTITUTE_TRIES = 16
-# ``substitutes`` entry of a sample whose image and every candidate were unreadable (a grey, unlabelled image).
+# ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
 BLANK_SUBSTITUTE = -2
 # Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
 MIN_PARTNER_POOL = 16
@@ -132,8 +132,12 @@ class DetectionDataset(Dataset):
     times with a short backoff. In training an image that still fails is replaced by a deterministic
     substitute (``substitute_index``; the augmentation stays that of the original sample), reported in the
     batch (``substitutes``, ``unreadable``); in evaluation the sample is marked missing and
-    ``collate_detection`` leaves it out of the batch, so it is scored nowhere. Samples of epochs ``>= mosaic_until_epoch`` use letterbox + affine without mosaic and
-    mixup (the reference's last-epochs "close mosaic"); set it before the DataLoader workers start.
+    ``collate_detection`` leaves it out of the batch, so it is scored nowhere. The substitutes are the same
+    for any number of workers, ranks and for a resumed run whenever the same files are unreadable from the
+    start of the epoch (per-process memories of decoded and unreadable images are cleared at each epoch).
+
+    Samples of epochs ``>= mosaic_until_epoch`` use letterbox + affine without mosaic and mixup (the
+    reference's last-epochs "close mosaic"); set it before the DataLoader workers start.
 
     Args:
         records: the images and their labels.
@@ -196,8 +200,8 @@ class DetectionDataset(Dataset):
         self.read_attempts = read_attempts
         self.retry_backoff_s = retry_backoff_s
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
-        # Images this process found unreadable in epoch `_unreadable_epoch` (index -> reason): not read
-        # again in that epoch (a file is retried in the next one, so a transient failure can heal).
+        # Training images this process found unreadable in epoch `_unreadable_epoch` (index -> reason): not
+        # read again in that epoch (a file is retried in the next one, so a transient failure can heal).
         self._unreadable: dict[int, str] = {}
         self._unreadable_epoch = 0
         self._order_epoch: int | None = None
@@ -227,7 +231,7 @@ class DetectionDataset(Dataset):
             self._decoded.move_to_end(index)
             return hit
         rec = self.records[index]
-        known = self._unreadable.get(index)
+        known = self._unreadable.get(index) if self.augment else None  # evaluation: always read again
         if known is not None:
             raise ImageReadError(rec.path, known)
         try:
@@ -325,8 +329,9 @@ class DetectionDataset(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any]:
         epoch, index = item if isinstance(item, tuple) else (0, item)
         index = int(index)
-        if epoch != self._unreadable_epoch:
+        if epoch != self._unreadable_epoch:  # what this process remembers is valid for one epoch
             self._unreadable, self._unreadable_epoch = {}, epoch
+            self._decoded.clear()
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} images")
         rec = self.records[index]

@@ -217,7 +217,8 @@ class ImageCache:
         available, where = memory_budget()
         if total * copies > max_fraction * available:
             raise MemoryError(
-                f"cache_images: {len(records)} images at long side {size} need an estimated {total / GIB:.2f} GiB "
+                f"cache_images: {len(records)} images at long side {size} need an estimated "
+                f"{total / GIB:.2f} GiB "
                 f"per process x {copies} process(es) = {total * copies / GIB:.2f} GiB, more than "
                 f"{max_fraction:.0%} of the {available / GIB:.2f} GiB available ({where}). Set "
                 "--data.cache_images false, or lower --data.image_size."

@@ -122,8 +122,9 @@ class UnreadableImages(Callback):
 
     Training batches carry ``substitutes`` (a sample's own unreadable image was replaced) and
     ``unreadable`` ((path, reason) pairs); evaluation batches carry ``missing`` (images left out of the
-    metric, logged per validation as ``val/missing_images``, summed over ranks). Per training batch the substitution count is summed over ranks (one all-reduce of a scalar,
-    so every rank sees the same figure) and logged as the run total ``train/substituted_samples``. When
+    metric, logged per validation as ``val/missing_images``, summed over ranks). Per training batch the
+    substitution count is summed over ranks (one all-reduce of a scalar, so every rank sees the same
+    figure) and logged as the run total ``train/substituted_samples``. When
     more samples of one epoch were substituted than ``max_substituted_fraction`` of the training set
     (at least ``min_limit``), every rank raises ``SubstitutionLimitError`` at the same batch: no hang.
 
