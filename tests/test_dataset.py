@@ -47,7 +47,13 @@ def test_batch_contract(records):
     for augment in (True, False):
         dataset = DetectionDataset(records, SIZE, augment=augment, seed=1)
         batch = collate_detection([dataset[(2, i)] for i in (0, 3, 8)])  # 8: background image, no labels
-        assert set(batch) == {"images", "targets", "indices", "orig_sizes", "scales", "pads", "paths"}
+        assert set(batch) == {"images", "targets", "indices", "orig_sizes", "scales", "pads", "paths",
+                              "substitutes", "substituted", "unreadable", "missing"}  # fmt: skip
+        assert (
+            batch["substitutes"].tolist() == [-1, -1, -1]
+            and batch["unreadable"] == []
+            and not batch["missing"]
+        )
         assert batch["images"].dtype == torch.uint8 and batch["images"].shape == (3, 3, SIZE, SIZE)
         # Stored channels-last (OpenCV's HWC, the detector's default layout): no transpose anywhere.
         assert batch["images"].is_contiguous(memory_format=torch.channels_last)
@@ -148,8 +154,11 @@ def test_mosaic_partners_come_from_the_global_batch(records):
 def test_record_size_mismatch_names_the_file(records):
     rec = records[0]
     bad = ImageRecord(rec.path, rec.height + 1, rec.width, rec.classes, rec.boxes)
-    with pytest.raises(ValueError, match=r"img0\.png"):
-        DetectionDataset([bad], SIZE, augment=False)[0]
+    dataset = DetectionDataset([bad], SIZE, augment=False, read_attempts=1)
+    with pytest.raises(ValueError, match=r"img0\.png: decoded size .* differs from the record's"):
+        dataset.load_resized(0)
+    sample = dataset[0]  # evaluation: the image is left out, with the reason
+    assert sample["missing"] and "differs from the record's" in sample["unreadable"][0][1]
 
 
 def test_ram_cache_gives_identical_samples_and_refuses_when_too_big(records, monkeypatch):

@@ -49,9 +49,11 @@ def test_folder_with_a_corrupt_image(tiny_dataset: Path, weights: Path, tmp_path
     with pytest.warns(SkippedSourceWarning, match=r"broken\.jpg: skipped"):
         code = _run("--ckpt_path", str(weights), "--source", str(source), "--out", str(out), "--conf", CONF,
                     "--batch-size", "2")  # fmt: skip
-    assert code == 0
-    assert "broken.jpg" in capsys.readouterr().err
-    assert sorted(p.name for p in out.iterdir()) == sorted([*(p.name for p in good), "predictions.json"])
+    assert code == 2  # the others are written, but an input failed
+    assert "broken.jpg: truncated JPEG" in capsys.readouterr().err  # with the reason
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [*(p.name for p in good), "predictions.json", "predictions.jsonl"]
+    )
     results = json.loads((out / "predictions.json").read_text())
     assert results, "no detection at all: the test threshold is too high"
     for path in good:
@@ -76,7 +78,7 @@ def test_options_reach_the_postprocessing(tiny_dataset: Path, weights: Path, tmp
     assert _run("--ckpt_path", str(weights), "--source", str(image_path), "--out", str(out), "--conf", CONF,
                 "--iou", "0.5", "--max-det", "3", "--no-save") == 0  # fmt: skip
     results = json.loads((out / "predictions.json").read_text())
-    assert sorted(p.name for p in out.iterdir()) == ["predictions.json"]  # --no-save: json only
+    assert sorted(p.name for p in out.iterdir()) == ["predictions.json", "predictions.jsonl"]  # --no-save
 
     model = YOLO11.from_weights(weights).eval()
     rgb = read_image(str(image_path))
@@ -159,3 +161,111 @@ def test_predict_routing(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     assert "--source" in help_text and "LightningCLI" in help_text
     cli_main(["--help"])
     assert "predict --source" in capsys.readouterr().out
+
+
+def _write_video(path: Path, frames: list[np.ndarray], fourcc: str) -> None:
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), 10.0, (width, height))
+    if not writer.isOpened():
+        pytest.skip(f"this OpenCV build cannot write {fourcc} video")
+    for frame in frames:
+        writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
+    writer.release()
+
+
+def _frame_count(path: Path) -> int:
+    capture, count = cv2.VideoCapture(str(path)), 0
+    while capture.read()[0]:
+        count += 1
+    capture.release()
+    return count
+
+
+def test_colliding_names_digit_names_and_a_truncated_video(
+    tiny_dataset: Path, weights: Path, tmp_path: Path, capsys
+) -> None:
+    """One folder: 1.png and 001.png (one number), 5.png, a.jpg and a.ppm (both -> a.jpg), a.mp4 and a.avi
+    (both -> a.mp4; a.avi truncated), 7.avi (a digit-named video). Two workers, batches of 2."""
+    source = tmp_path / "in"
+    source.mkdir()
+    images = [read_image(str(p)) for p in _images(tiny_dataset, 7)]
+    for name, image in zip(["1.png", "001.png", "5.png", "a.jpg", "a.ppm"], images):
+        cv2.imwrite(str(source / name), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    frames = [cv2.resize(image, (96, 64)) for image in images]
+    _write_video(source / "a.mp4", frames[:4], "mp4v")
+    _write_video(source / "7.avi", frames[:3], "MJPG")
+    _write_video(tmp_path / "full.avi", frames + frames[:3], "MJPG")  # 10 frames
+    data = (tmp_path / "full.avi").read_bytes()
+    (source / "a.avi").write_bytes(data[: len(data) * 6 // 10])
+    read = _frame_count(source / "a.avi")
+    assert 0 < read < 10, "truncating the AVI did not cut frames"
+    out = tmp_path / "out"
+    # Read in worker processes: the failure reaches the summary through the batches.
+    code = _run("--ckpt_path", str(weights), "--source", str(source), "--out", str(out), "--conf", CONF,
+                "--batch-size", "2", "--num-workers", "2")  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"a.avi: video ended after {read} of 10 frames (truncated or corrupt)" in err
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["1.png", "001.png", "5.png", "a_jpg.jpg", "a_ppm.jpg", "a_mp4.mp4", "a_avi.mp4", "7.mp4",
+         "predictions.json", "predictions.jsonl"]
+    )  # fmt: skip
+    assert (_frame_count(out / "a_avi.mp4"), _frame_count(out / "a_mp4.mp4"), _frame_count(out / "7.mp4")) == (
+        read, 4, 3,
+    )  # fmt: skip
+    results = json.loads((out / "predictions.json").read_text())
+    lines = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(map(json.dumps, lines)) == sorted(map(json.dumps, results))  # the same rows, as they came
+    ids: dict[tuple[str, int], set[int]] = {}
+    for r in results:
+        ids.setdefault((r["file_name"], r.get("frame", -1)), set()).add(r["image_id"])
+    expected = {("1.png", -1), ("001.png", -1), ("5.png", -1), ("a.jpg", -1), ("a.ppm", -1)}
+    expected |= {("a.mp4", f) for f in range(4)} | {("7.avi", f) for f in range(3)}
+    expected |= {("a.avi", f) for f in range(read)}
+    assert set(ids) == expected
+    assert all(len(v) == 1 for v in ids.values())  # one id per file and frame ...
+    assert len({next(iter(v)) for v in ids.values()}) == len(ids)  # ... and no id shared
+    assert ids[("5.png", -1)] == {5}  # a number only one file has is kept (COCO file names)
+
+
+def test_results_written_so_far_survive_a_crash_and_a_failing_writer(
+    tiny_dataset: Path, weights: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import yolo11_lightning.predict as predict_module
+    from yolo11_lightning.training.module import YOLO11Module
+
+    source = tmp_path / "in"
+    source.mkdir()
+    paths = [Path(shutil.copy(p, source)) for p in _images(tiny_dataset, 4)]
+    real_save = predict_module.save_rgb
+
+    def full_disk_for_the_second(path: str, image) -> None:
+        if Path(path).name == paths[1].name:
+            raise OSError(28, "No space left on device", path)
+        real_save(path, image)
+
+    monkeypatch.setattr(predict_module, "save_rgb", full_disk_for_the_second)
+    out = tmp_path / "out"
+    with pytest.warns(SkippedSourceWarning, match=rf"{paths[1].name}: cannot write the annotated copy"):
+        code = _run("--ckpt_path", str(weights), "--source", str(source), "--out", str(out), "--conf", CONF)
+    assert code == 2
+    results = json.loads((out / "predictions.json").read_text())
+    assert {r["file_name"] for r in results} == {p.name for p in paths}  # the json lost nothing
+    assert not (out / paths[1].name).exists() and (out / paths[2].name).exists()
+
+    monkeypatch.setattr(predict_module, "save_rgb", real_save)
+    real_step = YOLO11Module.predict_step
+
+    def crash_at_the_third_batch(self, batch, batch_idx):
+        if batch_idx == 2:
+            raise RuntimeError("injected crash")
+        return real_step(self, batch, batch_idx)
+
+    monkeypatch.setattr(YOLO11Module, "predict_step", crash_at_the_third_batch)
+    crashed = tmp_path / "crashed"
+    with pytest.raises(RuntimeError, match="injected crash"):
+        predict_module.predict(weights, source, crashed, conf=float(CONF), image_size=64, device="cpu",
+                               progress_bar=False)  # fmt: skip
+    assert not (crashed / "predictions.json").exists()
+    kept = [json.loads(line) for line in (crashed / "predictions.jsonl").read_text().splitlines()]
+    assert {r["file_name"] for r in kept} == {paths[0].name, paths[1].name}

@@ -5,22 +5,30 @@
 Runs ``lightning.Trainer.predict`` (progress bar, accelerator choice) with ``YOLO11Module.predict_step`` over
 ``PredictionSource`` batches; ``PredictionWriter`` (a ``BasePredictionWriter``) writes, under ``--out``:
 
-* each image annotated, under its own file name; each video annotated as ``<stem>.mp4``;
-* ``predictions.json``: COCO results, one ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` per
-  detection in original pixels, plus ``file_name`` (and ``frame`` for videos) and ``category_name``.
-  ``image_id`` is the file name's number when it is one (``000000000139.jpg`` -> 139, as in COCO), else the
-  running index of the image or frame; ``category_id`` is the 0-based class index.
+* each image annotated, under its own file name; each video annotated as ``<stem>.mp4``. Inputs whose
+  names would give the same output (``a.gif`` and ``a.mp4``, ``a.jpg`` and ``a.ppm``) are written as
+  ``<stem>_<ext>`` instead (``a_gif.mp4``, ``a_mp4.mp4``), so nothing is overwritten;
+* ``predictions.jsonl``: the results as they come, one json object per line, flushed after every batch, so a
+  run that dies keeps what it had;
+* ``predictions.json``: the same rows as COCO results, written at the end (atomically), one
+  ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` per detection in original pixels, plus
+  ``file_name`` (and ``frame`` for videos) and ``category_name``. ``category_id`` is the 0-based class
+  index; ``image_id`` is unique per file and frame (``ImageIds``).
 
-Unreadable files in a folder are skipped with a warning; a missing or unusable ``--source`` or model
-file is an error naming it. Without ``--source``, ``predict`` is LightningCLI's (the dataset's test/val split).
+Unreadable files in a folder, and videos that end before their frame count, are reported with a warning
+and in the summary, and the command then exits with 2 (1: nothing could be read, or a missing or unusable
+``--source`` or model file). Without ``--source``, ``predict`` is LightningCLI's (the dataset's test/val
+split).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -34,48 +42,137 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.export import load_model
 from yolo11_lightning.nn import YOLO11
-from yolo11_lightning.predict_data import PredictionSource, Source, collate_prediction, list_sources
+from yolo11_lightning.predict_data import (
+    VIDEO_EXTENSIONS,
+    PredictionSource,
+    SkippedSourceWarning,
+    Source,
+    collate_prediction,
+    list_sources,
+)
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.visualize import draw_boxes, save_rgb
 
 RESULTS_JSON = "predictions.json"
+RESULTS_JSONL = "predictions.jsonl"
+# Ids per video: frame f of the j-th video gets (first video id) + j * FRAMES_PER_VIDEO + f.
+FRAMES_PER_VIDEO = 10_000_000
 # Extensions OpenCV writes everywhere; other inputs (e.g. .mpo, .pbm) get an annotated .jpg.
 _WRITABLE = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"})
 
 
-def annotated_name(path: str | Path) -> str:
-    """File name of the annotated copy of an image (videos become ``<stem>.mp4``)."""
+def annotated_name(path: str | Path, kind: str | None = None) -> str:
+    """File name of the annotated copy of one input (videos become ``<stem>.mp4``), before collisions."""
     path = Path(path)
+    if kind == "video" or (kind is None and path.suffix.lower().lstrip(".") in VIDEO_EXTENSIONS):
+        return f"{path.stem}.mp4"
     return path.name if path.suffix.lower() in _WRITABLE else f"{path.stem}.jpg"
 
 
-def _image_id(path: str, running: int) -> int:
-    stem = Path(path).stem
-    return int(stem) if stem.isdigit() else running
+def output_names(sources: Sequence[Source]) -> dict[str, str]:
+    """Input path -> output file name, distinct for every input.
+
+    An input keeps ``annotated_name`` unless another input would get the same name; then each of them is
+    named ``<stem>_<ext><suffix>`` (``a.gif``, ``a.mp4`` -> ``a_gif.mp4``, ``a_mp4.mp4``), with ``_<n>``
+    added in the unlikely case that this too is taken.
+    """
+    natural = {str(s.path): annotated_name(s.path, s.kind) for s in sources}
+    counts = Counter(natural.values())
+    names: dict[str, str] = {}
+    taken = {name for name, n in counts.items() if n == 1}
+    for s in sources:
+        key, name = str(s.path), natural[str(s.path)]
+        if counts[name] > 1:
+            suffix = Path(name).suffix
+            base = f"{s.path.stem}_{s.path.suffix.lstrip('.').lower()}"
+            name, n = f"{base}{suffix}", 1
+            while name in taken:
+                name, n = f"{base}_{n}{suffix}", n + 1
+            taken.add(name)
+        names[key] = name
+    return names
+
+
+class ImageIds:
+    """COCO ``image_id``s, unique per file and frame, fixed before the run (no worker-order dependence).
+
+    * an image whose name is a number no other image shares keeps it (``000000000139.jpg`` -> 139, so COCO
+      val results evaluate directly);
+    * the other images get the ids after the largest such number, in name order;
+    * then each video a block of ``FRAMES_PER_VIDEO`` ids, frame f = block start + f.
+    """
+
+    def __init__(self, sources: Sequence[Source]) -> None:
+        numbers = Counter(int(s.path.stem) for s in sources if s.kind == "image" and s.path.stem.isdigit())
+        self._ids: dict[str, int] = {}
+        for s in sources:
+            if s.kind == "image" and s.path.stem.isdigit() and numbers[int(s.path.stem)] == 1:
+                self._ids[str(s.path)] = int(s.path.stem)
+        next_id = max(self._ids.values(), default=0) + 1
+        for s in sources:
+            if s.kind == "image" and str(s.path) not in self._ids:
+                self._ids[str(s.path)], next_id = next_id, next_id + 1
+        for s in sources:
+            if s.kind == "video":
+                self._ids[str(s.path)], next_id = next_id, next_id + FRAMES_PER_VIDEO
+
+    def __call__(self, path: str, frame: int = -1) -> int:
+        if path not in self._ids:
+            raise KeyError(f"{path} is not one of the inputs the ids were assigned for")
+        if frame >= FRAMES_PER_VIDEO:
+            raise ValueError(f"{path}: more than {FRAMES_PER_VIDEO} frames, image_ids would overlap")
+        return self._ids[path] + max(frame, 0)
 
 
 class PredictionWriter(BasePredictionWriter):
-    """Writes annotated images/videos and collects COCO results; ``summary`` says what was written.
+    """Writes annotated images/videos and the results (json lines as they come, COCO json at the end).
+
+    ``results`` holds every row, ``failures`` maps each input that failed (unreadable, truncated, or whose
+    annotated copy could not be written) to the reason, ``seen_paths`` the inputs that gave predictions.
 
     Args:
         out_dir: output folder (created).
         names: class names, index = class id (None: the ids are drawn).
         save_media: write annotated images and videos (the json is always written).
+        sources: every input of the run: output names and image ids are fixed from them up front
+            (``output_names``, ``ImageIds``).
     """
 
-    def __init__(self, out_dir: str | Path, names: Sequence[str] | None = None, save_media: bool = True):
+    def __init__(
+        self,
+        out_dir: str | Path,
+        names: Sequence[str] | None = None,
+        save_media: bool = True,
+        sources: Sequence[Source] = (),
+    ) -> None:
         super().__init__(write_interval="batch")
         self.out_dir = Path(out_dir)
         self.names = list(names) if names is not None else None
         self.save_media = save_media
         self.results: list[dict[str, Any]] = []
+        self.failures: dict[str, str] = {}
         self.seen_paths: set[str] = set()
         self.num_images = 0
         self.num_frames = 0
+        self._names = output_names(sources)
+        self._ids = ImageIds(sources)
         self._videos: dict[str, cv2.VideoWriter] = {}
+        self._unwritable: set[str] = set()
+        self._jsonl: Any = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._jsonl = open(self.out_dir / RESULTS_JSONL, "w")  # noqa: SIM115 -- closed at the end
+
+    def output_name(self, path: str) -> str:
+        return self._names.get(path) or annotated_name(path)
+
+    def image_id(self, path: str, frame: int) -> int:
+        return self._ids(path, frame)
+
+    def fail(self, path: str, reason: str) -> None:
+        """Record that input ``path`` failed (the first reason is kept)."""
+        self.failures.setdefault(path, reason)
 
     def _draw(self, original: np.ndarray, det: np.ndarray) -> np.ndarray:
         thickness = max(1, round(sum(original.shape[:2]) / 600))
@@ -84,7 +181,7 @@ class PredictionWriter(BasePredictionWriter):
     def _write_video_frame(self, path: str, fps: float, frame: np.ndarray) -> None:
         writer = self._videos.get(path)
         if writer is None:
-            target = self.out_dir / f"{Path(path).stem}.mp4"
+            target = self.out_dir / self.output_name(path)
             height, width = frame.shape[:2]
             writer = cv2.VideoWriter(str(target), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
             if not writer.isOpened():
@@ -92,12 +189,31 @@ class PredictionWriter(BasePredictionWriter):
             self._videos[path] = writer
         writer.write(cv2.cvtColor(frame, cv2.COLOR_RGB2BGR))
 
+    def _save(self, path: str, frame: int, fps: float, drawn: np.ndarray) -> None:
+        """Write one annotated image or video frame; a failure is reported once per input, never raised."""
+        if path in self._unwritable:
+            return
+        try:
+            if frame < 0:
+                save_rgb(str(self.out_dir / self.output_name(path)), drawn)
+            else:
+                self._write_video_frame(path, fps, drawn)
+        except (OSError, cv2.error) as e:
+            reason = f"cannot write the annotated copy ({e})"
+            warnings.warn(f"{path}: {reason}; its predictions are still in the json", SkippedSourceWarning,
+                          stacklevel=2)  # fmt: skip
+            self.fail(path, reason)
+            self._unwritable.add(path)
+
     def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
                            dataloader_idx=0) -> None:  # fmt: skip
+        for path, reason in batch.get("problems", []):
+            self.fail(path, reason)
+        lines = []
         for i, det in enumerate(prediction):
             det = det.detach().float().cpu().numpy()
             path, frame = batch["paths"][i], batch["frames"][i]
-            image_id = _image_id(path, self.num_images + self.num_frames)
+            image_id = self.image_id(path, frame)
             self.seen_paths.add(path)
             if frame < 0:
                 self.num_images += 1
@@ -116,20 +232,33 @@ class PredictionWriter(BasePredictionWriter):
                 if frame >= 0:
                     row["frame"] = frame
                 self.results.append(row)
+                lines.append(json.dumps(row))
             original = batch["originals"][i]
-            if not self.save_media or original is None:
-                continue
-            drawn = self._draw(original, det)
-            if frame < 0:
-                save_rgb(str(self.out_dir / annotated_name(path)), drawn)
-            else:
-                self._write_video_frame(path, batch["fps"][i], drawn)
+            if self.save_media and original is not None:
+                self._save(path, frame, batch["fps"][i], self._draw(original, det))
+        if self._jsonl is not None and lines:
+            self._jsonl.write("\n".join(lines) + "\n")
+            self._jsonl.flush()
 
-    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _close(self) -> None:
         for writer in self._videos.values():
             writer.release()
         self._videos.clear()
-        (self.out_dir / RESULTS_JSON).write_text(json.dumps(self.results))
+        if self._jsonl is not None:
+            self._jsonl.close()
+            self._jsonl = None
+
+    def on_predict_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._close()
+        target = self.out_dir / RESULTS_JSON
+        temporary = target.with_name(f".{RESULTS_JSON}.tmp-{os.getpid()}")
+        temporary.write_text(json.dumps(self.results))
+        os.replace(temporary, target)  # a reader never sees half a file
+
+    def on_exception(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
+    ) -> None:
+        self._close()  # predictions.jsonl keeps every row written so far
 
 
 def _trainer_device(device: str) -> tuple[str, Any]:
@@ -184,14 +313,15 @@ def predict(
     if max_det < 1 or batch_size < 1 or num_workers < 0:
         raise ValueError("--max-det and --batch-size must be >= 1, --num-workers >= 0")
     sources: list[Source] = list_sources(source)
+    names = output_names(sources)
     if save_media:
         out = Path(out_dir).resolve()
-        clash = [s.path for s in sources if (out / annotated_name(s.path)).resolve() == s.path.resolve()]
+        clash = [s.path for s in sources if (out / names[str(s.path)]).resolve() == s.path.resolve()]
         if clash:
             raise ValueError(f"--out {out_dir}: the annotated copy would overwrite the input {clash[0]}")
     dataset = PredictionSource(sources, image_size, keep_originals=save_media)
     module = build_module(model, conf, iou, max_det)
-    writer = PredictionWriter(out_dir, module.model.names, save_media)
+    writer = PredictionWriter(out_dir, module.model.names, save_media, sources)
     accelerator, devices = _trainer_device(device)
     loader = DataLoader(
         dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=collate_prediction
@@ -214,8 +344,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="yolo11-lightning predict",
         description="Detect objects in an image, a folder of images/videos or a video file; writes annotated "
         "copies and a COCO results json.",
-        epilog="Without --source, `yolo11-lightning predict --config ...` is LightningCLI's predict over the "
-        "dataset's test (else val) split; see `yolo11-lightning predict --config CONFIG --help`.",
+        epilog="Exit status: 0 all inputs done, 2 some input failed (unreadable, truncated video, output not "
+        "written; the rest is written), 1 nothing could be read or a usage error. Without --source, "
+        "`yolo11-lightning predict --config ...` is LightningCLI's predict over the dataset's test (else val) "
+        "split; see `yolo11-lightning predict --config CONFIG --help`.",
     )
     p.add_argument("--ckpt_path", "--ckpt-path", "--weights", dest="ckpt_path", required=True,
                    help="Lightning .ckpt (its EMA weights), weights file from `export`, or reference .pt")  # fmt: skip
@@ -236,7 +368,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``yolo11-lightning predict --source ...``; returns the exit code."""
+    """Entry point of ``yolo11-lightning predict --source ...``; returns the exit code (0, 2: some input
+    failed, 1: nothing read or an error)."""
     args = _parser().parse_args(argv)
     try:
         writer = predict(
@@ -248,14 +381,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     listed = list_sources(args.source)
-    skipped = [str(s.path) for s in listed if str(s.path) not in writer.seen_paths]
+    for s in listed:  # files that gave nothing at all, whatever the reason
+        if str(s.path) not in writer.seen_paths:
+            writer.fail(str(s.path), "unreadable")
     print(
         f"{writer.num_images} images, {writer.num_frames} video frames, {len(writer.results)} detections -> "
-        f"{Path(args.out) / RESULTS_JSON}"
+        f"{Path(args.out) / RESULTS_JSON} (and {RESULTS_JSONL})"
     )
-    if skipped:
-        print(f"skipped {len(skipped)} unreadable file(s): {', '.join(skipped)}", file=sys.stderr)
+    if writer.failures:
+        print(f"{len(writer.failures)} of {len(listed)} input(s) failed:", file=sys.stderr)
+        for path, reason in writer.failures.items():
+            print(f"  {path}: {reason}", file=sys.stderr)
     if not writer.seen_paths:
         print(f"error: {args.source}: no input could be read", file=sys.stderr)
         return 1
-    return 0
+    return 2 if writer.failures else 0

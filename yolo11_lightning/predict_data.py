@@ -4,10 +4,13 @@ A source is an image file, a video file, or a folder of them (not recursive, sor
 video are read in order, so the set of sources is an ``IterableDataset``: with DataLoader workers each
 worker takes whole files (file i goes to worker i mod W), which keeps every video's frames in order.
 
-An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming the file and the reason;
-the rest of the run goes on. Batches follow the DataModule contract (``images`` uint8 (B, 3, S, S),
-``scales``, ``pads``, ``orig_sizes``) so ``YOLO11Module.predict_step`` maps boxes back to original pixels,
-plus what the writer needs: ``paths``, ``frames`` (-1 for an image), ``fps`` and the ``originals``.
+An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming the file and the reason,
+and so is the rest of a video that stops before the frame count its header gives (truncated or corrupt:
+the frames read are kept). The rest of the run goes on, and the failure travels to the main process in
+the batch (``problems``), whatever the number of DataLoader workers. Batches follow the DataModule
+contract (``images`` uint8 (B, 3, S, S), ``scales``, ``pads``, ``orig_sizes``) so
+``YOLO11Module.predict_step`` maps boxes back to original pixels, plus what the writer needs: ``paths``,
+``frames`` (-1 for an image), ``fps``, the ``originals`` and ``problems`` ((path, reason) pairs).
 """
 
 from __future__ import annotations
@@ -68,8 +71,25 @@ def list_sources(source: str | Path) -> list[Source]:
     return found
 
 
-def _skip(path: Path, reason: str) -> None:
+def _skip(path: Path, reason: str) -> dict[str, Any]:
+    """Warn, and return the placeholder sample that carries the failure to the main process."""
     warnings.warn(f"{path}: skipped ({reason})", SkippedSourceWarning, stacklevel=2)
+    return {"problem": (str(path), reason)}
+
+
+def video_shortfall(frames_read: int, frames_claimed: int) -> str | None:
+    """The reason to report a video that stopped early, or None when it is complete.
+
+    Containers without an exact frame index give an estimated count, so a shortfall of up to 1 % (at
+    least one frame) is taken as complete.
+    """
+    missing = frames_claimed - frames_read
+    if frames_claimed <= 0 or missing <= max(1, frames_claimed // 100):
+        return None
+    return (
+        f"video ended after {frames_read} of {frames_claimed} frames (truncated or corrupt); "
+        "the frames read are kept"
+    )
 
 
 class PredictionSource(IterableDataset):
@@ -107,18 +127,21 @@ class PredictionSource(IterableDataset):
         capture = cv2.VideoCapture(str(source.path))
         try:
             if not capture.isOpened():
-                _skip(source.path, "cannot open the video")
+                yield _skip(source.path, "cannot open the video (0 frames read)")
                 return
             fps = float(capture.get(cv2.CAP_PROP_FPS) or 0.0) or 30.0
+            claimed = int(capture.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
             frame = 0
-            while True:
-                ok, bgr = capture.read()
-                if not ok:
-                    break
-                yield self._sample(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), source, frame, fps)
+            ok, bgr = capture.read()
+            while ok:
+                sample = self._sample(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), source, frame, fps)
+                ok, bgr = capture.read()  # one frame ahead: the last frame knows it is the last
+                yield sample
                 frame += 1
             if frame == 0:
-                _skip(source.path, "no readable frame in the video")
+                yield _skip(source.path, f"no readable frame in the video (header: {max(claimed, 0)} frames)")
+            elif (reason := video_shortfall(frame, claimed)) is not None:
+                yield _skip(source.path, reason)
         finally:
             capture.release()
 
@@ -132,13 +155,24 @@ class PredictionSource(IterableDataset):
             try:
                 rgb = read_image(str(source.path))
             except ImageReadError as e:
-                _skip(source.path, e.reason)
+                yield _skip(source.path, e.reason)
                 continue
             yield self._sample(rgb, source, -1, 0.0)
 
 
 def collate_prediction(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack ``PredictionSource`` samples into one batch (module docstring for the keys)."""
+    """Stack ``PredictionSource`` samples into one batch (module docstring for the keys).
+
+    Failure placeholders are left out of the images (a batch may then hold B = 0 images).
+    """
+    problems = [s["problem"] for s in samples if "problem" in s]
+    samples = [s for s in samples if "problem" not in s]
+    if not samples:
+        return {
+            "images": torch.zeros(0, 3, 32, 32, dtype=torch.uint8), "scales": torch.zeros(0),
+            "pads": torch.zeros(0, 2), "orig_sizes": torch.zeros(0, 2, dtype=torch.int64), "paths": [],
+            "frames": [], "fps": [], "originals": [], "problems": problems,
+        }  # fmt: skip
     return {
         "images": stack_images([s["image"] for s in samples]),
         "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
@@ -148,4 +182,5 @@ def collate_prediction(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "frames": [s["frame"] for s in samples],
         "fps": [s["fps"] for s in samples],
         "originals": [s["original"] for s in samples],
+        "problems": problems,
     }

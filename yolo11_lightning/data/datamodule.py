@@ -10,6 +10,7 @@ resume mid-epoch on any number of devices.
 from __future__ import annotations
 
 import logging
+import signal
 import warnings
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,7 @@ import cv2
 import lightning as L
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.training.preemption import ignore_stop_signals_in_worker
-
+from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .config import DatasetConfig, DatasetError, load_dataset_config
 from .dataset import DetectionDataset, collate_detection
@@ -31,6 +31,17 @@ from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_n
 log = logging.getLogger(__name__)
 
 SYNTHETIC = "synthetic"
+
+
+def ignore_stop_signals_in_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1 to the training process.
+
+    PyTorch's workers die on a SIGTERM that does not come from their parent, so a signal to the whole process
+    group would fail the next batch ("DataLoader worker ... is killed by signal") before the training process
+    could save (``training.preemption``). Ignored here, they end with their parent, as PyTorch watches it.
+    """
+    for signum in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _single_threaded_opencv() -> None:
@@ -65,6 +76,10 @@ class YOLODataModule(L.LightningDataModule):
         label_cache_dir: where label caches go when the dataset folder is read-only.
         prepare_data_per_node: build label caches (and the synthetic dataset) once per node instead of
             once per job; needed only when nodes do not share the dataset's filesystem.
+        max_substituted_fraction: training images that cannot be read (deleted or corrupted during the run)
+            are replaced by deterministic substitutes; when more than this share of the training set (at
+            least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
+            1 disables the limit.
     """
 
     def __init__(
@@ -96,6 +111,7 @@ class YOLODataModule(L.LightningDataModule):
         synthetic_classes: int = 3,
         label_cache_dir: str | None = None,
         prepare_data_per_node: bool = False,
+        max_substituted_fraction: float = 0.01,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
@@ -138,6 +154,9 @@ class YOLODataModule(L.LightningDataModule):
         }
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
+        if max_substituted_fraction < 0:
+            raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
+        self.max_substituted_fraction = max_substituted_fraction
         # LightningCLI links these into the model at instantiation: read only the yaml here.
         if dataset == SYNTHETIC:
             self.class_names = synthetic_class_names(synthetic_classes)
@@ -222,8 +241,22 @@ class YOLODataModule(L.LightningDataModule):
         return dataset
 
     def setup(self, stage: str | None = None) -> None:
-        """Check the batch split over devices and load the records of the splits ``stage`` needs."""
+        """Check the batch split over devices, load the records of the splits ``stage`` needs, and check
+        that every rank loaded the same data (``agreement``; all ranks fail together when not)."""
         self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
+        error: BaseException | None = None
+        try:
+            self._load_splits(stage)
+        except Exception as e:  # any error: re-raised once the other ranks have been told
+            error = e
+        strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
+        if strategy is None:
+            if error is not None:
+                raise error
+            return
+        check_ranks_agree(self.datasets, strategy, error)
+
+    def _load_splits(self, stage: str | None) -> None:
         config = self._config()
         wanted = {
             "fit": [("train", True), ("val", False)],

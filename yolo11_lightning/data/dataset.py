@@ -9,6 +9,14 @@ Batch contract (DESIGN.md): ``collate_detection`` returns
     scales      float32 (B,)          letterbox scale r (NaN for augmented training images)
     pads        float32 (B, 2)        letterbox (left, top) padding (NaN for augmented training images)
     paths       list[str]
+    substitutes int64   (B,)          index of the image that stood in for a sample's own unreadable image
+                                      (training; -2: none readable, a blank image), else -1
+    substituted int                   samples of the batch with a substitute (``substitutes != -1``), as a
+                                      plain int: read on the host without a device sync
+    unreadable  list[(path, reason)]  every image of the batch that could not be read: training images
+                                      replaced by a substitute (own or mosaic partner) and evaluation
+                                      images left out of the batch
+    missing     int                   evaluation images left out of this batch because they cannot be read
 
 so a box in the batch image maps back to original pixels as ``(xy - pad) / scale``.
 
@@ -30,13 +38,19 @@ from torch.utils.data import Dataset
 
 from .augment import AugmentConfig, Labelled, augment_train_sample
 from .image_cache import ImageCache, resized_shape
-from .image_io import read_image
+from .image_io import ImageReadError, read_image_retrying
 from .records import ImageRecord
 from .sampler import epoch_order
 from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
 
 # First entropy word of the per-sample generators; the sampler's epoch order uses another one.
 SAMPLE_STREAM = 1
+# First entropy word of the generator choosing the substitute of an unreadable training image.
+SUBSTITUTE_STREAM = 2
+# Candidates tried in turn for an unreadable training image before a blank image stands in.
+MAX_SUBSTITUTE_TRIES = 16
+# ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
+BLANK_SUBSTITUTE = -2
 # Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
 MIN_PARTNER_POOL = 16
 
@@ -87,6 +101,18 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.default_rng([SAMPLE_STREAM, seed, epoch, index])
 
 
+def substitute_index(seed: int, epoch: int, index: int, attempt: int, num_images: int) -> int:
+    """Candidate ``attempt`` (0, 1, ...) to stand in for unreadable image ``index`` in ``epoch``.
+
+    A function of its arguments only, never ``index`` itself: every worker, rank and resumed run picks
+    the same substitute as long as the same files are unreadable.
+    """
+    if num_images < 2:
+        raise ValueError("a dataset of one image has no substitute for it")
+    j = int(np.random.default_rng([SUBSTITUTE_STREAM, seed, epoch, index, attempt]).integers(num_images - 1))
+    return j + (j >= index)
+
+
 class DetectionDataset(Dataset):
     """Images and boxes from ``ImageRecord``s, augmented for training or letterboxed for evaluation.
 
@@ -100,8 +126,18 @@ class DetectionDataset(Dataset):
     keeps batching simple (the reference pads to per-batch rectangles, which only changes the padding).
 
     Training augmentation is a pure function of ``(seed, epoch, index)``, whatever the number of workers,
-    ranks or nodes. Samples of epochs ``>= mosaic_until_epoch`` use letterbox + affine without mosaic and
-    mixup (the reference's last-epochs "close mosaic"); set it before the DataLoader workers start.
+    ranks or nodes.
+
+    Images that cannot be read (deleted, truncated, a transient I/O error) are retried ``read_attempts``
+    times with a short backoff. In training an image that still fails is replaced by a deterministic
+    substitute (``substitute_index``; the augmentation stays that of the original sample), reported in the
+    batch (``substitutes``, ``unreadable``); in evaluation the sample is marked missing and
+    ``collate_detection`` leaves it out of the batch, so it is scored nowhere. The substitutes are the same
+    for any number of workers, ranks and for a resumed run whenever the same files are unreadable from the
+    start of the epoch (per-process memories of decoded and unreadable images are cleared at each epoch).
+
+    Samples of epochs ``>= mosaic_until_epoch`` use letterbox + affine without mosaic and mixup (the
+    reference's last-epochs "close mosaic"); set it before the DataLoader workers start.
 
     Args:
         records: the images and their labels.
@@ -120,6 +156,8 @@ class DetectionDataset(Dataset):
             from the whole dataset. Either way they are a function of (seed, epoch, index) only.
         decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
             None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
+        read_attempts: reads of an image before it counts as unreadable (>= 1).
+        retry_backoff_s: first pause between reads, doubled after each failure.
     """
 
     def __init__(
@@ -134,6 +172,8 @@ class DetectionDataset(Dataset):
         image_cache: ImageCache | None = None,
         global_batch_size: int | None = None,
         decode_cache_size: int | None = None,
+        read_attempts: int = 3,
+        retry_backoff_s: float = 0.05,
     ) -> None:
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -155,7 +195,15 @@ class DetectionDataset(Dataset):
         if decode_cache_size is None:  # enough for one pool: a worker decodes each pool image once
             decode_cache_size = min(global_batch_size or 16, 128)
         self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
+        if read_attempts < 1:
+            raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
+        self.read_attempts = read_attempts
+        self.retry_backoff_s = retry_backoff_s
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
+        # Training images this process found unreadable in epoch `_unreadable_epoch` (index -> reason): not
+        # read again in that epoch (a file is retried in the next one, so a transient failure can heal).
+        self._unreadable: dict[int, str] = {}
+        self._unreadable_epoch = 0
         self._order_epoch: int | None = None
         self._order: np.ndarray = np.zeros(0, np.int64)
         self._position: np.ndarray = np.zeros(0, np.int64)
@@ -183,12 +231,20 @@ class DetectionDataset(Dataset):
             self._decoded.move_to_end(index)
             return hit
         rec = self.records[index]
-        image = read_image(rec.path)
-        if image.shape[:2] != (rec.height, rec.width):
-            raise ValueError(
-                f"{rec.path}: decoded size {image.shape[:2]} differs from the record's "
-                f"({rec.height}, {rec.width}); the label cache is stale, rebuild it"
-            )
+        known = self._unreadable.get(index) if self.augment else None  # evaluation: always read again
+        if known is not None:
+            raise ImageReadError(rec.path, known)
+        try:
+            image = read_image_retrying(rec.path, self.read_attempts, self.retry_backoff_s)
+            if image.shape[:2] != (rec.height, rec.width):
+                raise ImageReadError(
+                    rec.path,
+                    f"decoded size {image.shape[:2]} differs from the record's ({rec.height}, {rec.width}); "
+                    "the file changed since the label cache was built",
+                )
+        except ImageReadError as e:
+            self._unreadable[index] = e.reason
+            raise
         item = resize_long_side(image, self.image_size, self.scaleup)
         if self.decode_cache_size > 0:
             self._decoded[index] = item
@@ -201,6 +257,41 @@ class DetectionDataset(Dataset):
         rec = self.records[index]
         boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
         return Labelled(image, boxes, rec.classes)
+
+    def _substituting_loader(
+        self, epoch: int, substitutes: dict[int, int], unreadable: list[tuple[str, str]]
+    ):
+        """``_load_labelled`` that replaces an unreadable image by its first readable substitute.
+
+        Records ``substitutes[index] = substitute`` and ``(path, reason)`` of every image it could not read.
+        When ``MAX_SUBSTITUTE_TRIES`` candidates fail too, a blank image without labels stands in
+        (``BLANK_SUBSTITUTE``).
+        """
+
+        def load(index: int) -> Labelled:
+            try:
+                return self._load_labelled(index)
+            except ImageReadError as e:
+                unreadable.append((e.path, e.reason))
+            for attempt in range(MAX_SUBSTITUTE_TRIES):
+                candidate = substitute_index(self.seed, epoch, index, attempt, len(self))
+                try:
+                    sample = self._load_labelled(candidate)
+                except ImageReadError as e:
+                    unreadable.append((e.path, e.reason))
+                    continue
+                substitutes[index] = candidate
+                return sample
+            # Most of the data is gone. Raising here would end this rank alone (the others would wait in
+            # their next collective): a blank sample instead, counted like a substitute, lets the
+            # substitution limit stop every rank together.
+            substitutes[index] = BLANK_SUBSTITUTE
+            rec = self.records[index]
+            height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
+            blank = np.full((height, width, 3), 114, np.uint8)
+            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+
+        return load
 
     # ------------------------------------------------------------------------------------ partners
     def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
@@ -238,20 +329,27 @@ class DetectionDataset(Dataset):
     def __getitem__(self, item: int | tuple[int, int]) -> dict[str, Any]:
         epoch, index = item if isinstance(item, tuple) else (0, item)
         index = int(index)
+        if epoch != self._unreadable_epoch:  # what this process remembers is valid for one epoch
+            self._unreadable, self._unreadable_epoch = {}, epoch
+            self._decoded.clear()
         if not 0 <= index < len(self):
             raise IndexError(f"index {index} out of range for a dataset of {len(self)} images")
         rec = self.records[index]
         size = self.image_size
+        substitutes: dict[int, int] = {}
+        unreadable: list[tuple[str, str]] = []
         if self.augment:
             mix = self.mosaic_until_epoch is None or epoch < self.mosaic_until_epoch
             rng = sample_rng(self.seed, epoch, index)
-            out = augment_train_sample(
-                index, self._load_labelled, self._picker(epoch, index), rng, self.aug, size, mix
-            )
+            load = self._substituting_loader(epoch, substitutes, unreadable)
+            out = augment_train_sample(index, load, self._picker(epoch, index), rng, self.aug, size, mix)
             image, boxes, classes = out
             scale, pad = math.nan, (math.nan, math.nan)  # no single scale/pad maps an augmented image back
         else:
-            resized, r = self.load_resized(index)
+            try:
+                resized, r = self.load_resized(index)
+            except ImageReadError as e:
+                return self._missing(index, e)
             image, r2, (left, top) = letterbox(resized, size, scaleup=False)
             scale, pad = r * r2, (float(left), float(top))
             # From original pixels with the one scalar scale, so (xy - pad) / scale inverts it exactly.
@@ -270,6 +368,25 @@ class DetectionDataset(Dataset):
             "orig_size": (rec.height, rec.width),
             "scale": scale,
             "pad": pad,
+            "substitute": substitutes.get(index, -1),
+            "unreadable": unreadable,
+            "missing": False,
+        }
+
+    def _missing(self, index: int, error: ImageReadError) -> dict[str, Any]:
+        """The placeholder of an unreadable evaluation image: ``collate_detection`` drops it."""
+        rec = self.records[index]
+        return {
+            "image": torch.zeros(3, 0, 0, dtype=torch.uint8),
+            "labels": torch.zeros(0, 5),
+            "index": index,
+            "path": rec.path,
+            "orig_size": (rec.height, rec.width),
+            "scale": math.nan,
+            "pad": (math.nan, math.nan),
+            "substitute": -1,
+            "unreadable": [(error.path, error.reason)],
+            "missing": True,
         }
 
 
@@ -287,7 +404,17 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack ``DetectionDataset`` samples into the batch contract (module docstring)."""
+    """Stack ``DetectionDataset`` samples into the batch contract (module docstring).
+
+    Evaluation samples whose image could not be read are left out (``missing`` counts them); a batch
+    of only such samples has B = 0 images.
+    """
+    unreadable = [item for s in samples for item in s.get("unreadable", ())]
+    kept = [s for s in samples if not s.get("missing", False)]
+    missing = len(samples) - len(kept)
+    samples = kept
+    if not samples:
+        return _empty_batch(unreadable, missing)
     labels = [s["labels"] for s in samples]
     image_index = torch.cat([torch.full((len(lab), 1), float(i)) for i, lab in enumerate(labels)])
     return {
@@ -298,4 +425,25 @@ def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
         "pads": torch.tensor([s["pad"] for s in samples], dtype=torch.float32).reshape(-1, 2),
         "paths": [s["path"] for s in samples],
+        "substitutes": torch.tensor([s.get("substitute", -1) for s in samples], dtype=torch.int64),
+        "substituted": sum(s.get("substitute", -1) != -1 for s in samples),
+        "unreadable": unreadable,
+        "missing": missing,
+    }
+
+
+def _empty_batch(unreadable: list[tuple[str, str]], missing: int) -> dict[str, Any]:
+    """A batch without images (every image of it was unreadable): same keys, B = 0."""
+    return {
+        "images": torch.zeros(0, 3, 32, 32, dtype=torch.uint8),
+        "targets": torch.zeros(0, 6),
+        "indices": torch.zeros(0, dtype=torch.int64),
+        "orig_sizes": torch.zeros(0, 2, dtype=torch.int64),
+        "scales": torch.zeros(0),
+        "pads": torch.zeros(0, 2),
+        "paths": [],
+        "substitutes": torch.zeros(0, dtype=torch.int64),
+        "substituted": 0,
+        "unreadable": unreadable,
+        "missing": missing,
     }

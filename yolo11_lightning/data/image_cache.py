@@ -3,7 +3,11 @@
 All images live in one flat uint8 buffer (one allocation, no per-image Python objects), so forked
 workers read it without copying: no reference counts are written into its pages. With a ``spawn`` or
 ``forkserver`` start method the buffer is moved to shared memory instead of being pickled per worker.
-The size is estimated from the records first; the cache refuses to start when it would not fit.
+The size is estimated from the records first; the cache refuses to start when it would not fit in the
+memory this process may use: the smaller of the host's ``MemAvailable`` and the headroom of every cgroup
+memory limit above the process (Docker, Kubernetes, SLURM; cgroup v2 ``memory.max`` / ``memory.current``
+or v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``), so a container limit refuses the cache with
+a message instead of the kernel OOM-killing the run.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import multiprocessing
 import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -34,8 +40,19 @@ def resized_shape(height: int, width: int, size: int, scaleup: bool = True) -> t
     return max(1, round(height * r)), max(1, round(width * r)), r
 
 
+# Where the cgroup filesystems are mounted and where the process's cgroups are listed (tests point these
+# at temporary files).
+CGROUP_ROOT = "/sys/fs/cgroup"
+PROC_SELF_CGROUP = "/proc/self/cgroup"
+# cgroup v1 reports "no limit" as a huge page-rounded number.
+_UNLIMITED = 1 << 60
+
+
 def available_memory_bytes() -> int:
-    """Memory the OS can give without swapping (``MemAvailable``), or free physical pages as a fallback."""
+    """Memory the host can give without swapping (``MemAvailable``), or free physical pages as a fallback.
+
+    Blind to container limits: ``memory_budget`` combines it with them.
+    """
     try:
         with open("/proc/meminfo") as f:
             for line in f:
@@ -44,6 +61,103 @@ def available_memory_bytes() -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class CgroupMemory:
+    """One cgroup memory limit above this process: ``limit`` and ``usage`` in bytes, at ``path``.
+
+    ``usage`` excludes inactive file cache, which the kernel reclaims before it OOM-kills.
+    """
+
+    path: str
+    limit: int
+    usage: int
+
+    @property
+    def headroom(self) -> int:
+        return max(self.limit - self.usage, 0)
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # "max" (v2 without a limit) -> None
+
+
+def _inactive_file(directory: Path, key: str) -> int:
+    try:
+        for line in (directory / "memory.stat").read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == key and value.strip().isdigit():
+                return int(value)
+    except OSError:
+        pass
+    return 0
+
+
+def _own_cgroups(proc_cgroup: str) -> tuple[str | None, str | None]:
+    """(v2 path, v1 memory path) of this process from ``/proc/self/cgroup`` (None where absent)."""
+    v2 = v1 = None
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        return None, None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            v2 = path
+        elif "memory" in controllers.split(","):
+            v1 = path
+    return v2, v1
+
+
+def _levels(base: Path, path: str) -> list[Path]:
+    """``base/path`` and each of its ancestors down to ``base``, those that exist.
+
+    Inside a container the process's cgroup is often mounted as ``base`` itself (cgroup namespace, or a
+    v1 bind mount) while ``/proc/self/cgroup`` names the host's path: then only ``base`` exists.
+    """
+    parts = [p for p in path.strip("/").split("/") if p and p != ".."]
+    found = [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+    return [d for d in found if d.is_dir()]
+
+
+def cgroup_memory_limits(root: str | None = None, proc_cgroup: str | None = None) -> list[CgroupMemory]:
+    """Every memory limit (cgroup v2, else v1) on this process's cgroup path; [] when there is none."""
+    base = Path(root if root is not None else CGROUP_ROOT)
+    v2, v1 = _own_cgroups(proc_cgroup if proc_cgroup is not None else PROC_SELF_CGROUP)
+    limits: list[CgroupMemory] = []
+    if v2 is not None:
+        mount = base if (base / "cgroup.controllers").exists() else base / "unified"
+        for d in _levels(mount, v2):
+            limit, usage = _read_int(d / "memory.max"), _read_int(d / "memory.current")
+            if limit is not None and usage is not None:
+                limits.append(CgroupMemory(str(d), limit, usage - _inactive_file(d, "inactive_file")))
+    if not limits and v1 is not None:
+        for d in _levels(base / "memory", v1):
+            limit, usage = _read_int(d / "memory.limit_in_bytes"), _read_int(d / "memory.usage_in_bytes")
+            if limit is not None and usage is not None and limit < _UNLIMITED:
+                limits.append(CgroupMemory(str(d), limit, usage - _inactive_file(d, "total_inactive_file")))
+    return limits
+
+
+def memory_budget(root: str | None = None, proc_cgroup: str | None = None) -> tuple[int, str]:
+    """(bytes this process can still take, what bounds it): the host or the tightest cgroup limit."""
+    available, where = available_memory_bytes(), "host MemAvailable"
+    for cg in cgroup_memory_limits(root, proc_cgroup):
+        if cg.headroom < available:
+            available = cg.headroom
+            where = (
+                f"container memory limit {cg.limit / GIB:.2f} GiB with {cg.usage / GIB:.2f} GiB in use "
+                f"(cgroup {cg.path})"
+            )
+    return available, where
 
 
 def estimate_cache_bytes(records: Sequence[ImageRecord], size: int, scaleup: bool = True) -> int:
@@ -100,12 +214,14 @@ class ImageCache:
         shapes = shapes.reshape(-1, 2)
         nbytes = 3 * shapes.prod(axis=1)
         total = int(nbytes.sum())
-        available = available_memory_bytes()
+        available, where = memory_budget()
         if total * copies > max_fraction * available:
             raise MemoryError(
-                f"cache_images: {len(records)} images at long side {size} need {total / GIB:.2f} GiB per process "
-                f"x {copies} process(es) = {total * copies / GIB:.2f} GiB, more than {max_fraction:.0%} of the "
-                f"{available / GIB:.2f} GiB available. Turn cache_images off or lower image_size."
+                f"cache_images: {len(records)} images at long side {size} need an estimated "
+                f"{total / GIB:.2f} GiB "
+                f"per process x {copies} process(es) = {total * copies / GIB:.2f} GiB, more than "
+                f"{max_fraction:.0%} of the {available / GIB:.2f} GiB available ({where}). Set "
+                "--data.cache_images false, or lower --data.image_size."
             )
         log.info("caching %d images in RAM: %.2f GiB", len(records), total / GIB)
         offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)

@@ -14,6 +14,7 @@ marker (inside APP1, before the scan) cannot fool it; entropy-coded data never c
 from __future__ import annotations
 
 import math
+import time
 
 import cv2
 import numpy as np
@@ -107,6 +108,22 @@ def read_image(path: str) -> np.ndarray:
     if _IMREAD_RGB is not None:
         return _decode(path, data, _IMREAD_RGB)
     return cv2.cvtColor(_decode(path, data, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+
+
+def read_image_retrying(path: str, attempts: int = 3, backoff_s: float = 0.05) -> np.ndarray:
+    """``read_image`` tried ``attempts`` times, sleeping ``backoff_s``, 2x, 4x ... seconds in between.
+
+    For files on network filesystems, where a read can fail once (a stale NFS handle, a file being
+    replaced) and succeed a moment later. Raises the last ImageReadError when every attempt failed.
+    """
+    for attempt in range(attempts):
+        try:
+            return read_image(path)
+        except ImageReadError:
+            if attempt + 1 >= attempts:
+                raise
+            time.sleep(backoff_s * 2**attempt)
+    raise ValueError(f"attempts must be >= 1, got {attempts}")
 
 
 def probe_image(path: str) -> tuple[int, int]:

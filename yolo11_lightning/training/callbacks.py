@@ -1,12 +1,14 @@
-"""Training callbacks: close-mosaic and validation images."""
+"""Training callbacks: close-mosaic, validation images and the unreadable-image account."""
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torchvision.ops import box_convert
@@ -47,6 +49,7 @@ class ValidationImages(Callback):
         self.num_images = num_images
         self.min_score = min_score
         self.out_dir: Path | None = None
+        self._warned = False
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         # trainer.log_dir broadcasts from rank 0: every rank must ask, never rank 0 alone (it would hang).
@@ -64,6 +67,23 @@ class ValidationImages(Callback):
     ) -> None:
         if batch_idx != 0 or trainer.sanity_checking or not isinstance(outputs, dict):
             return
+        if len(batch["images"]) == 0:  # every image of the batch was unreadable
+            return
+        # Side work of rank 0 alone: a failure here (a full disk, a logger error) must never end the run,
+        # nor make rank 0 leave the others waiting in a collective.
+        try:
+            self._draw_and_save(trainer, pl_module, outputs, batch)
+        except Exception as e:  # any failure of optional output is only reported
+            if not self._warned:
+                log.warning(
+                    "ValidationImages: could not draw or save the validation images (%s: %s); training "
+                    "goes on, later failures are not reported", type(e).__name__, e,
+                )  # fmt: skip
+                self._warned = True
+
+    def _draw_and_save(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: dict, batch: dict[str, Any]
+    ) -> None:
         images = batch["images"][: self.num_images].permute(0, 2, 3, 1).cpu().numpy()
         height, width = images.shape[1:3]
         targets = batch["targets"].detach().cpu()
@@ -91,3 +111,119 @@ class ValidationImages(Callback):
                 logger.log_image(key="val/predictions", images=[grid], step=trainer.global_step)
             elif hasattr(getattr(logger, "experiment", None), "add_image"):  # TensorBoard
                 logger.experiment.add_image("val/predictions", grid, trainer.global_step, dataformats="HWC")
+
+
+class SubstitutionLimitError(RuntimeError):
+    """Too many training images could not be read: the run stops (on every rank together)."""
+
+
+class UnreadableImages(Callback):
+    """Counts, logs and limits the images the loaders could not read; names each file once.
+
+    Training batches carry ``substitutes`` (a sample's own unreadable image was replaced) and
+    ``unreadable`` ((path, reason) pairs); evaluation batches carry ``missing`` (images left out of the
+    metric, logged per validation as ``val/missing_images``, summed over ranks). Per training batch the
+    substitution count is summed over ranks (one all-reduce of a scalar, so every rank sees the same
+    figure) and logged as the run total ``train/substituted_samples``. When
+    more samples of one epoch were substituted than ``max_substituted_fraction`` of the training set
+    (at least ``min_limit``), every rank raises ``SubstitutionLimitError`` at the same batch: no hang.
+
+    The limit comes from the DataModule (``max_substituted_fraction``) when it has one.
+    """
+
+    def __init__(self, max_substituted_fraction: float | None = None, min_limit: int = 8) -> None:
+        self.max_substituted_fraction = max_substituted_fraction
+        self.min_limit = min_limit
+        self.total = 0
+        self.epoch = -1
+        self.epoch_count = 0
+        self._named: set[str] = set()
+        self._missing = 0
+
+    def fraction(self, trainer: L.Trainer) -> float | None:
+        """The share of the training set that may be substituted per epoch (None or >= 1: no limit)."""
+        if self.max_substituted_fraction is not None:
+            return self.max_substituted_fraction
+        return getattr(trainer.datamodule, "max_substituted_fraction", 0.01)
+
+    def limit(self, trainer: L.Trainer) -> int | None:
+        """Most substituted samples one epoch may have; None: no limit."""
+        fraction = self.fraction(trainer)
+        if fraction is None or fraction >= 1:
+            return None
+        datamodule = trainer.datamodule
+        train = getattr(datamodule, "datasets", {}).get("train") if datamodule is not None else None
+        return max(self.min_limit, math.floor(fraction * (len(train) if train is not None else 0)))
+
+    def _name(self, unreadable: list[tuple[str, str]], what: str) -> None:
+        for path, reason in unreadable:
+            if path not in self._named:
+                self._named.add(path)
+                log.warning("unreadable image %s (%s): %s", path, reason, what)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if not isinstance(batch, dict) or "substitutes" not in batch:
+            return
+        self._name(batch.get("unreadable", []), "training uses a substitute image in its place")
+        local = batch.get("substituted")
+        if local is None:
+            local = int((batch["substitutes"] != -1).sum())
+        count = local
+        if trainer.world_size > 1:
+            summed = trainer.strategy.reduce(
+                torch.tensor(float(local), device=pl_module.device), reduce_op="sum"
+            )
+            count = round(float(summed))
+        if trainer.current_epoch != self.epoch:
+            self.epoch, self.epoch_count = trainer.current_epoch, 0
+        self.total += count
+        self.epoch_count += count
+        if self.total:
+            pl_module.log("train/substituted_samples", float(self.total), rank_zero_only=True, batch_size=1)
+        limit = self.limit(trainer)
+        if limit is not None and self.epoch_count > limit:
+            raise SubstitutionLimitError(
+                f"{self.epoch_count} training samples of epoch {self.epoch} had an unreadable image and were "
+                f"replaced by substitutes, more than the limit of {limit} (data.max_substituted_fraction="
+                f"{self.fraction(trainer)} of the training set, at least {self.min_limit}): the data is "
+                "going away under the run; check its storage (the warnings above name the files)"
+            )
+
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._missing = 0
+
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if isinstance(batch, dict) and batch.get("unreadable"):
+            self._name(batch["unreadable"], "left out of the validation metric")
+            self._missing += int(batch.get("missing", 0))
+
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Log ``val/missing_images`` (summed over ranks) when an image could not be scored."""
+        if trainer.sanity_checking:
+            return
+        count = self._missing
+        if trainer.world_size > 1:  # every rank runs this hook: the collective is matched
+            summed = trainer.strategy.reduce(
+                torch.tensor(float(count), device=pl_module.device), reduce_op="sum"
+            )
+            count = round(float(summed))
+        if count:
+            pl_module.log("val/missing_images", float(count), rank_zero_only=True)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"total": self.total, "epoch": self.epoch, "epoch_count": self.epoch_count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.total = int(state_dict.get("total", 0))
+        self.epoch = int(state_dict.get("epoch", -1))
+        self.epoch_count = int(state_dict.get("epoch_count", 0))

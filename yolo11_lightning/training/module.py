@@ -15,7 +15,7 @@ from torch import Tensor
 from yolo11_lightning.loss import DetectionLoss
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.training.callbacks import CloseMosaic, ValidationImages
+from yolo11_lightning.training.callbacks import CloseMosaic, UnreadableImages, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
 from yolo11_lightning.training.evaluation import DetectionMAP
 from yolo11_lightning.training.faults import NonFiniteStepGuard
@@ -175,7 +175,7 @@ class YOLO11Module(L.LightningModule):
         return getattr(getattr(self.trainer, "datamodule", None), "num_train_samples", None)
 
     def configure_callbacks(self) -> list[Callback]:
-        callbacks: list[Callback] = [CloseMosaic(self.hparams.close_mosaic)]
+        callbacks: list[Callback] = [CloseMosaic(self.hparams.close_mosaic), UnreadableImages()]
         if self.hparams.ema:
             callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))
         if self.hparams.log_images > 0:

@@ -11,7 +11,7 @@ all-reduce of the flag (``agree``): a signal that reached only some ranks, or re
 moments, stops them all after the same batch. ``LastCheckpoint`` (``checkpoint_callbacks``) then writes the
 exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM).
 
-DataLoader workers ignore these signals (``ignore_stop_signals_in_worker``): a scheduler that signals the whole
+DataLoader workers ignore these signals (``data.datamodule.ignore_stop_signals_in_worker``): a scheduler that signals the whole
 process group would otherwise kill them, and the main process would fail on its next batch before it could
 save. Workers still end with their parent.
 """
@@ -98,17 +98,6 @@ def agree(local: list[float], device: torch.device) -> list[float]:
     flags = torch.tensor(local, dtype=torch.float64 if device.type == "cpu" else torch.float32, device=device)
     torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
     return flags.tolist()
-
-
-def ignore_stop_signals_in_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1 to the training process.
-
-    PyTorch's workers die on a SIGTERM that does not come from their parent; a process-group signal would
-    then fail the next batch with "DataLoader worker ... is killed by signal". Ignoring it keeps them alive
-    until the training process has saved; they still exit when it does (PyTorch watches the parent).
-    """
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, signal.SIG_IGN)
 
 
 def requeue_slurm_job() -> None:
