@@ -147,3 +147,13 @@ class HangOnRank(Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         if trainer.global_rank == self.rank and trainer.global_step == self.step:
             time.sleep(self.seconds)
+
+
+class SlowSteps(Callback):
+    """Every rank sleeps ``seconds`` at each batch start, so a test can act mid-epoch (cut a link) in time."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        time.sleep(self.seconds)

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.training.checkpointing import find_last_checkpoint, use_atomic_checkpoints
+from yolo11_lightning.training.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.module import YOLO11Module
 
 
@@ -25,6 +26,7 @@ def default_callbacks() -> list[Any]:
             monitor="val/mAP50-95", mode="max", filename="best", save_last=True, auto_insert_metric_name=False
         ),
         LearningRateMonitor(logging_interval="step"),
+        HangWatchdog(),  # stack dumps and the laggard's name when a rank stops making progress
     ]
 
 
