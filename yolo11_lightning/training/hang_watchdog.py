@@ -24,6 +24,7 @@ import json
 import logging
 import math
 import os
+import queue
 import socket
 import sys
 import threading
@@ -66,6 +67,57 @@ def _is_distributed_error(error: BaseException) -> bool:
 
     text = str(error).lower()
     return isinstance(error, dist.DistError) or any(w in text for w in ("timed out", "timeout", "connection"))
+
+
+class _BoundedStore:
+    """A client of the job's TCPStore whose calls return or fail within ``timeout`` seconds.
+
+    A TCPStore call on a connection whose peer vanished (link down, host gone) can block for good, so the
+    calls run on a daemon thread of their own; while one is stuck, the next ones fail at once.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self._requests: queue.Queue = queue.Queue()
+        self._pending: threading.Event | None = None
+        self._since = 0.0
+        self._lock = threading.Lock()
+        self._store: Any = None
+        threading.Thread(target=self._serve, name="HangWatchdog-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        from torch.distributed import TCPStore
+
+        while True:
+            fn, box, done = self._requests.get()
+            try:
+                if self._store is None:
+                    self._store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                                           timeout=timedelta(seconds=self.timeout))  # fmt: skip
+                box.append((True, fn(self._store)))
+            except Exception as error:
+                self._store = None  # reconnect on the next call
+                box.append((False, error))
+            done.set()
+
+    def call(self, fn: Any) -> Any:
+        """``fn(store)`` on the store thread; TimeoutError when it does not answer in time."""
+        with self._lock:
+            if self._pending is not None and not self._pending.is_set():
+                raise TimeoutError(
+                    f"the store at {self.host}:{self.port} has not answered for {time.monotonic() - self._since:.0f} s"
+                )
+            box: list = []
+            self._pending, self._since = threading.Event(), time.monotonic()
+            self._requests.put((fn, box, self._pending))
+            if not self._pending.wait(self.timeout):
+                raise TimeoutError(
+                    f"the store at {self.host}:{self.port} did not answer within {self.timeout:g} s"
+                )
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
 
 
 class HangWatchdog(Callback):
@@ -216,7 +268,6 @@ class HangWatchdog(Callback):
         """Name the rank(s) that fell behind, and the stack files, in the error that ends the run."""
         if not self._armed or not hasattr(exception, "add_note"):
             return
-        self._stop.set()
         if self.report is None and self.world > 1 and _is_distributed_error(exception):
             self._observe_peers(time.monotonic())  # e.g. a peer's process died before the deadline
             self._stalled(time.monotonic() - self._note.since)
@@ -249,13 +300,9 @@ class HangWatchdog(Callback):
                 sys.stderr.flush()
                 os._exit(EXIT_CODE)
 
-    def _connect(self) -> Any:
+    def _connect(self) -> _BoundedStore | None:
         if self._store is None and self._address is not None:
-            from torch.distributed import TCPStore
-
-            host, port = self._address
-            timeout = timedelta(seconds=max(2.0 * self.interval, 2.0))
-            self._store = TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+            self._store = _BoundedStore(*self._address, timeout=max(2.0 * self.interval, 2.0))
         return self._store
 
     def _publish(self, beat: int, stalled: float) -> None:
@@ -264,30 +311,32 @@ class HangWatchdog(Callback):
         try:
             store = self._connect()
             if store is not None:
-                store.set(f"{self._prefix}{self.rank}", json.dumps(note))
+                store.call(lambda s: s.set(f"{self._prefix}{self.rank}", json.dumps(note)))
             self._store_error = None
         except Exception as error:  # the store's host is unreachable: keep trying, report it when stalled
-            self._store, self._store_error = None, error
+            self._store_error = error
 
     def _observe_peers(self, now: float) -> None:
         """Read every other rank's note; remember when its beat last changed."""
         if self.world <= 1:
             return
+        keys = [f"{self._prefix}{rank}" for rank in range(self.world)]
+
+        def read(store: Any) -> dict[int, dict]:
+            return {
+                r: json.loads(store.get(k)) for r, k in enumerate(keys) if r != self.rank and store.check([k])
+            }
+
         try:
-            store = self._connect()
-            for rank in range(self.world):
-                if rank == self.rank:
-                    continue
-                key = f"{self._prefix}{rank}"
-                if not store.check([key]):
-                    continue
-                note = json.loads(store.get(key))
-                old = self._peers.get(rank)
-                changed = old is None or old[0] != note["beat"]
-                self._peers[rank] = (note["beat"], now if changed else old[1], note)
+            notes = self._connect().call(read)
             self._store_error = None
         except Exception as error:
-            self._store, self._store_error = None, error
+            self._store_error = error
+            return
+        for rank, note in notes.items():
+            old = self._peers.get(rank)
+            changed = old is None or old[0] != note["beat"]
+            self._peers[rank] = (note["beat"], now if changed else old[1], note)
 
     def _stalled(self, stalled: float) -> None:
         """Dump this rank's stacks, name the laggards, log and keep the report."""
@@ -311,11 +360,12 @@ class HangWatchdog(Callback):
         )
         if self.world <= 1:
             return f"{head} {stacks}"
-        if self._store_error is not None and not self._peers:
+        parts = [head]
+        if self._store_error is not None:
             host, port = self._address
-            return (
-                f"{head} The job's store at {host}:{port} (rank 0's host) did not answer ({self._store_error}): "
-                f"this node lost its connection to rank 0 (network link, or rank 0's host is down). {stacks}"
+            parts.append(
+                f"The job's store at {host}:{port} (rank 0's host) did not answer ({self._store_error}): this "
+                "rank lost its connection to rank 0 (network link down, or rank 0's host is gone)."
             )
         now = time.monotonic()
         window = 2.5 * self.interval
@@ -330,20 +380,19 @@ class HangWatchdog(Callback):
                            "pid": self.pid, "stalled_s": stalled}  # fmt: skip
         furthest = max(tuple(n["key"]) for n in live.values())
         behind = {r: n for r, n in live.items() if tuple(n["key"]) < furthest}
-        parts = [head]
         for rank, (_, seen, note) in sorted(silent.items()):
             parts.append(
                 f"Not answering: rank {rank} ({note['host']}, pid {note['pid']}): no heartbeat for "
                 f"{max(now - seen, time.time() - note['time']):.0f} s, last at {note['where']} (process stopped, or its host or link is down)."
             )
-        if missing:
+        if missing and self._store_error is None:
             parts.append(f"Never published a heartbeat: rank(s) {', '.join(map(str, missing))}.")
         for rank, note in sorted(behind.items()):
             parts.append(
                 f"Fell behind: rank {rank} ({note['host']}, pid {note['pid']}) is at {note['where']}, "
                 f"stuck for {float(note['stalled_s']):.0f} s; read {self.hang_dir}/rank{rank}.txt."
             )
-        if not (silent or missing or behind):
+        if not (silent or missing or behind or self._store_error):
             parts.append("Every rank is at the same point: a collective none of them finished (network?).")
         parts.append(stacks)
         return " ".join(parts)
