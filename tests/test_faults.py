@@ -216,8 +216,19 @@ def test_hung_rank_is_named_with_every_ranks_stacks_and_no_rank_is_left_behind(
     assert not [r for r in records(tmp_path / "rec") if r["event"] == "end"]
 
 
-def test_hang_watchdog_is_a_default_callback_and_refuses_bad_seconds() -> None:
-    assert [type(c) for c in default_callbacks()].count(HangWatchdog) == 1
+def test_hang_watchdog_is_a_default_callback_that_one_you_add_replaces(tmp_path: Path) -> None:
+    """LightningCLI appends its default callbacks after the configured ones: the first watchdog is active."""
+    (default,) = [c for c in default_callbacks() if isinstance(c, HangWatchdog)]
+    mine = HangWatchdog(deadline=3.0)
+    trainer = L.Trainer(default_root_dir=tmp_path, logger=False, callbacks=[mine, default], accelerator="cpu")
+    for watchdog in (mine, default):
+        watchdog.setup(trainer, L.LightningModule(), "fit")
+    assert (mine.active, default.active) == (True, False)
+    assert (mine.deadline, mine.interval, mine.exit_after) == (3.0, 1.0, None)  # 1 rank: nothing to exit for
+    assert mine.hang_dir == tmp_path / "hang"
+
+
+def test_hang_watchdog_refuses_bad_seconds() -> None:
     for bad in ({"deadline": -1.0}, {"interval": float("nan")}, {"exit_after": float("inf")}):
         with pytest.raises(ValueError, match=f"HangWatchdog {next(iter(bad))}="):
             HangWatchdog(**bad)

@@ -130,7 +130,8 @@ class HangWatchdog(Callback):
         exit_after: seconds without progress after which the rank ends itself (exit code 86); default: the
             collective timeout plus ``deadline``, else never. ``0``: never.
 
-    Only the last HangWatchdog in ``trainer.callbacks`` is active, so one you add replaces the default.
+    Only the first HangWatchdog in ``trainer.callbacks`` is active, so one you add (``--trainer.callbacks+=``)
+    replaces the default one, which LightningCLI appends after yours.
     """
 
     def __init__(
@@ -142,6 +143,7 @@ class HangWatchdog(Callback):
         self._deadline, self._interval, self._exit_after = deadline, interval, exit_after
         self.deadline = self.interval = 0.0
         self.exit_after: float | None = None
+        self.active = False  # set up for a fit and the first HangWatchdog of the trainer
         self.report: str | None = None  # the last stall report of this rank
         self.stack_file: Path | None = None
         self._note = _Note((0, 0, 0, 0), "start-up", time.monotonic())
@@ -212,7 +214,7 @@ class HangWatchdog(Callback):
         if stage != "fit":
             return
         mine = [c for c in trainer.callbacks if isinstance(c, HangWatchdog)]
-        self._active = mine[-1] is self
+        self.active = mine[0] is self  # LightningCLI appends its default callbacks after yours
         timeout = getattr(trainer.strategy, "_timeout", None)
         timeout_s = timeout.total_seconds() if isinstance(timeout, timedelta) else None
         distributed = trainer.world_size > 1 and timeout_s is not None
@@ -233,7 +235,7 @@ class HangWatchdog(Callback):
         self._prefix = f"hang_watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not getattr(self, "_active", False) or self.deadline <= 0:
+        if not self.active or self.deadline <= 0:
             return
         self._progress("batch start", 0)
         wrapper = trainer.strategy.model
