@@ -23,8 +23,9 @@
 #   STORE_TIMEOUT (60)    seconds a rendezvous store operation (the first connection included) may take:
 #                         a MASTER_ADDR:MASTER_PORT nobody answers fails after this long
 #   AGENT_GRACE (RDZV_TIMEOUT + 2 x STORE_TIMEOUT + 30)  seconds torchrun may go on without a live worker
-#                         before this script ends it: a node cut off from MASTER_ADDR leaves torchrun blocked
-#                         in a store call with no timeout, after its workers have ended
+#                         before this script ends it (also when its exited workers stay unreaped for
+#                         STORE_TIMEOUT): a node cut off from MASTER_ADDR leaves torchrun blocked in a store
+#                         call with no timeout, after its workers have ended
 set -euo pipefail
 
 NNODES="${NNODES:-1}"
@@ -91,14 +92,25 @@ agent=$!
 trap 'kill -TERM "$agent" 2>/dev/null' TERM INT HUP  # torchrun passes it on to the workers
 
 # torchrun's own store calls can block for good once MASTER_ADDR is unreachable, and a blocked torchrun no
-# longer even reaps its exited workers. Each worker ends itself (the collective timeout, HangWatchdog), so
-# torchrun without a live worker for AGENT_GRACE seconds is stuck: end it, and with it this node.
+# longer even reaps its exited workers. Each worker ends itself (the collective timeout, HangWatchdog), so a
+# torchrun whose workers all exited but stay unreaped for STORE_TIMEOUT seconds, or that has had no worker
+# for AGENT_GRACE seconds, is stuck: end it, and with it this node.
 idle_since=$SECONDS
+unreaped_since=""
+stuck=""
 while kill -0 "$agent" 2>/dev/null; do
-  if ps -o stat= --ppid "$agent" | grep -qv '^Z'; then
+  states="$(ps -o stat= --ppid "$agent" 2>/dev/null)" || states=""
+  if [[ -n "$states" ]] && grep -qv '^ *Z' <<<"$states"; then  # a live worker
     idle_since=$SECONDS
+    unreaped_since=""
+  elif [[ -n "$states" ]]; then  # only exited workers, which a working torchrun reaps within a second
+    unreaped_since="${unreaped_since:-$SECONDS}"
+    ((SECONDS - unreaped_since < STORE_TIMEOUT)) || stuck="its exited workers stayed unreaped for $((SECONDS - unreaped_since)) s"
   elif ((SECONDS - idle_since >= AGENT_GRACE)); then
-    log "torchrun has had no live worker for $((SECONDS - idle_since)) s (AGENT_GRACE=$AGENT_GRACE): it cannot reach the rendezvous store at $MASTER_ADDR:$MASTER_PORT; ending it"
+    stuck="it has had no live worker for $((SECONDS - idle_since)) s (AGENT_GRACE=$AGENT_GRACE)"
+  fi
+  if [[ -n "$stuck" ]]; then
+    log "torchrun is blocked: $stuck; it cannot reach the rendezvous store at $MASTER_ADDR:$MASTER_PORT. Ending it."
     kill -TERM "$agent" 2>/dev/null
     sleep 5
     kill -KILL "$agent" 2>/dev/null || true

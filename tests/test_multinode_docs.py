@@ -121,7 +121,7 @@ def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
         r"The client socket has failed to connect to any network address of \([\d.]+, \d+\)", text
     )
     for quoted in ("Not answering: rank 1 (node1, pid", "(rank 0's host) did not answer", "Fell behind: rank 5",
-                   "torchrun has had no live worker for", "network interface docker0"):  # fmt: skip
+                   "torchrun is blocked: its exited workers stayed unreaped", "network interface docker0"):  # fmt: skip
         assert quoted in text, quoted
     (option,) = re.findall(r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.hang_watchdog[^`]*)`", text)
     monkeypatch.chdir(REPO)
