@@ -232,3 +232,21 @@ def test_hang_watchdog_refuses_bad_seconds() -> None:
     for bad in ({"deadline": -1.0}, {"interval": float("nan")}, {"exit_after": float("inf")}):
         with pytest.raises(ValueError, match=f"HangWatchdog {next(iter(bad))}="):
             HangWatchdog(**bad)
+
+
+def test_rank_stuck_beyond_exit_after_ends_itself_with_its_stacks_written(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """A rank stuck where no timeout reaches it (here: 1 rank asleep in a step) ends itself `exit_after`
+    seconds into the stall, exit code 86, after writing its stacks; nothing is left to wait for it."""
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+                "--trainer.callbacks.deadline", "2", "--trainer.callbacks.exit_after", "4"]  # fmt: skip
+    hang = ["--trainer.callbacks+=fault_callbacks.HangOnRank", "--trainer.callbacks.rank", "0",
+            "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "300"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *watchdog, *hang), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 86, tail(proc)
+    assert re.search(
+        r"rank 0 made no progress for \d+ s \(exit_after=4 s\), still at train batch", proc.stderr
+    )
+    (stacks,) = tmp_path.glob("lightning_logs/version_0/hang/rank0.txt")
+    assert "fault_callbacks.py" in stacks.read_text()
