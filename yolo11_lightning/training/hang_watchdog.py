@@ -125,7 +125,7 @@ class HangWatchdog(Callback):
 
     Args:
         deadline: seconds without progress on a rank before it dumps its stacks and reports; default: half
-            the strategy's collective timeout (``DDPStrategy(timeout=...)``), else 600 s.
+            the strategy's collective timeout (``DDPStrategy(timeout=...)``), else 600 s. ``0``: off.
         interval: seconds between heartbeats published to the store; default ``deadline / 5`` in 1-30 s.
         exit_after: seconds without progress after which the rank ends itself (exit code 86); default: the
             collective timeout plus ``deadline``, else never. ``0``: never.
@@ -207,7 +207,9 @@ class HangWatchdog(Callback):
         self._progress("epoch end", EPOCH_END)
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        self._note = _Note(self._note.key, self._note.where + ", saving a checkpoint", time.monotonic())
+        saving = ", saving a checkpoint"
+        where = self._note.where if self._note.where.endswith(saving) else self._note.where + saving
+        self._note = _Note(self._note.key, where, time.monotonic())
 
     # ------------------------------------------------------------------------------------ life cycle
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -273,7 +275,7 @@ class HangWatchdog(Callback):
         if self.report is None and self.world > 1 and _is_distributed_error(exception):
             self._observe_peers(time.monotonic())  # e.g. a peer's process died before the deadline
             self._stalled(time.monotonic() - self._note.since)
-        if self.report is not None:
+        if self.report is not None:  # never replaces the error: _stalled logs its own failures
             exception.add_note(self.report)
 
     # ------------------------------------------------------------------------------------ the thread
@@ -341,9 +343,22 @@ class HangWatchdog(Callback):
             self._peers[rank] = (note["beat"], now if changed else old[1], note)
 
     def _stalled(self, stalled: float) -> None:
-        """Dump this rank's stacks, name the laggards, log and keep the report."""
-        self.hang_dir.mkdir(parents=True, exist_ok=True)
+        """Dump this rank's stacks, name the laggards, log and keep the report (errors are logged, not raised)."""
+        try:
+            self._dump_stacks(stalled)
+        except OSError as error:
+            log.error(
+                f"HangWatchdog: could not write the stacks of rank {self.rank} to {self.stack_file}: {error}"
+            )
+        try:
+            self.report = self._diagnose(stalled)
+        except Exception as error:
+            self.report = f"HangWatchdog: rank {self.rank} made no progress for {stalled:.0f} s ({error!r})"
+        log.error(self.report)
+
+    def _dump_stacks(self, stalled: float) -> None:
         self.stack_file = self.hang_dir / f"rank{self.rank}.txt"
+        self.hang_dir.mkdir(parents=True, exist_ok=True)
         with open(self.stack_file, "a") as f:
             f.write(
                 f"--- rank {self.rank} of {self.world}, host {self.hostname}, pid {self.pid}, "
@@ -351,8 +366,6 @@ class HangWatchdog(Callback):
             )
             f.flush()
             faulthandler.dump_traceback(f, all_threads=True)
-        self.report = self._diagnose(stalled)
-        log.error(self.report)
 
     def _diagnose(self, stalled: float) -> str:
         me = f"rank {self.rank} ({self.hostname}, pid {self.pid})"
