@@ -48,6 +48,9 @@ log() { echo "torchrun_node.sh (node $NODE_RANK): $*" >&2; }
 # other nodes cannot reach.
 master_ip="$(getent ahostsv4 "$MASTER_ADDR" 2>/dev/null | awk 'NR == 1 {print $1}')" || true
 master_ip="${master_ip:-$MASTER_ADDR}"
+if ((NNODES > 1)) && [[ "$master_ip" == 127.* ]]; then
+  log "WARNING: MASTER_ADDR $MASTER_ADDR is $master_ip on this node, a loopback address the other nodes cannot reach (an /etc/hosts entry like '127.0.1.1 $(hostname)'?): give node 0's address on the network the nodes share"
+fi
 if [[ -z "${SOCKET_IFNAME:-}" ]] && command -v ip >/dev/null; then
   route="$(ip -o route get "$master_ip" 2>/dev/null)" || route=""
   if [[ "$route" == local* ]]; then  # MASTER_ADDR is this node: the interface that holds the address
