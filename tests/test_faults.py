@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,8 +24,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
 from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
-from yolo11_lightning.training.cli import run_lightning_cli
+from yolo11_lightning.training.cli import default_callbacks, run_lightning_cli
 from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
+from yolo11_lightning.training.hang_watchdog import HangWatchdog
 
 FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
 
@@ -177,17 +179,74 @@ def test_exception_on_one_rank_ends_the_whole_job(
     assert not [r for r in records(root / "rec") if r["event"] == "end"], "a rank finished training"
 
 
-def test_hung_rank_trips_the_collective_timeout_and_no_rank_is_left_behind(
+def test_hung_rank_is_named_with_every_ranks_stacks_and_no_rank_is_left_behind(
     tiny_dataset: Path, tmp_path: Path
 ) -> None:
-    """Rank 1 stops responding: rank 0 gives up after the configured 15 s collective timeout, and the CLI
-    ends rank 1 (a process it launched) instead of leaving it asleep; `run` returning at all proves that,
-    since rank 1 would otherwise hold the output pipes open for the rest of its 150 s sleep.
+    """Rank 1 sleeps inside step 1: both ranks' HangWatchdog (deadline 5 s) dump their stacks to
+    ``<log_dir>/hang/rank<R>.txt`` and name rank 1 as the one that fell behind; rank 0 gives up after the
+    configured 15 s collective timeout with an error that names rank 1 and its stack file, and the CLI ends
+    rank 1 (a process it launched) instead of leaving it asleep; `run` returning at all proves that, since
+    rank 1 would otherwise hold the output pipes open for the rest of its 150 s sleep.
 
     (The timeout must also cover start-up: it bounds the ranks' first connection to the store too.)
     """
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+                "--trainer.callbacks.deadline", "5"]  # fmt: skip
     hang = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.HangOnRank",
             "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "150"]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *ddp("0:00:15"), *hang), cwd=tmp_path, timeout=120)
+    args = fit_args(tiny_dataset, tmp_path, "rec", *ddp("0:00:15"), *watchdog, *hang)
+    proc = run_cli(args, cwd=tmp_path, timeout=120)
     assert proc.returncode != 0, tail(proc)
     assert "Timed out" in proc.stderr or "timed out" in proc.stderr, tail(proc)
+    (hang_dir,) = tmp_path.glob("lightning_logs/version_0/hang")
+    stacks = {p.name: p.read_text() for p in hang_dir.iterdir()}
+    assert sorted(stacks) == ["rank0.txt", "rank1.txt"], tail(proc)
+    # Rank 1's main thread is in the sleep (step 1 = epoch 0, batch 2), rank 0's waits in DDP's forward.
+    assert "in on_train_batch_start" in stacks["rank1.txt"] and "fault_callbacks.py" in stacks["rank1.txt"]
+    assert "at train batch 2 (forward)" in stacks["rank0.txt"].splitlines()[0]
+    assert "Thread 0x" in stacks["rank0.txt"] and "distributed.py" in stacks["rank0.txt"]
+    # Rank 0's error (its last lines: the exception and the note added to it) names rank 1, and only it.
+    # (Rank 1 is at batch 2's start or batch 1's end, depending on the order of the callbacks.)
+    error = proc.stderr[proc.stderr.index("Timed out") :]
+    named = f"Fell behind: rank 1 \\(.*\\) is at train batch [12] .*read {re.escape(str(hang_dir))}/rank1.txt"
+    assert re.search(f"rank 0 .* made no progress .*at train batch 2 \\(forward\\).*{named}", error), tail(
+        proc
+    )
+    assert "Fell behind: rank 0" not in proc.stderr
+    assert not [r for r in records(tmp_path / "rec") if r["event"] == "end"]
+
+
+def test_hang_watchdog_is_a_default_callback_that_one_you_add_replaces(tmp_path: Path) -> None:
+    """LightningCLI appends its default callbacks after the configured ones: the first watchdog is active."""
+    (default,) = [c for c in default_callbacks() if isinstance(c, HangWatchdog)]
+    mine = HangWatchdog(deadline=3.0)
+    trainer = L.Trainer(default_root_dir=tmp_path, logger=False, callbacks=[mine, default], accelerator="cpu")
+    for watchdog in (mine, default):
+        watchdog.setup(trainer, L.LightningModule(), "fit")
+    assert (mine.active, default.active) == (True, False)
+    assert (mine.deadline, mine.interval, mine.exit_after) == (3.0, 1.0, None)  # 1 rank: nothing to exit for
+    assert mine.hang_dir == tmp_path / "hang"
+
+
+def test_hang_watchdog_refuses_bad_seconds() -> None:
+    for bad in ({"deadline": -1.0}, {"interval": float("nan")}, {"exit_after": float("inf")}):
+        with pytest.raises(ValueError, match=f"HangWatchdog {next(iter(bad))}="):
+            HangWatchdog(**bad)
+
+
+def test_rank_stuck_beyond_exit_after_ends_itself_with_its_stacks_written(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    """A rank stuck where no timeout reaches it (here: 1 rank asleep in a step) ends itself `exit_after`
+    seconds into the stall, exit code 86, after writing its stacks; nothing is left to wait for it."""
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+                "--trainer.callbacks.deadline", "2", "--trainer.callbacks.exit_after", "4"]  # fmt: skip
+    hang = ["--trainer.callbacks+=fault_callbacks.HangOnRank", "--trainer.callbacks.rank", "0",
+            "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "300"]  # fmt: skip
+    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", *watchdog, *hang), cwd=tmp_path, timeout=120)
+    assert proc.returncode == 86, tail(proc)
+    assert re.search(
+        r"rank 0 made no progress for \d+ s \(exit_after=4 s\), still at train batch", proc.stderr
+    )
+    (stacks,) = tmp_path.glob("lightning_logs/version_0/hang/rank0.txt")
+    assert "fault_callbacks.py" in stacks.read_text()

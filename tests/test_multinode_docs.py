@@ -105,3 +105,27 @@ def test_readme_multinode_commands_parse(
             assert config["last_checkpoint"]["every_n_train_steps"] == 500, command
         if "--ckpt_path" in args:
             assert config["ckpt_path"] == args[len(args) - 1 - args[::-1].index("--ckpt_path") + 1]
+
+
+def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The rows for a wrong MASTER_ADDR, a lost node and a hung rank quote the messages tests/test_netns.py
+    and tests/test_faults.py check, and the HangWatchdog option given there parses."""
+    text = section()
+    assert "RendezvousConnectionError: The connection to the C10d store has failed" in text
+    assert re.search(
+        r"The client socket has failed to connect to any network address of \([\d.]+, \d+\)", text
+    )
+    for quoted in ("Not answering: rank 1 (node1, pid", "(rank 0's host) did not answer", "Fell behind: rank 5",
+                   "torchrun is blocked: its exited workers stayed unreaped", "network interface docker0"):  # fmt: skip
+        assert quoted in text, quoted
+    (option,) = re.findall(r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.hang_watchdog[^`]*)`", text)
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SystemExit):
+        run_lightning_cli(
+            ["fit", "--config", "configs/quickstart.yaml", *shlex.split(option), "--print_config"]
+        )
+    callbacks = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
+    assert {"class_path": "yolo11_lightning.training.hang_watchdog.HangWatchdog",
+            "init_args": {"deadline": 120.0, "interval": None, "exit_after": None}} in callbacks  # fmt: skip

@@ -150,7 +150,8 @@ class HangOnRank(Callback):
 
 
 class SlowBatches(Callback):
-    """Each training batch takes at least ``seconds`` longer: signals sent from outside land mid-run."""
+    """Every rank sleeps ``seconds`` after each training batch (after RecordSamples wrote it, before the
+    checkpoint callbacks run), so a test can act mid-epoch: send a signal, cut a link."""
 
     def __init__(self, seconds: float = 0.3) -> None:
         self.seconds = seconds

@@ -23,6 +23,7 @@ from yolo11_lightning.training.checkpointing import (
     find_last_checkpoint,
     use_atomic_checkpoints,
 )
+from yolo11_lightning.training.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
@@ -33,8 +34,9 @@ TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
 
 def default_callbacks(last: bool = True) -> list[Any]:
     """``best.ckpt`` on validation mAP50-95, an always-current ``last.ckpt`` (unless ``last=False``: the CLI
-    adds its own, configured by ``--last_checkpoint.*``), and the LR monitor."""
-    callbacks: list[Any] = [BestCheckpoint(), LearningRateMonitor(logging_interval="step")]
+    adds its own, configured by ``--last_checkpoint.*``), the LR monitor, and the hang watchdog (stack dumps
+    and the laggard's name when a rank stops making progress)."""
+    callbacks: list[Any] = [BestCheckpoint(), LearningRateMonitor(logging_interval="step"), HangWatchdog()]
     return [*callbacks, LastCheckpoint()] if last else callbacks
 
 
