@@ -248,6 +248,7 @@ def _loaders():
         "export.load_weights": load_weights,
         "--model.weights": lambda p: YOLO11Module(scale="n", num_classes=3, weights=str(p)),
         "AtomicCheckpointIO.load_checkpoint": lambda p: AtomicCheckpointIO().load_checkpoint(p),
+        "YOLO11Module.load_from_checkpoint": lambda p: YOLO11Module.load_from_checkpoint(p),
     }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 import lightning as L
@@ -133,6 +134,21 @@ class YOLO11Module(L.LightningModule):
         self._last_step_index = -1  # global batch index of the last optimiser step (accumulation windows)
         self._fixed_accumulation: int | None = None
         self.step_guard = NonFiniteStepGuard(max_skipped_steps)
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> YOLO11Module:
+        """Lightning's ``load_from_checkpoint``, after the file passed the guarded reader.
+
+        Lightning reads the file with its own loader, not the strategy's checkpoint IO; the guard
+        (``nn.torch_file.load``: archive layout, claimed sizes, restricted unpickler) refuses a crafted file
+        first, with an error naming it. Then Lightning restores it with ``weights_only=True``.
+        """
+        from yolo11_lightning.nn.torch_file import load
+
+        if isinstance(checkpoint_path, str | os.PathLike) and "://" not in str(checkpoint_path):
+            load(checkpoint_path, map_location="cpu")  # raises CheckpointError on anything but plain data
+        kwargs.setdefault("weights_only", True)
+        return super().load_from_checkpoint(checkpoint_path, *args, **kwargs)
 
     # ----------------------------------------------------------------------------------------- set-up
     def setup(self, stage: str) -> None:
