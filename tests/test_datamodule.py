@@ -73,7 +73,7 @@ def test_state_dict_round_trip_restores_the_position_before_the_sampler_exists(s
     sampler.set_epoch(3)
     sampler.set_consumed_samples(8)
     state = dm.state_dict()
-    assert state == {"train_sampler": {"epoch": 3, "consumed_samples": 8, "seed": 0}}
+    assert state == {"train_sampler": {"epoch": 3, "consumed_samples": 8, "seed": 0, "num_samples": 16}}
 
     resumed = make_dm(synthetic)
     resumed.load_state_dict(state)  # Lightning restores the datamodule before creating loaders
@@ -133,7 +133,7 @@ def test_lightning_mid_epoch_checkpoint_resumes_with_the_rest_of_the_epoch(synth
     trainer.fit(first, datamodule=make_dm(synthetic, num_workers=2))
     (ckpt,) = tmp_path.glob("*.ckpt")
     state = torch.load(ckpt, weights_only=True)["YOLODataModule"]["train_sampler"]
-    assert state == {"epoch": 0, "consumed_samples": 8, "seed": 0}, "one global batch of 8 was trained"
+    assert state == {"epoch": 0, "consumed_samples": 8, "seed": 0, "num_samples": 16}, "one global batch of 8"
 
     second = IndexRecorder()
     # Workers start (and draw indices) before Lightning calls set_epoch: the restored position must hold.

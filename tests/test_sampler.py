@@ -48,7 +48,7 @@ def test_resume_on_another_world_size_yields_exactly_the_rest(first_world, secon
     saver.set_epoch(4)
     saver.set_consumed_samples(stop_after * GLOBAL_BATCH)
     state = saver.state_dict()
-    assert state == {"epoch": 4, "consumed_samples": 24, "seed": 3}
+    assert state == {"epoch": 4, "consumed_samples": 24, "seed": 3, "num_samples": n}
 
     rest = []
     for rank in range(second_world):
@@ -91,8 +91,23 @@ def test_len_is_the_full_epoch_while_a_resume_yields_the_rest():
 def test_end_of_epoch_state_resumes_at_the_next_epoch():
     sampler = ElasticDistributedSampler(range(24), GLOBAL_BATCH, seed=0)
     sampler.load_state_dict({"epoch": 2, "consumed_samples": 24, "seed": 0})
-    assert sampler.state_dict() == {"epoch": 3, "consumed_samples": 0, "seed": 0}
+    assert sampler.state_dict() == {"epoch": 3, "consumed_samples": 0, "seed": 0, "num_samples": 24}
     assert [i for _, i in sampler] == epoch_order(24, 0, 3, GLOBAL_BATCH).tolist()
+
+
+def test_a_training_set_that_changed_size_restarts_the_epoch_with_a_warning():
+    """Files deleted between the save and the resume: the mid-epoch position belongs to another permutation."""
+    sampler = ElasticDistributedSampler(range(40), GLOBAL_BATCH, seed=0)
+    with pytest.warns(UserWarning, match="has 40 images but the checkpoint was saved with 48"):
+        sampler.load_state_dict({"epoch": 1, "consumed_samples": 24, "seed": 0, "num_samples": 48})
+    assert (sampler.epoch, sampler.remaining()) == (1, 48)  # 40 padded to 4 global batches of 12
+    assert [i for _, i in sampler] == epoch_order(40, 0, 1, GLOBAL_BATCH).tolist()
+    # Saved at an epoch end: nothing of the old order is pending, the next epoch uses the new size.
+    sampler.load_state_dict({"epoch": 1, "consumed_samples": 48, "seed": 0, "num_samples": 48})
+    assert (sampler.epoch, sampler.consumed_samples) == (2, 0)
+    # Checkpoints from before the size was recorded keep their position.
+    sampler.load_state_dict({"epoch": 1, "consumed_samples": 24, "seed": 0})
+    assert sampler.consumed_samples == 24
 
 
 def test_set_epoch_keeps_a_restored_position_only_for_its_own_epoch():

@@ -16,6 +16,7 @@ injecting its own; ``num_replicas`` and ``rank`` are passed explicitly, no proce
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sized
 from typing import Any
 
@@ -105,17 +106,41 @@ class ElasticDistributedSampler(DistributedSampler):
         return (self.total_size - self.consumed_samples) // self.num_replicas
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "consumed_samples": self.consumed_samples, "seed": self.seed}
+        return {
+            "epoch": self.epoch, "consumed_samples": self.consumed_samples, "seed": self.seed,
+            "num_samples": len(self.dataset),
+        }  # fmt: skip
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore ``state_dict()``, possibly saved with another world size (same global batch)."""
+        """Restore ``state_dict()``, possibly saved with another world size (same global batch).
+
+        The epoch order is a permutation of the dataset's indices: when the training set changed size since
+        the save (files deleted or added, so the label cache was rebuilt), a mid-epoch position points into an
+        order that no longer exists. Then the epoch restarts from its beginning, with a warning: samples of it
+        trained before the save are seen again, none is skipped.
+        """
         if int(state["seed"]) != self.seed:
             raise ValueError(
                 f"sampler state was saved with seed {state['seed']} but this run uses seed {self.seed}; "
                 "the data order would not continue"
             )
         self.epoch = int(state["epoch"])
-        self.set_consumed_samples(int(state["consumed_samples"]))
+        consumed = int(state["consumed_samples"])
+        saved_size = state.get("num_samples")  # absent in checkpoints written before it was recorded
+        if saved_size is not None and int(saved_size) != len(self.dataset):
+            saved_total = math.ceil(int(saved_size) / self.global_batch_size) * self.global_batch_size
+            if consumed == saved_total:  # saved at an epoch end: the next epoch simply uses the new size
+                consumed = self.total_size
+            elif consumed:
+                warnings.warn(
+                    f"the training set has {len(self.dataset)} images but the checkpoint was saved with "
+                    f"{saved_size}: its position {consumed} samples into epoch {self.epoch} belongs to an order "
+                    "that no longer exists, so this epoch restarts from its first batch (some of its samples are "
+                    "seen twice, none is skipped). Restore the missing files to resume exactly.",
+                    stacklevel=2,
+                )
+                consumed = 0
+        self.set_consumed_samples(consumed)
         if self.consumed_samples == self.total_size:
             # A finished epoch (end-of-epoch checkpoint): what comes next is the start of the following one.
             # Lightning creates the iterator before it calls set_epoch, so this must already be right.
