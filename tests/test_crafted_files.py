@@ -241,6 +241,7 @@ def _loaders():
     from yolo11_lightning import YOLO11, YOLO11Module
     from yolo11_lightning.export import load_model, load_weights
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
+    from yolo11_lightning.training.run_identity import CheckpointSummary
 
     return {
         "YOLO11.from_ultralytics": YOLO11.from_ultralytics,
@@ -249,6 +250,7 @@ def _loaders():
         "--model.weights": lambda p: YOLO11Module(scale="n", num_classes=3, weights=str(p)),
         "AtomicCheckpointIO.load_checkpoint": lambda p: AtomicCheckpointIO().load_checkpoint(p),
         "YOLO11Module.load_from_checkpoint": lambda p: YOLO11Module.load_from_checkpoint(p),
+        "--ckpt_path (resume checks)": CheckpointSummary.read,
     }
 
 

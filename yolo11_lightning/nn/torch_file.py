@@ -61,6 +61,23 @@ def load(source: str | os.PathLike | IO[bytes], map_location: Any = "cpu", label
         _raise(error)
 
 
+def check(source: str | os.PathLike | IO[bytes], label: str | None = None) -> None:
+    """The checks of ``load`` without loading anything: raises CheckpointError naming the file.
+
+    For readers that then map the file (``torch.load(path, mmap=True, weights_only=True)``) to read a few
+    entries of a large checkpoint without holding its tensors in memory.
+    """
+    with _opened(source, label) as (f, name):
+        try:
+            _Archive(f, name).unpickle(model_classes=False, read_data=False)
+        except safe_pickle.ModelClassError as e:
+            _raise(
+                ModelObjectsError(
+                    f"{name}: holds pickled model objects (a reference .pt file?), not plain tensors ({e})"
+                )
+            )
+
+
 def load_reference(source: str | os.PathLike | IO[bytes], label: str | None = None) -> Any:
     """The object a reference ``.pt`` holds, model classes as ``safe_pickle.StandIn`` trees, tensors real."""
     with _opened(source, label) as (f, name):

@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from yolo11_lightning.nn import torch_file
+
 # Model/data keys that may differ between a checkpoint and the run resuming it: loader and machine settings,
 # what to draw, where pretrained weights came from (a resume reads its weights from the checkpoint).
 RESUMABLE_KEYS = frozenset(
@@ -57,7 +59,8 @@ class CheckpointSummary:
 
     @classmethod
     def read(cls, path: str) -> CheckpointSummary:
-        # mmap: the tensors stay on disk; weights_only: a checkpoint is data, never code.
+        # A checkpoint is data, never code: the guarded reader's checks first, then mapped (tensors stay on disk).
+        torch_file.check(path)
         checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         data = dict(checkpoint.get("datamodule_hyper_parameters") or {})
         fit_loop = checkpoint.get("loops", {}).get("fit_loop", {})
