@@ -92,9 +92,10 @@ def _is_file(text: str) -> bool:
 def packaged_config_names() -> Iterator[None]:
     """Within this context, every ``--config`` jsonargparse reads also takes a packaged config name.
 
-    That covers the command line, ``config:`` keys inside config files (nested configs, whose relative paths
-    jsonargparse resolves against the including file's folder) and config environment variables: jsonargparse
-    routes them all through ``ActionConfigFile.apply_config``, which this wraps.
+    That covers the command line and config environment variables, which jsonargparse routes through
+    ``ActionConfigFile.apply_config`` (this wraps it), and would cover ``config:`` keys inside config files
+    (relative paths checked against the including file's folder), though LightningCLI 2.6 subcommands do not
+    apply those at all (jsonargparse 4.53).
     """
     from jsonargparse import ActionConfigFile
     from jsonargparse import Path as ArgPath

@@ -5,11 +5,13 @@ TensorBoard silently removes ``metrics.csv``. ``default_loggers`` gives both ins
 (first, so ``trainer.log_dir``, the checkpoint folder and resuming follow it) and a ``TensorBoardLogger``
 when TensorBoard is importable, writing into the SAME ``<save_dir>/lightning_logs/version_N`` folder:
 ``metrics.csv``, ``checkpoints/``, ``config.yaml`` and the event file sit together, and a resumed run
-(``continue_logger_version`` sets the CSV logger's version) continues that folder for both.
+(``continue_logger_version`` sets the CSV logger's version) continues that folder for both: TensorBoard
+adds an event file, ``metrics.csv`` gets the new rows appended.
 """
 
 from __future__ import annotations
 
+import csv
 import os
 from argparse import Namespace
 from typing import Any
@@ -31,7 +33,22 @@ def with_code_version(params: dict[str, Any] | Namespace) -> dict[str, Any]:
 
 
 class RunCSVLogger(CSVLogger):
-    """``CSVLogger`` whose ``hparams.yaml`` also names the code version."""
+    """``CSVLogger`` whose ``hparams.yaml`` also names the code version, and that appends to the
+    ``metrics.csv`` of a resumed run (Lightning's writer deletes the file it finds in its folder)."""
+
+    @property
+    def experiment(self) -> Any:
+        if self._experiment is not None:
+            return self._experiment
+        path = os.path.join(self.log_dir, "metrics.csv")
+        kept = self._fs.cat_file(path) if self._fs.isfile(path) else None
+        experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
+        if kept and self._experiment is not None:  # rank zero made the writer (and removed the file)
+            with self._fs.open(path, "wb") as f:
+                f.write(kept)
+            header = kept.decode("utf-8").splitlines()[0]
+            experiment.metrics_keys = sorted(next(csv.reader([header])))
+        return experiment
 
     def log_hyperparams(self, params: dict[str, Any] | Namespace | None = None) -> None:
         super().log_hyperparams(with_code_version(params or {}))
