@@ -107,7 +107,9 @@ def _fresh_venv(root: Path, wheel: Path) -> Path:
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         capture_output=True, text=True, check=True, timeout=60,
     ).stdout.strip()  # fmt: skip
+    # This interpreter's package folders (its own, and any it reaches through .pth files), not the checkout.
     outer = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+    outer |= {p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()}
     Path(purelib, "outer_site_packages.pth").write_text("".join(f"{p}\n" for p in sorted(outer)))
     proc = subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
@@ -157,3 +159,17 @@ def test_wheel_stands_alone(tmp_path: Path) -> None:
     assert (run_dir / "config.yaml").read_text().startswith("# yolo11_lightning ")
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["yolo11_lightning"] == {"version": imported.splitlines()[1], "git_revision": "unknown"}
+
+
+def test_utility_commands_start_without_lightning(tmp_path: Path) -> None:
+    code = (
+        "import sys\nfrom yolo11_lightning.cli import main\n"
+        "assert main(['configs']) == 0 and main(['--version']) == 0 and main(['info', '--scales', 'n']) == 0\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'jsonargparse'))\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "quickstart" in proc.stdout and "yolo11-lightning " in proc.stdout
