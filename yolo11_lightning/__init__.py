@@ -10,8 +10,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 _LAZY = {
     "YOLO11": "yolo11_lightning.nn",
     "DetectionLoss": "yolo11_lightning.loss",
@@ -30,6 +28,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # the installed distribution's (pyproject.toml), read on first access
+        from yolo11_lightning.version import package_version
+
+        return package_version()
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'yolo11_lightning' has no attribute {name!r}")

@@ -2,7 +2,8 @@
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI. The small utility commands
 (``info``, ``synthetic``, ``check-data``, ``export``) are plain argparse programs living next to the code
-they drive; they are imported only when asked for, so ``info`` starts without Lightning.
+they drive; they are imported only when asked for, so ``info`` starts without Lightning. ``configs`` lists
+the configs shipped in the package (``--config NAME``); ``--version`` prints the version and git revision.
 
 ``predict`` has two forms: with ``--source`` (files, folders, videos) it is the utility in
 ``yolo11_lightning.predict``; without it, LightningCLI's predict over the dataset's test/val split.
@@ -21,6 +22,7 @@ UTILITY_COMMANDS = {
     "synthetic": "yolo11_lightning.data.synthetic:main",
     "check-data": "yolo11_lightning.data.check_data:main",
     "export": "yolo11_lightning.export:main",
+    "configs": "yolo11_lightning.packaged_configs:main",
 }
 # `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.
 PREDICT_SOURCE_COMMAND = "yolo11_lightning.predict:main"
@@ -33,7 +35,8 @@ def _usage() -> str:
         f"usage: yolo11-lightning <command> [options]\ncommands: {names}\n"
         "  predict --source PATH --ckpt_path CKPT: images, folders or videos -> annotated copies + COCO json\n"
         "  predict --config ... (no --source): LightningCLI predict over the dataset's test/val split\n"
-        "  <command> --help: the options of one command\n"
+        "  configs: the packaged configs, usable by name: fit --config quickstart\n"
+        "  <command> --help: the options of one command; --version: package version and git revision\n"
     )
 
 
@@ -55,6 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage())
         return 0 if args else 2
+    if args[0] == "--version":
+        from yolo11_lightning.version import version_line
+
+        print(version_line())
+        return 0
     command, rest = args[0], args[1:]
     if command in UTILITY_COMMANDS:
         return _run_utility(UTILITY_COMMANDS[command], rest)

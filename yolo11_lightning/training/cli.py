@@ -17,6 +17,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.training.checkpoint_callbacks import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.checkpointing import (
     continue_logger_version,
@@ -24,6 +25,7 @@ from yolo11_lightning.training.checkpointing import (
     use_atomic_checkpoints,
 )
 from yolo11_lightning.training.hang_watchdog import HangWatchdog
+from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
@@ -57,6 +59,10 @@ class YOLOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("logger") in (None, True) and "logger" not in kwargs:
+            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
+            kwargs["logger"] = default_loggers(config.get("default_root_dir"))
         trainer = super().instantiate_trainer(**kwargs)
         use_atomic_checkpoints(trainer)
         return trainer
@@ -174,12 +180,22 @@ def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:
 
 
 def run_lightning_cli(args: Sequence[str] | None = None) -> YOLOLightningCLI:
-    """Parse ``args`` (``fit --config ...``) and run the subcommand."""
-    return YOLOLightningCLI(
-        YOLO11Module,
-        YOLODataModule,
-        args=list(args) if args is not None else None,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        trainer_defaults={**TRAINER_DEFAULTS, "callbacks": default_callbacks(last=False)},
-    )
+    """Parse ``args`` (``fit --config ...``) and run the subcommand.
+
+    ``--config`` takes a file or a packaged config name (``quickstart``, ``model/yolo11s``; a path that exists
+    wins), also in ``config:`` keys inside config files. ``trainer.logger`` unset means ``default_loggers``
+    (CSV, plus TensorBoard when installed); checkpoints and ``config.yaml`` name the code version.
+    """
+    with packaged_config_names():
+        return YOLOLightningCLI(
+            YOLO11Module,
+            YOLODataModule,
+            args=list(args) if args is not None else None,
+            seed_everything_default=0,
+            save_config_callback=VersionedSaveConfig,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={
+                **TRAINER_DEFAULTS,
+                "callbacks": [*default_callbacks(last=False), CodeVersion()],
+            },
+        )
