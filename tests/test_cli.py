@@ -80,3 +80,59 @@ def test_fit_two_ranks_ddp_rank_zero_writes_once(tiny_dataset: Path, tmp_path: P
     checkpoints = sorted(p.name for p in root.rglob("*.ckpt"))
     assert checkpoints == ["best.ckpt", "last.ckpt"], checkpoints
     assert len(list(root.rglob("config.yaml"))) == 1
+
+
+def _auto_recipe_line(proc: subprocess.CompletedProcess) -> str:
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "optimizer " in ln and "lr0=" in ln]
+    assert lines, proc.stderr[-3000:]
+    return lines[-1]
+
+
+def test_auto_optimizer_through_the_cli_and_kept_by_a_resume(tiny_dataset: Path, tmp_path: Path) -> None:
+    """`--model.optimizer auto` picks AdamW for a short run, and a resume with 10k more epochs keeps it."""
+    root = tmp_path / "run"
+    args = [*_tiny_fit_args(tiny_dataset, root), "--model.optimizer", "auto"]
+    first = _cli(*args, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-5000:]
+    # 16 images, batch 4: ceil(16 / max(4, 64)) * 1 epoch = 1 iteration <= 10000 -> AdamW(0.002 * 5 / (4 + 3)).
+    assert "optimizer 'auto' chose AdamW(lr0=0.001429, momentum=0.9, warmup_bias_lr=0)" in _auto_recipe_line(
+        first
+    )
+    last = root / "lightning_logs" / "version_0" / "checkpoints" / "last.ckpt"
+    saved = torch.load(last, map_location="cpu", weights_only=True)
+    assert saved["optimizer_recipe"]["name"] == "AdamW" and saved["optimizer_recipe"]["lr0"] == 0.001429
+    assert all(g["betas"] == (0.9, 0.999) for g in saved["optimizer_states"][0]["param_groups"])
+
+    # 10001 epochs would make 'auto' pick SGD for a fresh run; the resumed run keeps AdamW and its state.
+    resumed = _cli(*args, "--trainer.max_epochs", "10001", "--trainer.max_steps", "3", "--ckpt_path", str(last),
+                   cwd=tmp_path)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    assert "optimizer kept from the checkpoint: AdamW(lr0=0.001429" in _auto_recipe_line(resumed)
+
+
+@pytest.mark.parametrize(("epochs", "expected"), [(1, "AdamW"), (10_001, "SGD")])
+def test_auto_optimizer_through_trainer_fit(
+    tiny_dataset: Path, tmp_path: Path, epochs: int, expected: str
+) -> None:
+    """Trainer.fit with YOLODataModule: the oracle's rule from the dataset size, global batch and max_epochs."""
+    import lightning as L
+
+    from yolo11_lightning import YOLO11Module, YOLODataModule
+
+    data = YOLODataModule(dataset=str(tiny_dataset), batch_size=4, image_size=64, num_workers=0)
+    module = YOLO11Module(num_classes=data.num_classes, class_names=data.class_names, log_images=0)
+    assert module.hparams.optimizer == "auto"  # the reference's default
+    trainer = L.Trainer(accelerator="cpu", max_epochs=epochs, max_steps=1, limit_val_batches=0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=str(tmp_path))  # fmt: skip
+    trainer.fit(module, data)
+    optimizer = trainer.optimizers[0]
+    assert type(optimizer).__name__ == expected == module.resolved_recipe.name
+    assert module.resolved_recipe.lr0 == (0.01 if expected == "SGD" else round(0.01 / 7, 6))
+    assert module.resolved_recipe.warmup_bias_lr == 0.0 and module.resolved_recipe.momentum == 0.9
+    # Batch 0 of the warmup: bias LR starts at 0 (not 0.1), SGD momentum at the warmup's 0.8, AdamW betas untouched.
+    assert [g["lr"] for g in optimizer.param_groups] == [0.0, 0.0, 0.0]
+    if expected == "SGD":
+        assert all(g["momentum"] == pytest.approx(0.8) for g in optimizer.param_groups)
+    else:
+        assert all(g["betas"] == (0.9, 0.999) for g in optimizer.param_groups)

@@ -155,6 +155,12 @@ class YOLODataModule(L.LightningDataModule):
         return len(self.class_names)
 
     @property
+    def num_train_samples(self) -> int | None:
+        """Images in the training split once ``setup("fit")`` ran (``optimizer: auto`` decides from it)."""
+        train = self.datasets.get("train")
+        return len(train) if train is not None else None
+
+    @property
     def yaml_path(self) -> Path:
         return Path(self.synthetic_dir) / SYNTHETIC_YAML if self.dataset == SYNTHETIC else Path(self.dataset)
 

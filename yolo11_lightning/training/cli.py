@@ -17,6 +17,9 @@ from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.training.checkpointing import find_last_checkpoint, use_atomic_checkpoints
 from yolo11_lightning.training.module import YOLO11Module
 
+# Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
+TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
+
 
 def default_callbacks() -> list[Any]:
     """Checkpoints on validation mAP50-95 (``best.ckpt``) plus ``last.ckpt``, and the LR monitor."""
@@ -115,5 +118,5 @@ def run_lightning_cli(args: Sequence[str] | None = None) -> YOLOLightningCLI:
         args=list(args) if args is not None else None,
         seed_everything_default=0,
         save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": default_callbacks()},
+        trainer_defaults={**TRAINER_DEFAULTS, "callbacks": default_callbacks()},
     )

@@ -9,6 +9,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from yolo11_lightning.loss import DetectionLoss
@@ -46,7 +47,10 @@ class YOLO11Module(L.LightningModule):
         class_names: class names, index = class id (linked from the dataset).
         weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; tensors whose shape
             differs (the class head when the class count changes) keep their fresh initialisation.
-        optimizer, lr0, lrf, momentum, weight_decay, warmup_*, cos_lr: the reference recipe.
+        optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen
+            once at fit start and kept by resumes), ``SGD`` or ``AdamW``.
+        lr0, lrf, momentum, weight_decay, warmup_*, cos_lr: the reference recipe (``auto`` ignores lr0 and the
+            optimiser's momentum, and warms the bias LR from 0).
         lr_scaling: ``none | linear | sqrt`` scaling of lr0 by global batch / ``lr_reference_batch``.
         nominal_batch: images per optimiser step the recipe is tuned for (accumulation and decay follow it).
         box, cls, dfl: loss gains.
@@ -73,7 +77,7 @@ class YOLO11Module(L.LightningModule):
         num_classes: int = 80,
         class_names: list[str] | None = None,
         weights: str | None = None,
-        optimizer: OptimizerName = "SGD",
+        optimizer: OptimizerName = "auto",
         lr0: float = 0.01,
         lrf: float = 0.01,
         momentum: float = 0.937,
@@ -121,6 +125,7 @@ class YOLO11Module(L.LightningModule):
         )  # fmt: skip
         self.val_map = DetectionMAP(class_names)
         self.test_map = DetectionMAP(class_names)
+        self.resolved_recipe: OptimizerRecipe | None = None  # set at fit start, or restored from a checkpoint
         self._schedule: WarmupSchedule | None = None
         self._last_step_index = -1  # global batch index of the last optimiser step (accumulation windows)
         self._fixed_accumulation: int | None = None
@@ -180,20 +185,34 @@ class YOLO11Module(L.LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         global_batch = self.global_batch_size()
-        max_epochs = max(self.trainer.max_epochs or 1, 1)
-        num_samples = self.num_train_samples()
-        if num_samples is None and self.recipe.name == "auto":
-            raise ValueError(
-                "optimizer 'auto' needs the training set size: use YOLODataModule or name the optimizer"
-            )
-        total_iterations = (
-            math.ceil((num_samples or 0) / max(global_batch, self.recipe.nominal_batch)) * max_epochs
-        )
-        self.resolved_recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, total_iterations)
-        if self.resolved_recipe.name != self.recipe.name:
-            r = self.resolved_recipe
-            log.info("optimizer 'auto' chose %s(lr0=%g, momentum=%g)", r.name, r.lr0, r.momentum)
+        if self.resolved_recipe is None:
+            self.resolved_recipe = self._resolve_recipe(global_batch)
+        else:  # a resumed run keeps what its start chose, whatever max_epochs or the world size are now
+            rank_zero_info(f"optimizer kept from the checkpoint: {self.resolved_recipe.describe()}")
         return build_optimizer(self.model, self.resolved_recipe, global_batch)
+
+    def _resolve_recipe(self, global_batch: int) -> OptimizerRecipe:
+        """The concrete recipe of this run: ``auto`` decided from the training-set size, batch and epochs."""
+        if self.recipe.name != "auto":
+            recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, total_iterations=0)
+            rank_zero_info(f"optimizer: {recipe.describe()}")
+            return recipe
+        num_samples = self.num_train_samples()
+        if num_samples is None:
+            raise ValueError(
+                "optimizer 'auto' chooses from the training-set size, which this run does not tell: use "
+                "YOLODataModule (or a datamodule with a `num_train_samples` attribute), or set "
+                "model.optimizer to SGD or AdamW"
+            )
+        max_epochs = max(self.trainer.max_epochs or 1, 1)
+        iterations = math.ceil(num_samples / max(global_batch, self.recipe.nominal_batch)) * max_epochs
+        recipe = self.recipe.resolve(global_batch, self.hparams.num_classes, iterations)
+        rank_zero_info(
+            f"optimizer 'auto' chose {recipe.describe()}: {iterations} iterations (ceil({num_samples} images / "
+            f"max(batch {global_batch}, nominal {self.recipe.nominal_batch})) x {max_epochs} epochs) "
+            f"{'>' if recipe.name == 'SGD' else '<='} 10000; lr0 and momentum of the config are ignored"
+        )
+        return recipe
 
     def on_train_start(self) -> None:
         # Batches per epoch are known once the train loader exists; len() is the full epoch even when
@@ -305,11 +324,15 @@ class YOLO11Module(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = self.step_guard.state_dict()
+        if self.resolved_recipe is not None:
+            checkpoint["optimizer_recipe"] = self.resolved_recipe.state_dict()
         checkpoint["last_step_batch_index"] = self._last_step_index
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.step_guard.load_state_dict(checkpoint.get("nonfinite_steps", {}))
         self._last_step_index = int(checkpoint.get("last_step_batch_index", -1))
+        if "optimizer_recipe" in checkpoint:  # restored before configure_optimizers runs
+            self.resolved_recipe = OptimizerRecipe.from_state_dict(checkpoint["optimizer_recipe"])
 
     # ------------------------------------------------------------------------------------- evaluation
     def _detect(self, images: Tensor) -> list[Tensor]:

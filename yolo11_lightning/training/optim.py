@@ -7,8 +7,8 @@ never of the number of devices, so a run behaves the same on 1 or 64 GPUs and af
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -49,9 +49,14 @@ def nominal_accumulation(global_batch: int, nominal_batch: int = 64) -> int:
 
 @dataclass
 class OptimizerRecipe:
-    """Hyper-parameters of the reference recipe (defaults = REFERENCE.md)."""
+    """Hyper-parameters of the reference recipe (defaults: the reference trainer's; ``docs/defaults.md``).
 
-    name: OptimizerName = "SGD"
+    ``warmup_target_momentum`` is the momentum the warmup ramps to when it differs from the optimiser's own
+    (``auto`` builds SGD with momentum 0.9 but, like the reference, still ramps 0.8 -> the configured 0.937;
+    None: ``momentum``).
+    """
+
+    name: OptimizerName = "auto"
     lr0: float = 0.01
     lrf: float = 0.01
     momentum: float = 0.937
@@ -63,24 +68,38 @@ class OptimizerRecipe:
     lr_scaling: LRScaling = "none"
     lr_reference_batch: int = 64
     nominal_batch: int = 64
+    warmup_target_momentum: float | None = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values for a checkpoint (``from_state_dict`` reads them back)."""
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_state_dict(cls, state: dict[str, Any]) -> OptimizerRecipe:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in state.items() if k in known})
+
+    def describe(self) -> str:
+        """One line for logs: ``SGD(lr0=0.01, momentum=0.937, warmup_bias_lr=0.1)``."""
+        return f"{self.name}(lr0={self.lr0:g}, momentum={self.momentum:g}, warmup_bias_lr={self.warmup_bias_lr:g})"
 
     def resolve(self, global_batch: int, num_classes: int, total_iterations: int) -> OptimizerRecipe:
         """Concrete optimiser for this run: ``auto`` chosen, LR scaled by the batch rule.
 
-        ``auto`` follows the reference: SGD (lr 0.01, momentum 0.9) for long runs (> 10k iterations at
-        the nominal batch), else AdamW with an LR derived from the class count and no bias warmup.
+        ``auto`` follows the reference trainer: with ``total_iterations = ceil(train images / max(global
+        batch, nominal batch)) * epochs``, SGD(lr0 0.01, momentum 0.9) when it exceeds 10,000, else
+        AdamW(lr0 = round(0.002 * 5 / (4 + classes), 6), beta1 0.9). Both ignore the configured lr0 and
+        momentum and set ``warmup_bias_lr`` to 0; the warmup still ramps momentum towards the configured
+        value (the reference does), which only SGD groups have.
         """
         recipe = OptimizerRecipe(**self.__dict__)
         if recipe.name == "auto":
             if total_iterations > 10_000:
-                recipe.name, recipe.lr0, recipe.momentum = "SGD", 0.01, 0.9
+                recipe.name, recipe.lr0 = "SGD", 0.01
             else:
-                recipe.name, recipe.lr0, recipe.momentum = (
-                    "AdamW",
-                    round(0.002 * 5 / (4 + num_classes), 6),
-                    0.9,
-                )
-                recipe.warmup_bias_lr = 0.0
+                recipe.name, recipe.lr0 = "AdamW", round(0.002 * 5 / (4 + num_classes), 6)
+            recipe.warmup_target_momentum, recipe.momentum = self.momentum, 0.9
+            recipe.warmup_bias_lr = 0.0
         if recipe.lr_scaling != "none":
             ratio = global_batch / recipe.lr_reference_batch
             recipe.lr0 *= ratio if recipe.lr_scaling == "linear" else math.sqrt(ratio)
@@ -105,6 +124,8 @@ def build_optimizer(model: nn.Module, recipe: OptimizerRecipe, global_batch: int
         return torch.optim.SGD(groups, lr=recipe.lr0, momentum=recipe.momentum, nesterov=True)
     if recipe.name == "AdamW":
         return torch.optim.AdamW(groups, lr=recipe.lr0, betas=(recipe.momentum, 0.999))
+    if recipe.name == "auto":
+        raise ValueError("optimizer 'auto' must be resolved first (OptimizerRecipe.resolve)")
     raise ValueError(f"optimizer must be 'SGD', 'AdamW' or 'auto', got {recipe.name!r}")
 
 
@@ -133,17 +154,27 @@ class WarmupSchedule:
             return ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
         return max(1 - x / epochs, 0) * (1.0 - lrf) + lrf
 
-    def values(self, batch_index: int, epoch: int, num_groups: int) -> tuple[list[float], float]:
-        """(LR of each group, momentum) for global batch ``batch_index`` (counted from the run's start)."""
+    @property
+    def target_momentum(self) -> float:
+        """The momentum the warmup ends at."""
+        target = self.recipe.warmup_target_momentum
+        return self.recipe.momentum if target is None else target
+
+    def values(self, batch_index: int, epoch: int, num_groups: int) -> tuple[list[float], float | None]:
+        """(LR of each group, SGD momentum) for global batch ``batch_index`` (counted from the run's start).
+
+        Momentum is None when the optimiser keeps its own (no warmup): the reference sets it only while
+        warming up, so afterwards it stays at the warmup's last value (``target_momentum``).
+        """
         target = self.recipe.lr0 * self.lr_factor(epoch)
         if batch_index > self.warmup_iters:
-            return [target] * num_groups, self.recipe.momentum
+            return [target] * num_groups, (self.target_momentum if self.warmup_iters >= 0 else None)
         xp = [0, self.warmup_iters]
         lrs = [
             float(np.interp(batch_index, xp, [self.recipe.warmup_bias_lr if g == 0 else 0.0, target]))
             for g in range(num_groups)
         ]
-        momentum = float(np.interp(batch_index, xp, [self.recipe.warmup_momentum, self.recipe.momentum]))
+        momentum = float(np.interp(batch_index, xp, [self.recipe.warmup_momentum, self.target_momentum]))
         return lrs, momentum
 
     def accumulation(self, batch_index: int, global_batch: int) -> int:
@@ -158,11 +189,12 @@ class WarmupSchedule:
         return max(1, round(float(ramp)))
 
     def apply(self, optimizer: torch.optim.Optimizer, batch_index: int, epoch: int) -> None:
-        """Write this batch's LR and momentum into the optimiser's groups."""
+        """Write this batch's LR, and SGD's momentum, into the optimiser's groups.
+
+        Adam-style betas are left as built, as the reference does (it ramps only groups with a momentum).
+        """
         lrs, momentum = self.values(batch_index, epoch, len(optimizer.param_groups))
         for group, lr in zip(optimizer.param_groups, lrs):
             group["lr"] = lr
-            if "momentum" in group:
+            if momentum is not None and "momentum" in group:
                 group["momentum"] = momentum
-            elif "betas" in group:
-                group["betas"] = (momentum, group["betas"][1])
