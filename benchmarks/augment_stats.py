@@ -24,11 +24,11 @@ def _summary(images_shapes, counts, areas, sides, pixel_sum, pixel_sq, pixels) -
     areas, sides = np.asarray(areas), np.asarray(sides)
     return {
         "shapes": sorted({tuple(s) for s in images_shapes}),
-        "boxes per sample": float(np.mean(counts)),
-        "samples with no box": float(np.mean(np.asarray(counts) == 0)),
+        "boxes per sample": round(float(np.mean(counts)), 3),
+        "samples with no box": round(float(np.mean(np.asarray(counts) == 0)), 4),
         "box area q10/q50/q90": np.quantile(areas, [0.1, 0.5, 0.9]).round(4).tolist(),
         "box short side px q10/q50/q90": np.quantile(sides, [0.1, 0.5, 0.9]).round(1).tolist(),
-        "boxes < 8 px": float(np.mean(sides < 8)),
+        "boxes < 8 px": round(float(np.mean(sides < 8)), 4),
         "pixel mean RGB": mean.round(1).tolist(),
         "pixel std RGB": std.round(1).tolist(),
     }
