@@ -293,10 +293,12 @@ def report(workdir: str | Path, png: Path | None = None) -> str:
     lines.append(C.format_table(["side", "setting", "variant", "epochs", "seed", "optimizer", "mAP50-95",
                                  "own mAP", "wall min", "CPU min"], rows))  # fmt: skip
     groups: dict[tuple, dict[str, list[float]]] = {}
+    cpu_min: dict[tuple, dict[str, list[float]]] = {}
     for r in runs:
         key = (r["setting"], r["epochs"])
         label = r["side"] if r["variant"] == "base" else f"{r['side']}-{r['variant']}"
         groups.setdefault(key, {}).setdefault(label, []).append(r["same_evaluator_map"])
+        cpu_min.setdefault(key, {}).setdefault(label, []).append(r["cpu_s"] / 60)
     summary = []
     for (setting, epochs), by_side in sorted(groups.items()):
         oracle = by_side.get("oracle", [])
@@ -307,12 +309,14 @@ def report(workdir: str | Path, png: Path | None = None) -> str:
             sd = statistics.stdev(values) if len(values) > 1 else float("nan")
             om = statistics.mean(oracle) if oracle else float("nan")
             osd = statistics.stdev(oracle) if len(oracle) > 1 else float("nan")
-            summary.append(
-                [setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd, C.ratio(m, om)]
-            )
+            cpu = statistics.mean(cpu_min[(setting, epochs)][label])
+            ocpu = statistics.mean(cpu_min[(setting, epochs)].get("oracle", [float("nan")]))
+            summary.append([setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd,
+                            C.ratio(m, om), cpu, ocpu])  # fmt: skip
     lines += ["", "Mean and spread (sample standard deviation) over seeds, ours / oracle:", ""]
     lines.append(C.format_table(["setting", "epochs", "ours", "seeds (ours / oracle)", "ours mean", "ours sd",
-                                 "oracle mean", "oracle sd", "ratio"], summary))  # fmt: skip
+                                 "oracle mean", "oracle sd", "ratio", "ours CPU min/run",
+                                 "oracle CPU min/run"], summary))  # fmt: skip
     cpu = sum(r["cpu_s"] for r in runs) / 3600
     lines += ["", f"CPU time of these {len(runs)} runs: {cpu:.2f} core-hours."]
     if png is not None and runs:
