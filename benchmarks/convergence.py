@@ -1,42 +1,78 @@
-"""Convergence: yolo11n from scratch on the synthetic set, ours beside the oracle trainer, same epochs.
+"""Convergence: yolo11n from scratch, ours beside the oracle trainer, same data, same epochs, same evaluator.
 
-    python benchmarks/convergence.py                     # 20 epochs, 256 train / 32 val at 128 px, ~5 min
-    python benchmarks/convergence.py --epochs 30 --train 512
+Two modes.
 
-Both sides use the quickstart recipe (SGD lr0 0.01, 1 warmup epoch, mosaic off for the last 2 epochs,
-batch 16, EMA) and validate every epoch. The final EMA weights of BOTH runs are then scored by the same
-evaluator (ours: torchmetrics COCO mAP), so the comparison does not depend on two mAP implementations;
-the oracle's own mAP50-95 is printed beside it. Wall time per epoch includes validation on both sides.
-Each side runs in its own process, with the same thread count and DataLoader workers.
+``--mode easy`` (the earlier benchmark): the built-in synthetic shapes at 128 px, the quickstart recipe on
+both sides (SGD lr0 0.01, 1 warmup epoch, mosaic off for the last 2 epochs), one run per side::
+
+    python benchmarks/convergence.py --mode easy --epochs 20 --train 256 --val 32
+
+``--mode hard`` (default): the harder set of ``yolo11_lightning.data.synthetic_hard`` (look-alike classes,
+clutter, small and overlapping objects, non-square images). Each job is one (side, setting, horizon,
+seed, variant) and runs in its own process; its result is saved as JSON under ``--workdir/results`` and
+a job whose JSON exists is skipped, so the run is incremental and a partial run still gives figures::
+
+    nice -n 10 python benchmarks/convergence.py --settings defaults sgd --horizons 15 --seeds 0 1 2
+    python benchmarks/convergence.py --report            # table + curves PNG from the saved JSON
+
+Settings: ``defaults`` is each side's defaults (ours: ``YOLO11Module``/``YOLODataModule`` defaults; the
+oracle: its default configuration with only data, epochs, imgsz, batch and workers set); ``sgd`` is an
+explicit recipe on both sides (SGD, lr0 0.01, momentum 0.937, weight decay 5e-4, 3 warmup epochs, the
+other knobs at their shared defaults). Variant ``globalpool`` (ours only): mosaic partners drawn from the
+whole dataset instead of the sample's global batch (``DetectionDataset(global_batch_size=None)``).
+
+The final EMA weights of BOTH sides are scored by the same evaluator (ours: torchmetrics COCO mAP on the
+val split, a fresh Trainer), so the comparison does not depend on two mAP implementations. The per-epoch
+curves are each side's own validation of its EMA model (ours: our evaluator; the oracle: its own).
+CPU time is user + system of the job's process tree (``os.wait4``), DataLoader workers included.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import _common as C
 import torch
 
-RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}
+RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
+SGD_RECIPE = {"optimizer": "SGD", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 3.0}
+BATCH = 16
 
 
-def _score(model_state: dict, yaml: str, image_size: int, workdir: Path) -> float:
-    """mAP50-95 of a reference-format or our state dict, by our evaluator on the val split."""
+# ------------------------------------------------------------------------------------ scoring
+def _validate(module: Any, yaml: str, image_size: int, workdir: Path) -> float:
+    """mAP50-95 of ``module`` on the val split, by our evaluator, in a fresh Trainer."""
     import lightning as L
 
-    from yolo11_lightning import YOLO11, YOLO11Module, YOLODataModule
+    from yolo11_lightning import YOLODataModule
 
-    data = YOLODataModule(dataset=yaml, batch_size=16, image_size=image_size, num_workers=0)
-    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0)
-    module.model.load_state_dict(YOLO11.from_ultralytics(model_state).state_dict())
+    data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0)
     trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_progress_bar=False,
-                        default_root_dir=str(workdir))  # fmt: skip
+                        default_root_dir=str(workdir), enable_model_summary=False)  # fmt: skip
     return float(trainer.validate(module, data, verbose=False)[0]["val/mAP50-95"])
 
 
-def worker_ours(args: argparse.Namespace) -> dict:
+def _score(model_state: dict, yaml: str, image_size: int, workdir: Path) -> float:
+    """mAP50-95 of a reference-format state dict, by our evaluator on the val split."""
+    from yolo11_lightning import YOLO11, YOLO11Module, YOLODataModule
+
+    data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0)
+    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0)
+    module.model.load_state_dict(YOLO11.from_ultralytics(model_state).state_dict())
+    return _validate(module, yaml, image_size, workdir)
+
+
+# ------------------------------------------------------------------------------------ easy mode
+def worker_easy_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
@@ -45,7 +81,7 @@ def worker_ours(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     L.seed_everything(0)
     data = YOLODataModule(
-        dataset=args.yaml, batch_size=16, image_size=args.image_size, num_workers=args.workers
+        dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, num_workers=args.workers
     )
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
                           **RECIPE)  # fmt: skip
@@ -58,48 +94,30 @@ def worker_ours(args: argparse.Namespace) -> dict:
     return {"seconds_per_epoch": seconds / args.epochs, "own_map": own, "same_evaluator_map": own}
 
 
-def worker_oracle(args: argparse.Namespace) -> dict:
+def worker_easy_oracle(args: argparse.Namespace) -> dict:
     trainer = C.oracle_trainer(
-        args.yaml, "n", args.image_size, 16, args.workers, args.threads, Path(args.workdir),
+        args.yaml, "n", args.image_size, BATCH, args.workers, args.threads, Path(args.workdir),
         epochs=args.epochs, val=True, optimizer="SGD", name="oracle_convergence", **RECIPE,
     )  # fmt: skip
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     own = float(trainer.metrics.get("metrics/mAP50-95(B)", float("nan")))
-    ema_state = {
-        f"model.{k}" if not k.startswith("model.") else k: v for k, v in trainer.ema.ema.state_dict().items()
-    }
-    same = _score(ema_state, args.yaml, args.image_size, Path(args.workdir))
+    same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, Path(args.workdir))
     return {"seconds_per_epoch": seconds / args.epochs, "own_map": own, "same_evaluator_map": same}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--train", type=int, default=256)
-    parser.add_argument("--val", type=int, default=32)
-    parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--side", choices=("ours", "oracle"), help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", default=str(C.default_workdir() / "convergence"))
-    args = parser.parse_args()
-    if args.worker:
-        C.emit(worker_ours(args) if args.side == "ours" else worker_oracle(args))
-        return
-
+def main_easy(args: argparse.Namespace) -> None:
     yaml = C.synthetic_yaml(C.default_workdir(), args.train, args.val, args.image_size, num_classes=3)
-    common = ["--yaml", str(yaml), "--epochs", str(args.epochs), "--image-size", str(args.image_size),
-              "--threads", str(args.threads), "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
+    common = ["--mode", "easy", "--yaml", str(yaml), "--epochs", str(args.epochs),
+              "--image-size", str(args.image_size), "--threads", str(args.threads),
+              "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
     print(C.machine_info(args.threads))
     results = {side: C.run_worker(__file__, ["--side", side, *common], args.threads, timeout=3600)
                for side in ("ours", "oracle")}  # fmt: skip
     ours, oracle = results["ours"], results["oracle"]
     print(f"\nyolo11n from scratch, {args.epochs} epochs, {args.train} train / {args.val} val synthetic images, "
-          f"{args.image_size} px, batch 16\n")  # fmt: skip
+          f"{args.image_size} px, batch {BATCH}\n")  # fmt: skip
     rows = [
         ["mAP50-95, same evaluator (ours)", ours["same_evaluator_map"], oracle["same_evaluator_map"],
          C.ratio(ours["same_evaluator_map"], oracle["same_evaluator_map"])],
@@ -108,6 +126,301 @@ def main() -> None:
          C.ratio(ours["seconds_per_epoch"], oracle["seconds_per_epoch"])],
     ]  # fmt: skip
     print(C.format_table(["figure", "ours", "oracle", "ours/oracle"], rows))
+
+
+# ------------------------------------------------------------------------------------ hard mode: workers
+def _oracle_ema_state(trainer: Any) -> dict:
+    return {
+        f"model.{k}" if not k.startswith("model.") else k: v for k, v in trainer.ema.ema.state_dict().items()
+    }
+
+
+def worker_hard_ours(args: argparse.Namespace) -> dict:
+    import lightning as L
+
+    from yolo11_lightning import YOLO11Module, YOLODataModule
+    from yolo11_lightning.training.cli import default_callbacks
+
+    torch.set_num_threads(args.threads)
+    L.seed_everything(args.seed)
+
+    class WholeDatasetPartners(YOLODataModule):
+        """Mosaic partners from the whole training set (the ``globalpool`` variant)."""
+
+        def _make_dataset(self, config, split, augment):  # type: ignore[no-untyped-def]
+            dataset = super()._make_dataset(config, split, augment)
+            dataset.global_batch_size = None
+            return dataset
+
+    data_cls = WholeDatasetPartners if args.variant == "globalpool" else YOLODataModule
+    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, num_workers=args.workers,
+                    seed=args.seed)  # fmt: skip
+    options = SGD_RECIPE if args.setting == "sgd" else {}
+    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
+                          **options)  # fmt: skip
+    curve: list[float] = []
+
+    class Curve(L.Callback):
+        def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+            if not trainer.sanity_checking:
+                curve.append(float(trainer.callback_metrics.get("val/mAP50-95", float("nan"))))
+
+    workdir = Path(args.workdir) / "runs" / args.name
+    trainer = L.Trainer(accelerator="auto", devices=1, max_epochs=args.epochs, enable_progress_bar=False,
+                        callbacks=[*default_callbacks(), Curve()], default_root_dir=str(workdir),
+                        num_sanity_val_steps=0, enable_model_summary=False)  # fmt: skip
+    start = time.perf_counter()
+    trainer.fit(module, data)
+    seconds = time.perf_counter() - start
+    optimizer = trainer.optimizers[0]
+    same = _validate(module, args.yaml, args.image_size, workdir)  # the EMA weights (swapped in at fit end)
+    return {
+        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
+        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
+        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
+    }  # fmt: skip
+
+
+def worker_hard_oracle(args: argparse.Namespace) -> dict:
+    import torch as _torch
+    import ultralytics.engine.trainer as oracle_engine
+    from ultralytics.models.yolo.detect import DetectionTrainer
+
+    oracle_engine.check_amp = lambda *a, **k: True  # its AMP check downloads weights; CPU runs fp32 anyway
+    workdir = Path(args.workdir) / "runs"
+    overrides: dict[str, Any] = {
+        "model": "yolo11n.yaml", "data": args.yaml, "epochs": args.epochs, "imgsz": args.image_size,
+        "batch": BATCH, "workers": args.workers, "seed": args.seed,
+        # where it writes and what it plots: no effect on training
+        "project": str(workdir), "name": args.name, "exist_ok": True, "plots": False, "verbose": False,
+        "device": "0" if _torch.cuda.is_available() else "cpu",
+    }  # fmt: skip
+    if args.setting == "sgd":
+        overrides.update(SGD_RECIPE)
+    trainer = DetectionTrainer(overrides=overrides)
+    trainer.args.workers = args.workers  # it forces 0 workers on CPU: same loader workers as ours
+    trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(args.threads))
+    trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(args.threads))
+    curve: list[float] = []
+    trainer.add_callback(
+        "on_fit_epoch_end",
+        lambda tr: curve.append(float(tr.metrics.get("metrics/mAP50-95(B)", float("nan")))),
+    )
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    optimizer = trainer.optimizer
+    curve = curve[: args.epochs]  # its final validation of best.pt calls on_fit_epoch_end once more
+    same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, workdir / args.name)
+    return {
+        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
+        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
+        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
+    }  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ hard mode: driver
+def hard_yaml(args: argparse.Namespace) -> Path:
+    from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
+
+    h, w = args.data_size
+    root = C.default_workdir() / f"hard_{args.train}_{args.val}_{h}x{w}"
+    return make_hard_synthetic_dataset(root, args.train, args.val, (h, w), seed=0)
+
+
+def job_name(side: str, setting: str, epochs: int, seed: int, variant: str) -> str:
+    return f"{side}_{setting}_e{epochs}_s{seed}" + (f"_{variant}" if variant != "base" else "")
+
+
+def run_job(args: argparse.Namespace, yaml: Path, side: str, setting: str, epochs: int, seed: int,
+            variant: str) -> dict | None:  # fmt: skip
+    """One job in a fresh process (nice'd); its result with CPU time saved as JSON; None when it failed."""
+    name = job_name(side, setting, epochs, seed, variant)
+    results = Path(args.workdir) / "results"
+    out = results / f"{name}.json"
+    if out.exists():
+        return json.loads(out.read_text())
+    log = Path(args.workdir) / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = ["nice", "-n", str(args.nice), sys.executable, __file__, "--worker", "--side", side,
+           "--setting", setting, "--epochs", str(epochs), "--seed", str(seed), "--variant", variant,
+           "--name", name, "--yaml", str(yaml), "--image-size", str(args.image_size),
+           "--threads", str(args.threads), "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
+           "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=C.REPO
+    )
+    print(f"[{time.strftime('%H:%M:%S')}] start {name}", flush=True)
+    start = time.perf_counter()
+    with log.open("w") as fh:
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=C.REPO)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.perf_counter() - start
+    result = None
+    for line in reversed(log.read_text(errors="replace").splitlines()):
+        if line.startswith(C.RESULT_TAG):
+            result = json.loads(line[len(C.RESULT_TAG) :])
+            break
+    if result is None:
+        print(f"[{time.strftime('%H:%M:%S')}] FAILED {name} (exit {proc.returncode}), see {log}", flush=True)
+        return None
+    result.update(side=side, setting=setting, epochs=epochs, seed=seed, variant=variant, wall_s=wall,
+                  cpu_s=usage.ru_utime + usage.ru_stime, image_size=args.image_size, data=str(yaml),
+                  load_average=C.load_average(), commit=commit.stdout.strip(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
+    results.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"[{time.strftime('%H:%M:%S')}] done {name}: mAP50-95 {result['same_evaluator_map']:.4f}, "
+          f"{wall:.0f} s wall, {result['cpu_s']:.0f} s CPU", flush=True)  # fmt: skip
+    return result
+
+
+def load_results(workdir: str | Path) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((Path(workdir) / "results").glob("*.json"))]
+
+
+def report(workdir: str | Path, png: Path | None = None) -> str:
+    """Markdown: per-run table, then mean / spread / ratio per (setting, horizon, variant); curves as PNG."""
+    runs = load_results(workdir)
+    lines = [
+        "Every run (final EMA model, mAP50-95 by our evaluator; own = the side's own last validation):",
+        "",
+    ]
+    rows = [[r["side"], r["setting"], r["variant"], r["epochs"], r["seed"], r.get("optimizer", "-"),
+             r["same_evaluator_map"], r["own_map"], r["wall_s"] / 60, r["cpu_s"] / 60]
+            for r in sorted(runs, key=lambda r: (r["setting"], r["epochs"], r["variant"], r["side"], r["seed"]))]  # fmt: skip
+    lines.append(C.format_table(["side", "setting", "variant", "epochs", "seed", "optimizer", "mAP50-95",
+                                 "own mAP", "wall min", "CPU min"], rows))  # fmt: skip
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    cpu_min: dict[tuple, dict[str, list[float]]] = {}
+    for r in runs:
+        key = (r["setting"], r["epochs"])
+        label = r["side"] if r["variant"] == "base" else f"{r['side']}-{r['variant']}"
+        groups.setdefault(key, {}).setdefault(label, []).append(r["same_evaluator_map"])
+        cpu_min.setdefault(key, {}).setdefault(label, []).append(r["cpu_s"] / 60)
+    summary = []
+    for (setting, epochs), by_side in sorted(groups.items()):
+        oracle = by_side.get("oracle", [])
+        for label, values in sorted(by_side.items()):
+            if label == "oracle":
+                continue
+            m = statistics.mean(values)
+            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+            om = statistics.mean(oracle) if oracle else float("nan")
+            osd = statistics.stdev(oracle) if len(oracle) > 1 else float("nan")
+            cpu = statistics.mean(cpu_min[(setting, epochs)][label])
+            ocpu = statistics.mean(cpu_min[(setting, epochs)].get("oracle", [float("nan")]))
+            summary.append([setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd,
+                            C.ratio(m, om), cpu, ocpu])  # fmt: skip
+    lines += ["", "Mean and spread (sample standard deviation) over seeds, ours / oracle:", ""]
+    lines.append(C.format_table(["setting", "epochs", "ours", "seeds (ours / oracle)", "ours mean", "ours sd",
+                                 "oracle mean", "oracle sd", "ratio", "ours CPU min/run",
+                                 "oracle CPU min/run"], summary))  # fmt: skip
+    cpu = sum(r["cpu_s"] for r in runs) / 3600
+    lines += ["", f"CPU time of these {len(runs)} runs: {cpu:.2f} core-hours."]
+    if png is not None and runs:
+        plot_curves(runs, png)
+        lines.append(f"Curves: {png}")
+    return "\n".join(lines)
+
+
+def plot_curves(runs: list[dict], png: Path) -> None:
+    """One panel per (setting, horizon): every run's per-epoch mAP50-95, ours blue, oracle red."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted({(r["setting"], r["epochs"]) for r in runs})
+    fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
+    colours = {
+        ("ours", "base"): "tab:blue",
+        ("oracle", "base"): "tab:red",
+        ("ours", "globalpool"): "tab:green",
+    }
+    for ax, (setting, epochs) in zip(axes[0], keys):
+        seen = set()
+        for r in runs:
+            if (r["setting"], r["epochs"]) != (setting, epochs):
+                continue
+            key = (r["side"], r["variant"])
+            label = r["side"] if r["variant"] == "base" else f"{r['side']} ({r['variant']})"
+            ax.plot(range(1, len(r["curve"]) + 1), r["curve"], color=colours.get(key, "grey"), alpha=0.8,
+                    label=None if key in seen else label)  # fmt: skip
+            seen.add(key)
+        ax.set_title(f"{setting}, {epochs} epochs")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("val mAP50-95 (own evaluator)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=90)
+
+
+def main_hard(args: argparse.Namespace) -> None:
+    png = Path(args.png) if args.png else Path(args.workdir) / "convergence_curves.png"
+    if not args.report:
+        yaml = hard_yaml(args)
+        print(C.machine_info(args.threads), flush=True)
+        jobs = [(side, setting, epochs, seed, variant)
+                for epochs in args.horizons for setting in args.settings for seed in args.seeds
+                for side in args.sides for variant in args.variants
+                if not (side == "oracle" and variant != "base")]  # fmt: skip
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            list(pool.map(lambda job: run_job(args, yaml, *job), jobs))
+    print(report(args.workdir, png))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mode", choices=("easy", "hard"), default="hard")
+    parser.add_argument("--epochs", type=int, default=20, help="easy mode (and a worker's horizon)")
+    parser.add_argument("--train", type=int, default=None, help="training images (easy 256, hard 400)")
+    parser.add_argument("--val", type=int, default=None, help="validation images (easy 32, hard 100)")
+    parser.add_argument("--image-size", type=int, default=None, help="training size (easy 128, hard 224)")
+    parser.add_argument("--data-size", type=int, nargs=2, default=(168, 224), help="hard set image H W")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads per run (easy 2, hard 1)")
+    parser.add_argument("--workers", type=int, default=None, help="loader workers per run (easy 2, hard 1)")
+    parser.add_argument("--settings", nargs="+", default=["defaults"], choices=("defaults", "sgd"))
+    parser.add_argument("--horizons", type=int, nargs="+", default=[15])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--sides", nargs="+", default=["oracle", "ours"], choices=("ours", "oracle"))
+    parser.add_argument("--variants", nargs="+", default=["base"], choices=("base", "globalpool"))
+    parser.add_argument("--jobs", type=int, default=2, help="runs at once")
+    parser.add_argument("--nice", type=int, default=10)
+    parser.add_argument("--report", action="store_true", help="only print the table / write the PNG")
+    parser.add_argument("--png", default=None, help="curves PNG (default: WORKDIR/convergence_curves.png)")
+    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--side", choices=("ours", "oracle"), help=argparse.SUPPRESS)
+    parser.add_argument("--setting", default="defaults", help=argparse.SUPPRESS)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="base", help=argparse.SUPPRESS)
+    parser.add_argument("--name", default="run", help=argparse.SUPPRESS)
+    parser.add_argument("--yaml", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    easy = args.mode == "easy"
+    defaults = {
+        "train": (256, 400),
+        "val": (32, 100),
+        "image_size": (128, 224),
+        "threads": (2, 1),
+        "workers": (2, 1),
+    }
+    for key, (e, h) in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, e if easy else h)
+    if args.workdir is None:
+        args.workdir = str(C.default_workdir() / ("convergence" if easy else "convergence_hard"))
+    if args.worker:
+        if easy:
+            C.emit(worker_easy_ours(args) if args.side == "ours" else worker_easy_oracle(args))
+        else:
+            C.emit(worker_hard_ours(args) if args.side == "ours" else worker_hard_oracle(args))
+        return
+    main_easy(args) if easy else main_hard(args)
 
 
 if __name__ == "__main__":

@@ -96,3 +96,49 @@ def test_class_names_and_limits(tmp_path: Path) -> None:
     assert synthetic_class_names(3) == ["rectangle", "ellipse", "triangle"]
     with pytest.raises(ValueError, match="num_classes"):
         make_synthetic_dataset(tmp_path, num_classes=len(SYNTHETIC_CLASS_NAMES) + 1)
+
+
+# ------------------------------------------------------------------------------------ the hard set
+def test_hard_set_is_deterministic_non_square_and_its_labels_parse(tmp_path: Path) -> None:
+    from yolo11_lightning.data.config import load_dataset_config
+    from yolo11_lightning.data.synthetic_hard import HARD_CLASS_NAMES, make_hard_synthetic_dataset
+
+    a = make_hard_synthetic_dataset(tmp_path / "a", num_train=12, num_val=2, image_size=(48, 80), seed=3)
+    b = make_hard_synthetic_dataset(tmp_path / "b", num_train=14, num_val=2, image_size=(48, 80), seed=3)
+    c = make_hard_synthetic_dataset(tmp_path / "c", num_train=12, num_val=2, image_size=(48, 80), seed=4)
+    fa, fb, fc = _files(a.parent), _files(b.parent), _files(c.parent)
+    # image i depends on (seed, split, i) only
+    assert all(fb[k] == v for k, v in fa.items() if k.startswith(("images", "labels")))
+    assert {k: v for k, v in fa.items() if k.endswith(".png")} != {
+        k: v for k, v in fc.items() if k.endswith(".png")
+    }
+    assert load_dataset_config(a).names == list(HARD_CLASS_NAMES)
+    counts, overlaps = [], 0
+    for image_path in sorted((tmp_path / "b" / "images" / "train").glob("*.png")):
+        assert cv2.imread(str(image_path)).shape == (48, 80, 3)
+        classes, boxes = _label_boxes(tmp_path / "b" / "labels" / "train" / f"{image_path.stem}.txt", 48, 80)
+        assert ((classes >= 0) & (classes < len(HARD_CLASS_NAMES))).all()
+        assert (
+            (boxes[:, :2] >= 0).all()
+            and (boxes[:, 2] <= 80 + 1e-6).all()
+            and (boxes[:, 3] <= 48 + 1e-6).all()
+        )
+        assert (boxes[:, 2:] > boxes[:, :2]).all()
+        counts.append(len(boxes))
+        for i in range(len(boxes)):
+            for j in range(i):
+                lo, hi = np.maximum(boxes[i, :2], boxes[j, :2]), np.minimum(boxes[i, 2:], boxes[j, 2:])
+                overlaps += bool((hi > lo).all())
+    assert min(counts) >= 1 and max(counts) <= 7 and max(counts) >= 3
+    assert overlaps > 0  # overlapping (occluded) objects keep their boxes
+
+
+def test_synthetic_cli_hard_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        synthetic.main(["--out", str(tmp_path), "--hard", "--train", "2", "--val", "1", "--size", "40", "64"])
+        == 0
+    )
+    assert capsys.readouterr().out.strip() == str(tmp_path / "data.yaml")
+    assert cv2.imread(str(tmp_path / "images" / "val" / "val_00000.png")).shape == (40, 64, 3)
+    with pytest.raises(SystemExit):
+        synthetic.main(["--out", str(tmp_path), "--hard", "--coco"])

@@ -227,24 +227,40 @@ def make_synthetic_coco(out_dir: str | Path, **kwargs) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``yolo11-lightning synthetic --out DIR [--train N --val N --size S --seed S ...]``."""
+    """``yolo11-lightning synthetic --out DIR [--hard] [--train N --val N --size S --seed S ...]``."""
     p = argparse.ArgumentParser(prog="yolo11-lightning synthetic", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--train", type=int, default=64, help="number of training images")
     p.add_argument("--val", type=int, default=16, help="number of validation images")
-    p.add_argument("--size", type=int, nargs="+", default=[128], help="image size: S, or H W")
+    p.add_argument("--size", type=int, nargs="+", help="image size: S, or H W (default 128; --hard: 192 256)")
     p.add_argument("--classes", type=int, default=3, help=f"1..{len(SYNTHETIC_CLASS_NAMES)}")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-objects", type=int, default=4)
+    p.add_argument("--max-objects", type=int, help="default 4; --hard: 7")
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
+    p.add_argument(
+        "--hard", action="store_true",
+        help="the harder set of yolo11_lightning.data.synthetic_hard (5 look-alike classes, clutter, "
+        "overlaps; --classes and --coco do not apply)",
+    )  # fmt: skip
     args = p.parse_args(argv)
-    if len(args.size) not in (1, 2):
+    if args.size is not None and len(args.size) not in (1, 2):
         p.error("--size takes S or H W")
-    size = args.size[0] if len(args.size) == 1 else (args.size[0], args.size[1])
+    if args.hard and args.coco:
+        p.error("--coco is not available with --hard")
+    sizes = args.size or ([192, 256] if args.hard else [128])
+    size = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
     try:
-        path = make_synthetic_dataset(
-            args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects, coco=args.coco
-        )
+        if args.hard:
+            from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
+
+            path = make_hard_synthetic_dataset(
+                args.out, args.train, args.val, size, args.seed, max_objects=args.max_objects or 7
+            )
+        else:
+            path = make_synthetic_dataset(
+                args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects or 4,
+                coco=args.coco,
+            )  # fmt: skip
     except ValueError as e:
         p.error(str(e))
     print(Path(args.out) / SYNTHETIC_COCO_YAML if args.coco else path)

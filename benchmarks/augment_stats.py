@@ -1,0 +1,120 @@
+"""Training-augmentation statistics, ours beside the oracle's dataset, on the same images and settings.
+
+    python benchmarks/augment_stats.py --samples 2000 --image-size 224
+
+Each side's training dataset (defaults: mosaic 1.0, scale 0.5, translate 0.1, HSV, flips; the oracle's
+default configuration with only imgsz set) is read in a shuffled order over several epochs, the way the
+loaders read it. Reported: output image shape, boxes per sample, box area (fraction of the image)
+quantiles, box side quantiles in pixels, the share of boxes under 8 px on the short side, per-channel
+pixel mean and standard deviation (RGB, 0..255).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import _common as C
+import numpy as np
+
+
+def _summary(images_shapes, counts, areas, sides, pixel_sum, pixel_sq, pixels) -> dict:
+    mean = pixel_sum / pixels
+    std = np.sqrt(pixel_sq / pixels - mean**2)
+    areas, sides = np.asarray(areas), np.asarray(sides)
+    return {
+        "shapes": sorted({tuple(s) for s in images_shapes}),
+        "boxes per sample": round(float(np.mean(counts)), 3),
+        "samples with no box": round(float(np.mean(np.asarray(counts) == 0)), 4),
+        "box area q10/q50/q90": np.quantile(areas, [0.1, 0.5, 0.9]).round(4).tolist(),
+        "box short side px q10/q50/q90": np.quantile(sides, [0.1, 0.5, 0.9]).round(1).tolist(),
+        "boxes < 8 px": round(float(np.mean(sides < 8)), 4),
+        "pixel mean RGB": mean.round(1).tolist(),
+        "pixel std RGB": std.round(1).tolist(),
+    }
+
+
+def _accumulate(samples):
+    shapes, counts, areas, sides = [], [], [], []
+    pixel_sum, pixel_sq, pixels = np.zeros(3), np.zeros(3), 0
+    for image, labels in samples:  # image (3, H, W) uint8 RGB; labels (n, 4) xywh normalised
+        _, h, w = image.shape
+        shapes.append((h, w))
+        counts.append(len(labels))
+        for bw, bh in labels[:, 2:4]:
+            areas.append(bw * bh)
+            sides.append(min(bw * w, bh * h))
+        x = image.reshape(3, -1).astype(np.float64)
+        pixel_sum += x.sum(1)
+        pixel_sq += (x**2).sum(1)
+        pixels += x.shape[1]
+    return _summary(shapes, counts, areas, sides, pixel_sum, pixel_sq, pixels)
+
+
+def ours(yaml: str, image_size: int, samples: int) -> dict:
+    from yolo11_lightning import YOLODataModule
+
+    data = YOLODataModule(dataset=yaml, batch_size=16, image_size=image_size, num_workers=0)
+    data.setup("fit")
+    dataset = data.datasets["train"]
+    n = len(dataset)
+
+    def items():
+        count = 0
+        for epoch in range(samples // n + 1):
+            for index in np.random.default_rng(epoch).permutation(n):
+                if count == samples:
+                    return
+                item = dataset[(epoch, int(index))]
+                yield item["image"].numpy(), item["labels"][:, 1:].numpy()
+                count += 1
+
+    return _accumulate(items())
+
+
+def oracle(yaml: str, image_size: int, samples: int) -> dict:
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    random.seed(0)
+    np.random.seed(0)
+    cfg = get_cfg(overrides={"imgsz": image_size})
+    data = check_det_dataset(yaml)
+    dataset = build_yolo_dataset(cfg, data["train"], batch=16, data=data, mode="train")
+    n = len(dataset)
+
+    def items():
+        count = 0
+        for epoch in range(samples // n + 1):
+            for index in np.random.default_rng(epoch).permutation(n):
+                if count == samples:
+                    return
+                item = dataset[int(index)]
+                yield item["img"].numpy(), item["bboxes"].numpy().reshape(-1, 4)
+                count += 1
+
+    return _accumulate(items())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--samples", type=int, default=2000)
+    parser.add_argument("--image-size", type=int, default=224)
+    parser.add_argument("--yaml", default=None, help="dataset yaml (default: the hard set of convergence.py)")
+    args = parser.parse_args()
+    if args.yaml is None:
+        from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
+
+        args.yaml = str(
+            make_hard_synthetic_dataset(C.default_workdir() / "hard_400_100_168x224", 400, 100, (168, 224))
+        )
+    results = {"ours": ours(args.yaml, args.image_size, args.samples)}
+    results["oracle"] = oracle(args.yaml, args.image_size, args.samples)
+    print(f"{args.samples} training samples per side, {args.image_size} px, {args.yaml}\n")
+    rows = [[key, str(results["ours"][key]), str(results["oracle"][key])] for key in results["ours"]]
+    print(C.format_table(["statistic", "ours", "oracle"], rows))
+
+
+if __name__ == "__main__":
+    main()
