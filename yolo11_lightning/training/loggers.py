@@ -21,6 +21,7 @@ from lightning.fabric.utilities.logger import _convert_params
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
 from yolo11_lightning.version import code_version
 
@@ -40,6 +41,8 @@ class RunCSVLogger(CSVLogger):
     def experiment(self) -> Any:
         if self._experiment is not None:
             return self._experiment
+        if rank_zero_only.rank != 0:  # the other ranks get Lightning's dummy and must not touch the file
+            return CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
         path = os.path.join(self.log_dir, "metrics.csv")
         kept = self._fs.cat_file(path) if self._fs.isfile(path) else None
         experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
