@@ -3,7 +3,7 @@
     python tests/scripts/equivalence_run.py DATASET_YAML DEVICES OUT.pt
 
 Run with 1 and with 2 devices by tests/test_training_ddp.py. BatchNorm is kept in eval mode so that
-per-rank batch statistics do not enter the comparison (DESIGN.md: BN aside, or SyncBN).
+per-rank batch statistics do not enter the comparison (ARCHITECTURE.md, world-size invariance: BN aside, or SyncBN).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The detection Dataset (records -> augmented tensors) and the batch collate function.
 
-Batch contract (DESIGN.md): ``collate_detection`` returns
+Batch contract (ARCHITECTURE.md): ``collate_detection`` returns
 
     images      uint8   (B, 3, H, W)  RGB; the model converts to float/255 on the device
     targets     float32 (N, 6)        rows [image_index_in_batch, class, cx, cy, w, h], box normalised to H, W
