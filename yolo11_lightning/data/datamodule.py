@@ -21,8 +21,9 @@ from torch.utils.data import DataLoader
 
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
+from .batch import collate_detection
 from .config import DatasetConfig, DatasetError, load_dataset_config
-from .dataset import DetectionDataset, collate_detection
+from .dataset import DetectionDataset
 from .image_cache import ImageCache
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
 from .sources import build_label_cache, load_split

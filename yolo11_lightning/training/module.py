@@ -13,8 +13,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.loss import DetectionLoss
 from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
 from yolo11_lightning.training.callbacks import CloseMosaic, UnreadableImages, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
@@ -261,7 +263,7 @@ class YOLO11Module(L.LightningModule):
     def _model_input(self, images: Tensor) -> Tensor:
         """The batch's uint8 images as the detector's float input, in its memory layout.
 
-        Loader batches are channels-last already (``data.dataset.stack_images``): no copy then. Any reorder
+        Loader batches are channels-last already (``data.batch.stack_images``): no copy then. Any reorder
         happens while still uint8, 4x fewer bytes to shuffle than in float.
         """
         nhwc = self.hparams.get("channels_last", False)  # checkpoints from before the switch: NCHW
@@ -271,7 +273,7 @@ class YOLO11Module(L.LightningModule):
     def _global_batch_index(self, batch_idx: int) -> int:
         return self.current_epoch * self._schedule.batches_per_epoch + batch_idx
 
-    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: DetectionBatch, batch_idx: int) -> None:
         if self._schedule is None:
             return
         index = self._global_batch_index(batch_idx)
@@ -299,7 +301,7 @@ class YOLO11Module(L.LightningModule):
             optimizer.zero_grad(set_to_none=True)
         # Otherwise gradients are zeroed right after each optimiser step (optimizer_step).
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+    def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
         loss, items = self.criterion(self.model(images), batch["targets"])
         world = self.trainer.world_size
@@ -363,18 +365,18 @@ class YOLO11Module(L.LightningModule):
             max_detections=self.hparams.max_detections,
         )
 
-    def _evaluate(self, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+    def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         detections = self._detect(batch["images"])
         metric.update(detections, batch)
         return {"detections": detections}  # ValidationImages draws these
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+    def validation_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.val_map)
 
     def on_validation_epoch_end(self) -> None:
         self._log_map(self.val_map, "val")
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+    def test_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.test_map)
 
     def on_test_epoch_end(self) -> None:
@@ -387,6 +389,8 @@ class YOLO11Module(L.LightningModule):
             self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=True)
         metric.reset()
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Tensor]:
+    def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Tensor]:
         """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
-        return DetectionMAP.to_original(self._detect(batch["images"]), batch)
+        return detections_to_original(
+            self._detect(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
+        )
