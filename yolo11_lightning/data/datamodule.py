@@ -22,11 +22,11 @@ from torch.utils.data import DataLoader
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .batch import collate_detection
-from .config import DatasetConfig, DatasetError, load_dataset_config
 from .dataset import DetectionDataset
 from .image_cache import ImageCache
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
-from .sources import build_label_cache, load_split
+from .sources.config import DatasetConfig, DatasetError, load_dataset_config
+from .sources.split import build_label_cache, load_split
 from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 
 log = logging.getLogger(__name__)

@@ -24,8 +24,8 @@ from .batch import image_tensor
 from .batch import stack_images as stack_images
 from .image_cache import ImageCache, resized_shape
 from .image_io import ImageReadError, read_image_retrying
-from .records import ImageRecord
 from .sampler import epoch_order
+from .sources.records import ImageRecord
 from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
 
 # First entropy word of the per-sample generators; the sampler's epoch order uses another one.

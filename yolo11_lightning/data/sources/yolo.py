@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from yolo11_lightning.data.checks import CheckedRows, DataReport, check_rows
-from yolo11_lightning.data.config import DatasetError
 from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, probe_image
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_rows
+from yolo11_lightning.data.sources.config import DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord
 
 
 def label_path_for(image_path: str) -> str:

@@ -22,10 +22,10 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from yolo11_lightning.data.checks import DataReport, check_rows
-from yolo11_lightning.data.config import DatasetError
 from yolo11_lightning.data.image_io import ImageReadError, probe_image
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.checks import DataReport, check_rows
+from yolo11_lightning.data.sources.config import DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord
 
 _PROBE_FIRST = 20
 

@@ -21,12 +21,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from yolo11_lightning.data.cache import CACHE_VERSION, default_cache_dir, hash_files, load_cache, save_cache
-from yolo11_lightning.data.checks import CLIP_TOLERANCE, DataReport
-from yolo11_lightning.data.coco_source import load_coco_json
-from yolo11_lightning.data.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.records import ImageRecord
-from yolo11_lightning.data.yolo_source import label_path_for, list_images, load_yolo_images
+from yolo11_lightning.data.sources.cache import (
+    CACHE_VERSION,
+    default_cache_dir,
+    hash_files,
+    load_cache,
+    save_cache,
+)
+from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
+from yolo11_lightning.data.sources.coco import load_coco_json
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.sources.yolo import label_path_for, list_images, load_yolo_images
 
 __all__ = ["DataReport", "DatasetError", "build_label_cache", "load_split"]
 
