@@ -22,9 +22,9 @@ from pathlib import Path
 
 import cv2
 
-from yolo11_lightning.data.config import load_dataset_config
 from yolo11_lightning.data.image_io import probe_image, read_image
 from yolo11_lightning.data.sources import load_split
+from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.synthetic import make_synthetic_dataset
 
 

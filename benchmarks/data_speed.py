@@ -39,8 +39,8 @@ import _common as C
 
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, collate_detection
-from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sampler import ElasticDistributedSampler
+from yolo11_lightning.data.sources.records import ImageRecord
 
 # Typical photo sizes (h, w) of detection datasets (COCO-like).
 SIZES = [(480, 640), (640, 480), (427, 640), (640, 427), (375, 500), (512, 512), (720, 960)]

@@ -90,13 +90,17 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.real_data:
         data = YOLODataModule(
-            dataset=args.yaml, batch_size=args.batch, image_size=args.image_size, num_workers=args.workers
+            dataset=args.yaml,
+            batch_size=args.batch,
+            image_size=args.image_size,
+            num_workers=args.workers,
+            close_mosaic=0,
         )
     else:
         data = memory_datamodule(args)
     # nominal_batch = batch: one optimiser step per batch, as a GPU run with a large batch does.
     module = YOLO11Module(
-        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names, close_mosaic=0,
+        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names,
         warmup_epochs=0.0, log_images=0, nominal_batch=args.batch, channels_last=args.channels_last,
         compile=args.compile,
     )  # fmt: skip
@@ -181,7 +185,7 @@ def run_sync_audit(args: argparse.Namespace) -> dict[str, Any]:
 
     data = memory_datamodule(args)
     module = YOLO11Module(
-        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names, close_mosaic=0,
+        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names,
         warmup_epochs=0.0, log_images=0, nominal_batch=args.batch,
     )  # fmt: skip
     sites: Counter[str] = Counter()

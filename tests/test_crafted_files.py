@@ -287,7 +287,7 @@ def _load_cache_logged(path: Path) -> tuple[object, str]:
     """``load_cache(path)`` and what it logged."""
     import logging
 
-    from yolo11_lightning.data.cache import load_cache
+    from yolo11_lightning.data.sources.cache import load_cache
 
     seen: list[str] = []
     handler = logging.Handler()

@@ -12,8 +12,8 @@ from yolo11_lightning.data import image_cache as image_cache_module
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, PackedRecords, collate_detection, partner_stride
 from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
-from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
+from yolo11_lightning.data.sources.records import ImageRecord
 
 SIZE = 96
 

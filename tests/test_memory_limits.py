@@ -8,7 +8,7 @@ import pytest
 
 from yolo11_lightning.data import image_cache
 from yolo11_lightning.data.image_cache import GIB, ImageCache, cgroup_memory_limits, memory_budget
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.records import ImageRecord
 
 
 def fake_v2(root: Path, path: str, limit: str, current: int, inactive: int = 0) -> Path:

@@ -17,9 +17,9 @@ from yolo11_lightning import YOLO11
 from yolo11_lightning.nn import Detect
 from yolo11_lightning.nn import head as head_module
 
-# Exact parameter counts of the reference at nc=80 (REFERENCE.md).
+# Exact parameter counts of the reference at nc=80 (docs/reference.md).
 PARAMS_NC80 = {"n": 2_624_080, "s": 9_458_752, "m": 20_114_688, "l": 25_372_160, "x": 56_966_176}
-# Published GFLOPs at 640 (REFERENCE.md).
+# Published GFLOPs at 640 (docs/reference.md).
 PUBLISHED_GFLOPS = {"n": 6.5, "s": 21.5, "m": 68.0, "l": 86.9, "x": 194.9}
 
 

@@ -9,7 +9,9 @@ A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveragin
 ONNX: input ``images`` float (B, 3, H, W) RGB in [0, 1]; output ``output0`` (B, 4 + nc, A), xywh boxes in input
 pixels then class scores (no NMS), exactly ``YOLO11.eval()``'s output. The batch axis is dynamic; the image
 size is fixed at export, because the head's anchor grid is computed from the concrete feature-map sizes.
-Imports torch (and onnx/onnxruntime when present), never Lightning.
+Imports torch (and onnx/onnxruntime when present), never Lightning. Reading model files is ``nn.weights``;
+``load_model``, ``load_weights`` and ``save_weights`` are re-exported here for code that imports them from
+``yolo11_lightning.export``.
 """
 
 from __future__ import annotations
@@ -21,74 +23,25 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
-from yolo11_lightning.nn import YOLO11, torch_file
-from yolo11_lightning.nn.yolo11 import WEIGHTS_FORMAT
+from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.weights import load_model, load_weights, save_weights
+
+__all__ = [
+    "export_onnx",
+    "load_model",
+    "load_weights",
+    "main",
+    "onnx_max_abs_diff",
+    "onnx_tolerance",
+    "save_weights",
+]
 
 FORMATS = ("onnx", "weights")
 ONNX_INPUT, ONNX_OUTPUT = "images", "output0"
-
-
-def _checkpoint_model(path: str, checkpoint: dict[str, Any]) -> YOLO11:
-    """A YOLO11 from a loaded Lightning checkpoint of ``YOLO11Module`` (EMA weights from ``state_dict``)."""
-    hparams = checkpoint.get("hyper_parameters") or {}
-    state = checkpoint.get("state_dict")
-    if not isinstance(state, dict):
-        raise ValueError(f"{path}: checkpoint has no `state_dict`")
-    ours = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
-    if not ours:
-        raise ValueError(f"{path}: no `model.*` tensors in `state_dict`; not a YOLO11Module checkpoint?")
-    scale = hparams.get("scale")
-    num_classes = hparams.get("num_classes")
-    if scale is None or num_classes is None:
-        raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`")
-    model = YOLO11(scale, int(num_classes), hparams.get("class_names"))
-    model.load_state_dict(ours, strict=True)
-    return model
-
-
-def load_model(path: str | os.PathLike) -> YOLO11:
-    """Any model file the project knows, as a YOLO11 in eval mode on the CPU.
-
-    * a Lightning ``.ckpt`` of ``YOLO11Module`` (the EMA weights),
-    * a weights-only file from ``export --format weights`` (``YOLO11.from_weights``),
-    * a reference ``.pt`` release file (``YOLO11.from_ultralytics``, no code from the file runs).
-
-    Every file is checked first (``nn.torch_file``: archive structure, claimed sizes, restricted unpickler);
-    ours are then read by torch's ``weights_only`` loader, reference files by our restricted one.
-    Raises FileNotFoundError or ValueError naming the file.
-    """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"model file not found: {path}")
-    try:
-        checkpoint = torch_file.load(path)
-    except torch_file.ModelObjectsError:  # a reference release pickles model objects: its own reader
-        return YOLO11.from_ultralytics(path).eval()  # raises CheckpointError (a ValueError) naming the file
-    if isinstance(checkpoint, dict) and checkpoint.get("format") == WEIGHTS_FORMAT:
-        model = YOLO11.from_weights(path)
-    elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
-        model = _checkpoint_model(path, checkpoint)
-    else:
-        model = YOLO11.from_ultralytics(path)  # a plain reference state dict, or a clear error
-    return model.eval()
-
-
-def load_weights(path: str | os.PathLike) -> YOLO11:
-    """A weights-only file (``export --format weights``) as a YOLO11 in eval mode; no Lightning needed."""
-    return YOLO11.from_weights(path).eval()
-
-
-def save_weights(model: YOLO11, path: str | os.PathLike) -> Path:
-    """Write ``model`` as a weights-only file (see ``YOLO11.save_weights``); returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    model.save_weights(path)
-    return path
 
 
 def export_onnx(

@@ -7,8 +7,8 @@ worker takes whole files (file i goes to worker i mod W), which keeps every vide
 An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming the file and the reason,
 and so is the rest of a video that stops before the frame count its header gives (truncated or corrupt:
 the frames read are kept). The rest of the run goes on, and the failure travels to the main process in
-the batch (``problems``), whatever the number of DataLoader workers. Batches follow the DataModule
-contract (``images`` uint8 (B, 3, S, S), ``scales``, ``pads``, ``orig_sizes``) so
+the batch (``problems``), whatever the number of DataLoader workers. Batches are ``data.batch.PredictionBatch``:
+the ``ImageBatch`` contract (``images`` uint8 (B, 3, S, S), ``scales``, ``pads``, ``orig_sizes``) so
 ``YOLO11Module.predict_step`` maps boxes back to original pixels, plus what the writer needs: ``paths``,
 ``frames`` (-1 for an image), ``fps``, the ``originals`` and ``problems`` ((path, reason) pairs).
 """
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from yolo11_lightning.data.dataset import image_tensor, stack_images
+from yolo11_lightning.data.batch import PredictionBatch, image_tensor, stack_images
 from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, read_image
 from yolo11_lightning.data.transforms import letterbox
 
@@ -160,8 +160,8 @@ class PredictionSource(IterableDataset):
             yield self._sample(rgb, source, -1, 0.0)
 
 
-def collate_prediction(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack ``PredictionSource`` samples into one batch (module docstring for the keys).
+def collate_prediction(samples: Sequence[dict[str, Any]]) -> PredictionBatch:
+    """Stack ``PredictionSource`` samples into a ``PredictionBatch`` (``data.batch``; module docstring).
 
     Failure placeholders are left out of the images (a batch may then hold B = 0 images).
     """

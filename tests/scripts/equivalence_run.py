@@ -3,7 +3,7 @@
     python tests/scripts/equivalence_run.py DATASET_YAML DEVICES OUT.pt
 
 Run with 1 and with 2 devices by tests/test_training_ddp.py. BatchNorm is kept in eval mode so that
-per-rank batch statistics do not enter the comparison (DESIGN.md: BN aside, or SyncBN).
+per-rank batch statistics do not enter the comparison (ARCHITECTURE.md, world-size invariance: BN aside, or SyncBN).
 """
 
 from __future__ import annotations
@@ -66,12 +66,12 @@ class NoisyOracle(YOLO11Module):
 def main() -> None:
     dataset, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     L.seed_everything(0, workers=True)
-    data = YOLODataModule(dataset=dataset, batch_size=8, image_size=64, num_workers=0, seed=0)
+    data = YOLODataModule(dataset=dataset, batch_size=8, image_size=64, num_workers=0, seed=0, close_mosaic=0)
     # SGD (an update linear in the gradient), no warmup (its first step has LR 0), no accumulation, no EMA,
     # and no clipping: clipping would hide a wrong gradient scale.
     options = dict(scale="n", num_classes=data.num_classes, class_names=data.class_names, optimizer="SGD",
                    warmup_epochs=0.0,
-                   nominal_batch=8, ema=False, close_mosaic=0, log_images=0, grad_clip_norm=0.0)  # fmt: skip
+                   nominal_batch=8, ema=False, log_images=0, grad_clip_norm=0.0)  # fmt: skip
     module = YOLO11Module(**options)
     initial = {k: v.clone() for k, v in module.model.state_dict().items()}
     trainer_args = dict(accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",

@@ -25,7 +25,7 @@ def _attempt() -> int:
 
 
 class FreezeBatchNorm(Callback):
-    """BatchNorm in eval mode: per-rank batch statistics would differ between world sizes (DESIGN.md)."""
+    """BatchNorm in eval mode: per-rank batch statistics would differ between world sizes (ARCHITECTURE.md, world-size invariance)."""
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         for module in pl_module.modules():

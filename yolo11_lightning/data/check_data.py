@@ -19,10 +19,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolo11_lightning.data.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.plots import box_scatter, class_histogram
-from yolo11_lightning.data.records import ImageRecord
 from yolo11_lightning.data.sources import load_split
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 REQUIRED_SPLITS = ("train", "val")

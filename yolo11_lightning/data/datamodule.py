@@ -21,11 +21,12 @@ from torch.utils.data import DataLoader
 
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
-from .config import DatasetConfig, DatasetError, load_dataset_config
-from .dataset import DetectionDataset, collate_detection
+from .batch import collate_detection
+from .dataset import DetectionDataset
 from .image_cache import ImageCache
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
-from .sources import build_label_cache, load_split
+from .sources.config import DatasetConfig, DatasetError, load_dataset_config
+from .sources.split import build_label_cache, load_split
 from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,9 @@ class YOLODataModule(L.LightningDataModule):
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
+        close_mosaic: train the last ``close_mosaic`` epochs without mosaic/mixup (the reference's schedule;
+            0: never). Resolved from ``trainer.max_epochs`` in ``setup``, before any worker starts, so
+            persistent workers, every rank and a resumed run agree on it without messages.
         synthetic_dir: where "synthetic" is generated (reused when already there).
         synthetic_train, synthetic_val: number of synthetic images per split.
         synthetic_image_size: side of the synthetic images in pixels.
@@ -94,6 +98,7 @@ class YOLODataModule(L.LightningDataModule):
         cache_images: bool = False,
         mosaic: float = 1.0,
         mixup: float = 0.0,
+        close_mosaic: int = 10,
         degrees: float = 0.0,
         translate: float = 0.1,
         scale_jitter: float = 0.5,
@@ -131,6 +136,7 @@ class YOLODataModule(L.LightningDataModule):
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
         self.cache_images = cache_images
+        self.close_mosaic = close_mosaic
         self.aug = AugmentConfig(
             mosaic=mosaic,
             mixup=mixup,
@@ -247,6 +253,8 @@ class YOLODataModule(L.LightningDataModule):
         error: BaseException | None = None
         try:
             self._load_splits(stage)
+            if stage in ("fit", None):
+                self._resolve_close_mosaic()
         except Exception as e:  # any error: re-raised once the other ranks have been told
             error = e
         strategy = getattr(self.trainer, "strategy", None) if self.trainer is not None else None
@@ -316,6 +324,14 @@ class YOLODataModule(L.LightningDataModule):
         return self._eval_loader("predict")
 
     # ------------------------------------------------------------------------------------ schedule
+    def _resolve_close_mosaic(self) -> None:
+        """Mosaic/mixup off from epoch ``max_epochs - close_mosaic`` (never with ``close_mosaic <= 0`` or no
+        epoch limit)."""
+        max_epochs = getattr(self.trainer, "max_epochs", None) if self.trainer is not None else None
+        if self.close_mosaic <= 0 or not max_epochs or max_epochs < 0:
+            return
+        self.set_close_mosaic_epoch(max(max_epochs - self.close_mosaic, 0))
+
     def set_close_mosaic_epoch(self, epoch: int | None) -> None:
         """Train without mosaic/mixup from ``epoch`` on (None: never). Call before the workers start."""
         self.mosaic_until_epoch = epoch

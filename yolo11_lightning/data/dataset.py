@@ -1,28 +1,10 @@
-"""The detection Dataset (records -> augmented tensors) and the batch collate function.
+"""The detection Dataset: records -> augmented, letterboxed samples.
 
-Batch contract (DESIGN.md): ``collate_detection`` returns
-
-    images      uint8   (B, 3, H, W)  RGB; the model converts to float/255 on the device
-    targets     float32 (N, 6)        rows [image_index_in_batch, class, cx, cy, w, h], box normalised to H, W
-    indices     int64   (B,)          dataset indices
-    orig_sizes  int64   (B, 2)        original (h, w)
-    scales      float32 (B,)          letterbox scale r (NaN for augmented training images)
-    pads        float32 (B, 2)        letterbox (left, top) padding (NaN for augmented training images)
-    paths       list[str]
-    substitutes int64   (B,)          index of the image that stood in for a sample's own unreadable image
-                                      (training; -2: none readable, a blank image), else -1
-    substituted int                   samples of the batch with a substitute (``substitutes != -1``), as a
-                                      plain int: read on the host without a device sync
-    unreadable  list[(path, reason)]  every image of the batch that could not be read: training images
-                                      replaced by a substitute (own or mosaic partner) and evaluation
-                                      images left out of the batch
-    missing     int                   evaluation images left out of this batch because they cannot be read
-
-so a box in the batch image maps back to original pixels as ``(xy - pad) / scale``.
-
-``images`` is stored channels-last ((B, H, W, 3) memory seen as (B, 3, H, W), ``image_tensor`` and
-``stack_images``): that is OpenCV's layout, so no sample is transposed, and it is the layout the detector
-trains in by default (``YOLO11Module(channels_last=True)``), so the batch needs no reordering either.
+``DetectionDataset[i]`` (or ``[(epoch, i)]``) returns one sample dict (``image`` (3, H, W) uint8, ``labels``
+(n, 5) ``[class, cx, cy, w, h]`` normalised, ``index``, ``orig_size``, ``scale``, ``pad``, ``path`` and the
+unreadable-image fields); ``data.batch.collate_detection`` stacks samples into the batch contract
+(``data.batch.DetectionBatch``, shapes and units there). ``collate_detection``, ``image_tensor`` and
+``stack_images`` are re-exported here for code that imports them from this module.
 """
 
 from __future__ import annotations
@@ -37,10 +19,13 @@ import torch
 from torch.utils.data import Dataset
 
 from .augment import AugmentConfig, Labelled, augment_train_sample
+from .batch import collate_detection as collate_detection  # re-exported: the batch contract is data.batch
+from .batch import image_tensor
+from .batch import stack_images as stack_images
 from .image_cache import ImageCache, resized_shape
 from .image_io import ImageReadError, read_image_retrying
-from .records import ImageRecord
 from .sampler import epoch_order
+from .sources.records import ImageRecord
 from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
 
 # First entropy word of the per-sample generators; the sampler's epoch order uses another one.
@@ -388,62 +373,3 @@ class DetectionDataset(Dataset):
             "unreadable": [(error.path, error.reason)],
             "missing": True,
         }
-
-
-def image_tensor(image: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 array -> (3, H, W) tensor over the same memory (channels-last strides, no copy)."""
-    return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
-
-
-def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """(3, H, W) images -> (B, 3, H, W) batch in channels-last memory (``torch.channels_last``).
-
-    One copy, the stack itself; for ``image_tensor`` outputs each image is a contiguous (H, W, 3) block.
-    """
-    return torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
-
-
-def collate_detection(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """Stack ``DetectionDataset`` samples into the batch contract (module docstring).
-
-    Evaluation samples whose image could not be read are left out (``missing`` counts them); a batch
-    of only such samples has B = 0 images.
-    """
-    unreadable = [item for s in samples for item in s.get("unreadable", ())]
-    kept = [s for s in samples if not s.get("missing", False)]
-    missing = len(samples) - len(kept)
-    samples = kept
-    if not samples:
-        return _empty_batch(unreadable, missing)
-    labels = [s["labels"] for s in samples]
-    image_index = torch.cat([torch.full((len(lab), 1), float(i)) for i, lab in enumerate(labels)])
-    return {
-        "images": stack_images([s["image"] for s in samples]),
-        "targets": torch.cat([image_index, torch.cat(labels)], dim=1),
-        "indices": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
-        "orig_sizes": torch.tensor([s["orig_size"] for s in samples], dtype=torch.int64).reshape(-1, 2),
-        "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
-        "pads": torch.tensor([s["pad"] for s in samples], dtype=torch.float32).reshape(-1, 2),
-        "paths": [s["path"] for s in samples],
-        "substitutes": torch.tensor([s.get("substitute", -1) for s in samples], dtype=torch.int64),
-        "substituted": sum(s.get("substitute", -1) != -1 for s in samples),
-        "unreadable": unreadable,
-        "missing": missing,
-    }
-
-
-def _empty_batch(unreadable: list[tuple[str, str]], missing: int) -> dict[str, Any]:
-    """A batch without images (every image of it was unreadable): same keys, B = 0."""
-    return {
-        "images": torch.zeros(0, 3, 32, 32, dtype=torch.uint8),
-        "targets": torch.zeros(0, 6),
-        "indices": torch.zeros(0, dtype=torch.int64),
-        "orig_sizes": torch.zeros(0, 2, dtype=torch.int64),
-        "scales": torch.zeros(0),
-        "pads": torch.zeros(0, 2),
-        "paths": [],
-        "substitutes": torch.zeros(0, dtype=torch.int64),
-        "substituted": 0,
-        "unreadable": unreadable,
-        "missing": missing,
-    }

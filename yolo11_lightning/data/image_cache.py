@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .records import ImageRecord
+from .sources.records import ImageRecord
 
 log = logging.getLogger(__name__)
 

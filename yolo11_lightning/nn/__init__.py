@@ -1,5 +1,10 @@
-"""The YOLO11 detector in plain PyTorch (imports torch only)."""
+"""The YOLO11 detector in plain PyTorch (imports torch only).
 
+``weights`` (model-file I/O) is imported here so that ``YOLO11.from_weights``, ``from_ultralytics`` and
+``save_weights`` exist whichever submodule is imported first.
+"""
+
+from yolo11_lightning.nn import weights
 from yolo11_lightning.nn.attention import C2PSA, Attention, PSABlock
 from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv
 from yolo11_lightning.nn.checkpoint import CheckpointError
@@ -22,4 +27,5 @@ __all__ = [
     "DWConv",
     "Detect",
     "PSABlock",
+    "weights",
 ]

@@ -4,16 +4,16 @@ A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a
 ``DetectionModel`` in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
 unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
 to rebuild the state dict (keys ``model.<layer>.<path>``), infer scale and class count from the
-tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23).
+tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23). The model's
+expected state dicts come from the caller (``nn.weights``): this module does not import the model.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-import torch
 from torch import Tensor
 
 from yolo11_lightning.nn import torch_file
@@ -144,10 +144,18 @@ def rename_key(key: str) -> str:
     return f"head.{rest}" if int(index) == HEAD_INDEX else f"layers.{index}.{rest}"
 
 
-def infer_and_map(state: Mapping[str, Tensor], label: str) -> tuple[str, int, dict[str, Tensor]]:
-    """Infer (scale, num_classes) from a reference state dict and return it with our keys, in fp32."""
-    from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+def infer_and_map(
+    state: Mapping[str, Tensor],
+    label: str,
+    expected_state: Callable[[str, int], Mapping[str, Tensor]],
+    scales: Iterable[str],
+) -> tuple[str, int, dict[str, Tensor]]:
+    """Infer (scale, num_classes) from a reference state dict and return it with our keys, in fp32.
 
+    ``expected_state(scale, num_classes)`` is the state dict (shapes only: meta tensors do) the model of that
+    scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
+    against what the model needs without building one, so this module never imports the model.
+    """
     keys = list(state)
     ref_keys = [k for k in keys if k.startswith("model.") and k.split(".")[1].isdigit() and k.count(".") >= 2]
     if not ref_keys or len(ref_keys) != len(keys):
@@ -163,9 +171,8 @@ def infer_and_map(state: Mapping[str, Tensor], label: str) -> tuple[str, int, di
     nc = int(state[cls_key].shape[0])
     ours = {rename_key(k): v for k, v in state.items()}
     problems: list[str] = []
-    for scale in SCALES:
-        with torch.device("meta"):
-            expected = YOLO11(scale, nc).state_dict()
+    for scale in scales:
+        expected = expected_state(scale, nc)
         if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
             continue
         problems = _compare(expected, ours)

@@ -1,11 +1,12 @@
-"""YOLO11: the detector at scales n/s/m/l/x, its builder, BN fusion and reference-checkpoint loading."""
+"""YOLO11: the detector at scales n/s/m/l/x, its builder and BN fusion.
+
+Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``nn.weights``, which
+also provides ``YOLO11.from_weights``, ``YOLO11.from_ultralytics`` and ``YOLO11.save_weights``.
+"""
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,8 +28,6 @@ SCALES: dict[str, tuple[float, float, int]] = {
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
 # Layers feeding the Detect head: P3/8, P4/16, P5/32.
 _HEAD_FROM = (16, 19, 22)
-# Tag of a weights-only file (``save_weights``): plain types and tensors, readable with weights_only=True.
-WEIGHTS_FORMAT = "yolo11_lightning.weights/1"
 
 
 def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
@@ -162,61 +161,3 @@ class YOLO11(nn.Module):
         for m in [m for m in self.modules() if isinstance(m, Conv)]:  # listed first: fuse_bn swaps children
             m.fuse_bn()
         return self
-
-    @classmethod
-    def from_ultralytics(cls, source: str | os.PathLike | Mapping[str, Any]) -> YOLO11:
-        """Build from a reference ``.pt`` file (read without running code from it) or state dict.
-
-        Scale and class count are inferred from the tensors; weights come back in fp32, ``names``
-        from the file when it has them. Like any new module it is in train mode: call ``.eval()`` for
-        decoded predictions. Raises ``CheckpointError`` (a ValueError) on anything else.
-        """
-        from yolo11_lightning.nn.checkpoint import infer_and_map, load_reference
-
-        state, names, label = load_reference(source)
-        scale, nc, ours = infer_and_map(state, label)
-        model = cls(scale, nc)
-        model.load_state_dict(ours, strict=True)
-        model.names = names if names is not None and len(names) == nc else None
-        return model
-
-    def save_weights(self, path: str | os.PathLike) -> None:
-        """Write a weights-only file: scale, class count, names and the fp32 state dict, nothing else.
-
-        It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
-        code runs on loading; ``YOLO11.from_weights`` rebuilds the model without Lightning.
-        """
-        state = {
-            k: (v.float() if v.is_floating_point() else v).detach().cpu()
-            for k, v in self.state_dict().items()
-        }
-        payload = {
-            "format": WEIGHTS_FORMAT,
-            "scale": self.scale,
-            "num_classes": self.num_classes,
-            "names": list(self.names) if self.names is not None else None,
-            "state_dict": state,
-        }
-        torch.save(payload, os.fspath(path))
-
-    @classmethod
-    def from_weights(cls, path: str | os.PathLike) -> YOLO11:
-        """Rebuild a model written by ``save_weights`` (in train mode, like any new module: call ``.eval()``).
-
-        Raises FileNotFoundError, or ValueError naming the file when it is not such a weights file.
-        """
-        path = os.fspath(path)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"weights file not found: {path}")
-        from yolo11_lightning.nn.torch_file import load
-
-        payload = load(path)  # checked archive, then torch's weights_only loader; ValueError naming the file
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        if found != WEIGHTS_FORMAT:
-            raise ValueError(
-                f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
-                "checkpoints and reference .pt files load with yolo11_lightning.export.load_model"
-            )
-        model = cls(payload["scale"], int(payload["num_classes"]), payload.get("names"))
-        model.load_state_dict(payload["state_dict"], strict=True)
-        return model

@@ -1,10 +1,14 @@
-"""From the detector's decoded output to per-image detections in original image pixels."""
+"""From the detector's decoded output to per-image detections (NMS); ``ops.letterbox`` maps them to original pixels."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 from torchvision.ops import batched_nms, box_convert
+
+from yolo11_lightning.ops.letterbox import letterbox_to_original
+
+__all__ = ["letterbox_to_original", "non_max_suppression"]  # the letterbox inverse lives in ops.letterbox
 
 
 def non_max_suppression(
@@ -51,21 +55,3 @@ def non_max_suppression(
         keep = batched_nms(boxes.float(), scores.float(), group, iou_threshold)[:max_detections]
         outputs.append(torch.cat((boxes[keep], scores[keep, None], classes[keep, None].to(boxes.dtype)), 1))
     return outputs
-
-
-def letterbox_to_original(
-    boxes_xyxy: Tensor, scale: Tensor | float, pad: Tensor, orig_size: Tensor
-) -> Tensor:
-    """Map xyxy boxes from the letterboxed input back to original image pixels.
-
-    Args:
-        boxes_xyxy: (n, 4) boxes in letterboxed-input pixels.
-        scale: resize gain that was applied to the original image.
-        pad: (2,) left and top padding in input pixels.
-        orig_size: (2,) original (height, width), used to clip.
-    """
-    out = (boxes_xyxy - pad.repeat(2)) / scale
-    height, width = orig_size[0], orig_size[1]
-    out[:, 0::2] = out[:, 0::2].clamp(0, width)
-    out[:, 1::2] = out[:, 1::2].clamp(0, height)
-    return out

@@ -1,4 +1,4 @@
-"""Training callbacks: close-mosaic, validation images and the unreadable-image account."""
+"""Training callbacks: validation images and the unreadable-image account."""
 
 from __future__ import annotations
 
@@ -16,26 +16,6 @@ from torchvision.ops import box_convert
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 log = logging.getLogger(__name__)
-
-
-class CloseMosaic(Callback):
-    """Train the last ``epochs`` epochs without mosaic/mixup (the reference's close_mosaic).
-
-    The switch is an epoch number handed to the DataModule before any worker starts, so persistent
-    workers, every rank and a resumed run all agree on it without messages between processes.
-    """
-
-    def __init__(self, epochs: int = 10) -> None:
-        self.epochs = epochs
-
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        datamodule = trainer.datamodule
-        if self.epochs <= 0 or not trainer.max_epochs or trainer.max_epochs < 0:
-            return
-        if datamodule is None or not hasattr(datamodule, "set_close_mosaic_epoch"):
-            log.warning("CloseMosaic: the datamodule has no set_close_mosaic_epoch(); mosaic stays on")
-            return
-        datamodule.set_close_mosaic_epoch(max(trainer.max_epochs - self.epochs, 0))
 
 
 class ValidationImages(Callback):

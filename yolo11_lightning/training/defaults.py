@@ -54,7 +54,7 @@ ROWS: tuple[DefaultRow, ...] = (
                "GPU speed; the data order and augmentation are deterministic without them"),
     DefaultRow("rect", None, "rectangular training batches are not offered (the reference's default is off too)"),
     DefaultRow("cos_lr", "model.cos_lr", ""),
-    DefaultRow("close_mosaic", "model.close_mosaic", ""),
+    DefaultRow("close_mosaic", "data.close_mosaic", ""),
     DefaultRow("amp", "trainer.precision", "Lightning's explicit precision: 32-true by default (CPU-safe); the GPU "
                "presets use bf16-mixed"),
     DefaultRow("fraction", None, "train on a subset with a `.txt` image list instead"),

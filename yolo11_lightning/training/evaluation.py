@@ -10,7 +10,7 @@ from torchmetrics import Metric
 from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_convert
 
-from yolo11_lightning.ops.postprocess import letterbox_to_original
+from yolo11_lightning.ops.letterbox import detections_to_original, letterbox_to_original
 
 # Row layouts of the flat states: detections [image, x1, y1, x2, y2, score, class], truths [image, x1, y1, x2, y2, class].
 _STATE_WIDTHS = {"detections": 7, "truths": 6, "images": 1}
@@ -39,15 +39,8 @@ class DetectionMAP(Metric):
 
     @staticmethod
     def to_original(detections: list[Tensor], batch: dict[str, Any]) -> list[Tensor]:
-        """Map (n, 6) detections from letterboxed-input pixels to original image pixels."""
-        out = []
-        for i, det in enumerate(detections):
-            det = det.clone()
-            det[:, :4] = letterbox_to_original(
-                det[:, :4], batch["scales"][i], batch["pads"][i], batch["orig_sizes"][i]
-            )
-            out.append(det)
-        return out
+        """Map (n, 6) detections from letterboxed-input pixels to original image pixels (``ops.letterbox``)."""
+        return detections_to_original(detections, batch["scales"], batch["pads"], batch["orig_sizes"])
 
     @staticmethod
     def targets_to_original(batch: dict[str, Any]) -> list[Tensor]:

@@ -10,13 +10,15 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from torch import Tensor
 
+from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.loss import DetectionLoss
 from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.training.callbacks import CloseMosaic, UnreadableImages, ValidationImages
+from yolo11_lightning.training.callbacks import UnreadableImages, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
 from yolo11_lightning.training.evaluation import DetectionMAP
 from yolo11_lightning.training.faults import NonFiniteStepGuard
@@ -58,7 +60,8 @@ class YOLO11Module(L.LightningModule):
         nominal_batch: images per optimiser step the recipe is tuned for (accumulation and decay follow it).
         box, cls, dfl: loss gains.
         ema, ema_decay, ema_tau: exponential moving average of the weights (used for validation and saving).
-        close_mosaic: last epochs trained without mosaic.
+        close_mosaic: deprecated, a data setting now (``--data.close_mosaic``). When given (old configs and
+            checkpoints), it overrides the DataModule's value, with a deprecation warning.
         conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
         grad_clip_norm: gradient norm clip (0 disables).
         log_images: validation images drawn with predictions each epoch (0 disables).
@@ -99,7 +102,7 @@ class YOLO11Module(L.LightningModule):
         ema: bool = True,
         ema_decay: float = 0.9999,
         ema_tau: float = 2000.0,
-        close_mosaic: int = 10,
+        close_mosaic: int | None = None,
         conf_threshold: float = 0.001,
         iou_threshold: float = 0.7,
         max_detections: int = 300,
@@ -111,7 +114,15 @@ class YOLO11Module(L.LightningModule):
         keep_host_memory: bool = True,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters()
+        # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
+        # Lightning merges the two for the logger, so the deprecated value is kept apart.
+        self.save_hyperparameters(ignore=["close_mosaic"])
+        self.deprecated_close_mosaic = close_mosaic
+        if close_mosaic is not None:
+            rank_zero_deprecation(
+                "YOLO11Module(close_mosaic=...) / --model.close_mosaic is deprecated: close_mosaic is a data "
+                "setting, pass it to YOLODataModule (--data.close_mosaic); this run uses the model's value"
+            )
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         self.model = YOLO11(scale=scale, num_classes=num_classes)
@@ -159,12 +170,24 @@ class YOLO11Module(L.LightningModule):
             # After the callbacks' setup: the EMA copy (a deepcopy) is made from the plain module.
             self.model.compile()
         trainer = self._trainer  # None when setup is called by hand
+        if stage == "fit" and trainer is not None and self.deprecated_close_mosaic is not None:
+            self._forward_close_mosaic(trainer, int(self.deprecated_close_mosaic))
         if (
             self.hparams.get("keep_host_memory")
             and trainer is not None
             and trainer.strategy.root_device.type == "cpu"
         ):
             keep_freed_host_memory()
+
+    @staticmethod
+    def _forward_close_mosaic(trainer: L.Trainer, epochs: int) -> None:
+        """The deprecated ``model.close_mosaic``: the model's value rules, as before it moved to the data."""
+        datamodule = trainer.datamodule
+        if datamodule is None or not hasattr(datamodule, "set_close_mosaic_epoch"):
+            log.warning("close_mosaic: the datamodule has no set_close_mosaic_epoch(); mosaic stays on")
+            return
+        off = epochs <= 0 or not trainer.max_epochs or trainer.max_epochs < 0
+        datamodule.set_close_mosaic_epoch(None if off else max(trainer.max_epochs - epochs, 0))
 
     def _sum_over_ranks(self, value: Tensor) -> Tensor:
         return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
@@ -191,7 +214,7 @@ class YOLO11Module(L.LightningModule):
         return getattr(getattr(self.trainer, "datamodule", None), "num_train_samples", None)
 
     def configure_callbacks(self) -> list[Callback]:
-        callbacks: list[Callback] = [CloseMosaic(self.hparams.close_mosaic), UnreadableImages()]
+        callbacks: list[Callback] = [UnreadableImages()]
         if self.hparams.ema:
             callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))
         if self.hparams.log_images > 0:
@@ -261,7 +284,7 @@ class YOLO11Module(L.LightningModule):
     def _model_input(self, images: Tensor) -> Tensor:
         """The batch's uint8 images as the detector's float input, in its memory layout.
 
-        Loader batches are channels-last already (``data.dataset.stack_images``): no copy then. Any reorder
+        Loader batches are channels-last already (``data.batch.stack_images``): no copy then. Any reorder
         happens while still uint8, 4x fewer bytes to shuffle than in float.
         """
         nhwc = self.hparams.get("channels_last", False)  # checkpoints from before the switch: NCHW
@@ -271,7 +294,7 @@ class YOLO11Module(L.LightningModule):
     def _global_batch_index(self, batch_idx: int) -> int:
         return self.current_epoch * self._schedule.batches_per_epoch + batch_idx
 
-    def on_train_batch_start(self, batch: dict[str, Any], batch_idx: int) -> None:
+    def on_train_batch_start(self, batch: DetectionBatch, batch_idx: int) -> None:
         if self._schedule is None:
             return
         index = self._global_batch_index(batch_idx)
@@ -299,7 +322,7 @@ class YOLO11Module(L.LightningModule):
             optimizer.zero_grad(set_to_none=True)
         # Otherwise gradients are zeroed right after each optimiser step (optimizer_step).
 
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> Tensor:
+    def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
         loss, items = self.criterion(self.model(images), batch["targets"])
         world = self.trainer.world_size
@@ -363,18 +386,18 @@ class YOLO11Module(L.LightningModule):
             max_detections=self.hparams.max_detections,
         )
 
-    def _evaluate(self, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+    def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         detections = self._detect(batch["images"])
         metric.update(detections, batch)
         return {"detections": detections}  # ValidationImages draws these
 
-    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+    def validation_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.val_map)
 
     def on_validation_epoch_end(self) -> None:
         self._log_map(self.val_map, "val")
 
-    def test_step(self, batch: dict[str, Any], batch_idx: int) -> dict[str, Any]:
+    def test_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.test_map)
 
     def on_test_epoch_end(self) -> None:
@@ -387,6 +410,8 @@ class YOLO11Module(L.LightningModule):
             self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=True)
         metric.reset()
 
-    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[Tensor]:
+    def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Tensor]:
         """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
-        return DetectionMAP.to_original(self._detect(batch["images"]), batch)
+        return detections_to_original(
+            self._detect(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
+        )

@@ -30,7 +30,15 @@ RESUMABLE_KEYS = frozenset(
 
 
 def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], seed: Any) -> dict[str, Any]:
-    """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys."""
+    """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys.
+
+    ``close_mosaic`` counts as a data setting wherever it was given: checkpoints written before it moved to the
+    DataModule hold it as ``model.close_mosaic``.
+    """
+    model_hparams, data_hparams = dict(model_hparams), dict(data_hparams)
+    moved = model_hparams.pop("close_mosaic", None)
+    if moved is not None:
+        data_hparams["close_mosaic"] = moved
     flat = {f"model.{k}": v for k, v in model_hparams.items()}
     flat.update({f"data.{k}": v for k, v in data_hparams.items()})
     flat["seed_everything"] = None if seed is None else int(seed)

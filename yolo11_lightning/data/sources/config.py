@@ -12,7 +12,7 @@ A COCO entry may also be a mapping that names the folder its ``file_name``s are 
 
     val: {json: annotations/instances_val2017.json, images: val2017}
 
-Without ``images`` the folder is found as described in ``coco_source``. When ``names`` is absent
+Without ``images`` the folder is found as described in ``sources.coco``. When ``names`` is absent
 the class names are the categories of the (smallest) COCO json, sorted by category id.
 """
 

@@ -19,13 +19,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.checks import DataReport, check_rows
-from yolo11_lightning.data.config import DatasetError
 from yolo11_lightning.data.image_io import ImageReadError, probe_image
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.cache import hash_files
+from yolo11_lightning.data.sources.checks import DataReport, check_rows
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord, MapFn
 
 _PROBE_FIRST = 20
 
@@ -194,3 +197,33 @@ def load_coco_json(
         report.add_image(len(checked.classes))
         records.append(ImageRecord(path, probed[0], probed[1], checked.classes, checked.boxes))
     return records, paths
+
+
+@dataclass
+class CocoEntry:
+    """A COCO json file of a split (``SplitEntry``); its images are listed when it is parsed."""
+
+    path: str
+
+    def has_images(self) -> bool:
+        return True  # known once parsed
+
+    def fingerprint(self, h, image_dir: str) -> None:
+        # "True": the entry-kind tag of the cache key since its first version (see ``YoloEntry``).
+        h.update(f"{self.path}\0True\0{image_dir}\n".encode())
+        hash_files([self.path], h)  # the images it names are the parse's extra files (``save_cache``)
+
+    def cache_path(self, split: str) -> Path:
+        return Path(self.path).with_name(f"{Path(self.path).stem}.{split}.cache.npz")
+
+    def parse(
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+    ) -> tuple[list[ImageRecord], list[str]]:
+        return load_coco_json(
+            self.path, config.names, str(config.root), report, config.image_dirs.get(self.path), map_fn
+        )
+
+
+def open_entry(path: str, seen: set[str]) -> CocoEntry | None:
+    """A ``.json`` entry is a COCO file; anything else is not this format's."""
+    return CocoEntry(path) if path.lower().endswith(".json") else None

@@ -12,13 +12,15 @@ import math
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.checks import CheckedRows, DataReport, check_rows
-from yolo11_lightning.data.config import DatasetError
 from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, probe_image
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.cache import hash_files
+from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_rows
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord, MapFn
 
 
 def label_path_for(image_path: str) -> str:
@@ -186,3 +188,43 @@ def load_yolo_images(
             f"{label_path_for(records[0].path)}): all are treated as background"
         )
     return records
+
+
+@dataclass
+class YoloEntry:
+    """An image folder or ``.txt`` image list of a split, and the images it lists (``SplitEntry``)."""
+
+    path: str
+    images: list[str] = field(default_factory=list)  # listed images, first listing only
+    repeated: list[str] = field(default_factory=list)  # images already listed earlier in the split
+
+    def has_images(self) -> bool:
+        return bool(self.images)
+
+    def fingerprint(self, h, image_dir: str) -> None:
+        # "False": the entry-kind tag of the cache key since its first version (COCO writes "True"), so
+        # caches written before the formats became modules stay valid.
+        h.update(f"{self.path}\0False\0{image_dir}\n".encode())
+        for image in self.images:
+            hash_files([image, label_path_for(image)], h)
+        h.update("\0".join(self.repeated).encode())
+
+    def cache_path(self, split: str) -> Path:
+        labels = Path(label_path_for(self.images[0])).parent if self.images else Path(self.path)
+        return labels.with_name(f"{labels.name}.{split}.cache.npz")
+
+    def parse(
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+    ) -> tuple[list[ImageRecord], list[str]]:
+        for image in self.repeated:
+            report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
+        return load_yolo_images(self.images, config.num_classes, report, map_fn), []
+
+
+def open_entry(path: str, seen: set[str]) -> YoloEntry:
+    """Any entry that is not another format's: list its images (an image already in ``seen`` is used once)."""
+    entry = YoloEntry(path)
+    for image in list_images(path):
+        (entry.repeated if image in seen else entry.images).append(image)
+        seen.add(image)
+    return entry

@@ -16,17 +16,15 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from yolo11_lightning.data.cache import CACHE_VERSION, default_cache_dir, hash_files, load_cache, save_cache
-from yolo11_lightning.data.checks import CLIP_TOLERANCE, DataReport
-from yolo11_lightning.data.coco_source import load_coco_json
-from yolo11_lightning.data.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.records import ImageRecord
-from yolo11_lightning.data.yolo_source import label_path_for, list_images, load_yolo_images
+from yolo11_lightning.data.sources import coco, yolo
+from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
+from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.records import ImageRecord, SplitEntry
 
 __all__ = ["DataReport", "DatasetError", "build_label_cache", "load_split"]
 
@@ -35,15 +33,20 @@ MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them
 _emitted: set[str] = set()  # each warning line goes to the log once per process
 
 
-@dataclass
-class _Entry:
-    path: str
-    is_coco: bool
-    images: list[str] = field(default_factory=list)  # YOLO entries: listed images
-    repeated: list[str] = field(default_factory=list)  # images already listed earlier in the split
+# Every format's ``open_entry``, asked in turn; the first that claims an entry reads it. YOLO takes any entry
+# the others leave, so it comes last. A new format is one module with an ``open_entry`` listed here.
+FORMATS: tuple[Callable[[str, set[str]], SplitEntry | None], ...] = (coco.open_entry, yolo.open_entry)
 
 
-def _list_entries(config: DatasetConfig, split: str) -> list[_Entry]:
+def _open_entry(path: str, seen: set[str]) -> SplitEntry:
+    for open_entry in FORMATS:
+        entry = open_entry(path, seen)
+        if entry is not None:
+            return entry
+    raise DatasetError(f"{path}: no dataset format reads this entry")  # unreachable: YOLO takes any entry
+
+
+def _list_entries(config: DatasetConfig, split: str) -> list[SplitEntry]:
     if not config.splits.get(split):
         defined = ", ".join(config.splits) or "none"
         raise DatasetError(f"{config.source}: split `{split}` is not defined (defined: {defined})")
@@ -52,48 +55,33 @@ def _list_entries(config: DatasetConfig, split: str) -> list[_Entry]:
         path = config.resolve(raw)
         if not os.path.exists(path):
             raise DatasetError(f"{config.source}: key `{split}`: {path} does not exist")
-        if path.lower().endswith(".json"):
-            entries.append(_Entry(path, True))
-            continue
-        entry = _Entry(path, False)
-        for image in list_images(path):  # an image listed twice is used once
-            (entry.repeated if image in seen else entry.images).append(image)
-            seen.add(image)
-        entries.append(entry)
-    if not any(e.is_coco or e.images for e in entries):
+        entries.append(_open_entry(path, seen))  # an image listed twice is used once
+    if not any(e.has_images() for e in entries):
         raise DatasetError(
             f"{config.source}: split `{split}`: no image files found in {config.splits[split]}"
         )
     return entries
 
 
-def _cache_key(config: DatasetConfig, split: str, entries: list[_Entry]) -> str:
+def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> str:
     h = hashlib.sha1(json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE]).encode())
     for e in entries:
-        h.update(f"{e.path}\0{e.is_coco}\0{config.image_dirs.get(e.path, '')}\n".encode())
-        if e.is_coco:
-            hash_files([e.path], h)
-        for image in e.images:
-            hash_files([image, label_path_for(image)], h)
-        h.update("\0".join(e.repeated).encode())
+        e.fingerprint(h, config.image_dirs.get(e.path, ""))
     return h.hexdigest()
 
 
-def _cache_locations(entries: list[_Entry], split: str, cache_dir: str | Path | None) -> tuple[Path, Path]:
+def _cache_locations(
+    entries: list[SplitEntry], split: str, cache_dir: str | Path | None
+) -> tuple[Path, Path]:
     """(beside the labels, in the cache folder) for a split."""
-    first = entries[0]
-    if first.is_coco:
-        primary = Path(first.path).with_name(f"{Path(first.path).stem}.{split}.cache.npz")
-    else:
-        labels = Path(label_path_for(first.images[0])).parent if first.images else Path(first.path)
-        primary = labels.with_name(f"{labels.name}.{split}.cache.npz")
+    primary = entries[0].cache_path(split)
     tag = hashlib.sha1(str(primary).encode()).hexdigest()[:12]
     fallback = Path(cache_dir or default_cache_dir()) / f"{primary.stem}-{tag}.npz"
     return primary, fallback
 
 
 def _parse(
-    config: DatasetConfig, split: str, entries: list[_Entry], workers: int | None
+    config: DatasetConfig, split: str, entries: list[SplitEntry], workers: int | None
 ) -> tuple[list[ImageRecord], DataReport, list[str]]:
     report = DataReport(split=split)
     records: list[ImageRecord] = []
@@ -101,18 +89,9 @@ def _parse(
     workers = workers or min(16, 2 * (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
         for e in entries:
-            if e.is_coco:
-                recs, paths = load_coco_json(
-                    e.path, config.names, str(config.root), report, config.image_dirs.get(e.path), pool.map
-                )
-                deps += paths
-            else:
-                for image in e.repeated:
-                    report.note(
-                        f"{image}: listed more than once in split `{split}` (via {e.path}); used once"
-                    )
-                recs = load_yolo_images(e.images, config.num_classes, report, pool.map)
+            recs, paths = e.parse(config, split, report, pool.map)
             records += recs
+            deps += paths
     return records, report, deps
 
 

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.checks import DataReport
-from yolo11_lightning.data.records import ImageRecord
+from yolo11_lightning.data.sources.checks import DataReport
+from yolo11_lightning.data.sources.records import ImageRecord
 
 CACHE_VERSION = 1
-log = logging.getLogger(__name__)
+log = logging.getLogger("yolo11_lightning.data.cache")  # its name before the move to data.sources
 
 
 def default_cache_dir() -> Path:

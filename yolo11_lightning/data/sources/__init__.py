@@ -1,0 +1,27 @@
+"""Dataset sources: a dataset yaml and its files -> checked ``ImageRecord``s, one module per job.
+
+    config.py   the dataset yaml (``DatasetConfig``, ``load_dataset_config``)
+    records.py  what a source hands to the pipeline: one ``ImageRecord`` per usable image
+    checks.py   label-row checks shared by every format, and the report of what was skipped
+    yolo.py     YOLO txt labels (image folders / lists, one label file per image)
+    coco.py     COCO json
+    cache.py    the label cache (one checked ``.npz`` per split)
+    split.py    ``load_split``: list a split's files, use the cache when valid, else parse and check
+
+Everything after the records (image cache, Dataset, augmentation, sampler) does not know the format.
+"""
+
+from yolo11_lightning.data.sources.checks import DataReport
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.sources.split import build_label_cache, load_split
+
+__all__ = [
+    "DataReport",
+    "DatasetConfig",
+    "DatasetError",
+    "ImageRecord",
+    "build_label_cache",
+    "load_dataset_config",
+    "load_split",
+]

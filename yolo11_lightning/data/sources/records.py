@@ -1,0 +1,73 @@
+"""What a dataset source hands to the training pipeline: one record per usable image.
+
+Sources (YOLO txt, COCO json) parse and check files into ``ImageRecord``s; the Dataset reads pixels
+and augments. Keeping this boundary small lets either side change without the other.
+
+Every format implements the same small interface: an ``open_entry(path, seen)`` function that claims a split
+entry of the dataset yaml (or returns None) and lists its files, and the ``SplitEntry`` it returns, which
+fingerprints those files for the label cache, says where its cache goes and parses them into records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from yolo11_lightning.data.sources.checks import DataReport
+    from yolo11_lightning.data.sources.config import DatasetConfig
+
+
+@dataclass
+class ImageRecord:
+    """One image and its checked labels.
+
+    Attributes:
+        path: image file path (absolute).
+        height, width: original image size in pixels, after EXIF rotation.
+        classes: (n,) int64 contiguous class ids in [0, num_classes).
+        boxes: (n, 4) float32 boxes ``cx, cy, w, h`` normalised to the original image, inside [0, 1].
+    """
+
+    path: str
+    height: int
+    width: int
+    classes: np.ndarray = field(default_factory=lambda: np.zeros((0,), np.int64))
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
+
+    def __post_init__(self) -> None:
+        self.classes = np.asarray(self.classes, dtype=np.int64).reshape(-1)
+        self.boxes = np.asarray(self.boxes, dtype=np.float32).reshape(-1, 4)
+        if len(self.classes) != len(self.boxes):
+            raise ValueError(f"{self.path}: {len(self.classes)} classes but {len(self.boxes)} boxes")
+
+
+MapFn = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
+
+
+class SplitEntry(Protocol):
+    """One entry of a split (a folder, an image list, a json file) as its format reads it."""
+
+    path: str
+
+    def has_images(self) -> bool:
+        """Whether the entry may yield images (False: an empty folder or list)."""
+        ...
+
+    def fingerprint(self, h: Any, image_dir: str) -> None:
+        """Feed what the entry's records depend on (file names, sizes, times) to the hash ``h``."""
+        ...
+
+    def cache_path(self, split: str) -> Path:
+        """Where the label cache of a split starting with this entry goes (beside its labels)."""
+        ...
+
+    def parse(
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+    ) -> tuple[list[ImageRecord], list[str]]:
+        """Checked records (problems go to ``report``) and extra files whose changes invalidate the cache."""
+        ...
