@@ -102,9 +102,10 @@ class UnreadableImages(Callback):
 
     Training batches carry ``substitutes`` (a sample's own unreadable image was replaced) and
     ``unreadable`` ((path, reason) pairs); evaluation batches carry ``missing`` (images left out of the
-    metric, logged per validation as ``val/missing_images``, summed over ranks). Per training batch the
-    substitution count is summed over ranks (one all-reduce of a scalar, so every rank sees the same
-    figure) and logged as the run total ``train/substituted_samples``. When
+    metric, logged per validation as ``val/missing_images``, summed over ranks). The substitution count is
+    summed over ranks every ``trainer.log_every_n_steps`` batches and at each epoch's last batch (one
+    all-reduce of a scalar, never per batch on the hot path; every rank sees the same figure) and logged
+    as the run total ``train/substituted_samples``. When
     more samples of one epoch were substituted than ``max_substituted_fraction`` of the training set
     (at least ``min_limit``), every rank raises ``SubstitutionLimitError`` at the same batch: no hang.
 
@@ -117,6 +118,7 @@ class UnreadableImages(Callback):
         self.total = 0
         self.epoch = -1
         self.epoch_count = 0
+        self._pending = 0  # this rank's substitutions since the last sum over ranks
         self._named: set[str] = set()
         self._missing = 0
 
@@ -150,12 +152,19 @@ class UnreadableImages(Callback):
         local = batch.get("substituted")
         if local is None:
             local = int((batch["substitutes"] != -1).sum())
-        count = local
+        self._pending += local
         if trainer.world_size > 1:
+            # The same batches on every rank: a batch-index interval and the epoch's last batch.
+            every = max(int(trainer.log_every_n_steps or 1), 1)
+            if (batch_idx + 1) % every and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
+                return
             summed = trainer.strategy.reduce(
-                torch.tensor(float(local), device=pl_module.device), reduce_op="sum"
+                torch.tensor(float(self._pending), device=pl_module.device), reduce_op="sum"
             )
             count = round(float(summed))
+        else:
+            count = self._pending
+        self._pending = 0
         if trainer.current_epoch != self.epoch:
             self.epoch, self.epoch_count = trainer.current_epoch, 0
         self.total += count
