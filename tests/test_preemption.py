@@ -142,11 +142,11 @@ def test_sigterm_at_random_batches_on_one_device(
     for moment in moments:
         root = tmp_path / f"at-{moment}"
         proc = start_training(fit_args(tiny_dataset, root, "rec", *NO_STEP_SAVES, *SLOW), cwd=tmp_path)
-        done, sent = signal_after(proc, root / "rec", moment, signal.SIGTERM, ranks=[0])
-        code, output = finish(proc)
-        seconds = time.monotonic() - sent
+        done, _ = signal_after(proc, root / "rec", moment, signal.SIGTERM, ranks=[0])
+        # As a scheduler would: the run must have ended within the grace period (a hang guard, not a timing
+        # figure; seconds from signal to exit are measured by benchmarks/preemption.py).
+        code, output = finish(proc, timeout=GRACE_SECONDS)
         assert code == 143, output[-6000:]
-        assert seconds < GRACE_SECONDS, f"{seconds:.1f} s from SIGTERM to exit"
         assert "received SIGTERM" in output and "stopped at global step" in output
         saved = load(final_checkpoint(root))
         assert position(saved) >= done - 1, (position(saved), done)
