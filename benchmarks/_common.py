@@ -251,7 +251,7 @@ def our_fit_parts(
     from lightning.pytorch.loggers import CSVLogger
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.cli import default_callbacks
+    from yolo11_lightning.training.lightning_cli import default_callbacks
 
     data = YOLODataModule(
         dataset=str(yaml), batch_size=batch, image_size=image_size, num_workers=workers, seed=0

@@ -76,7 +76,7 @@ def worker_easy_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.cli import default_callbacks
+    from yolo11_lightning.training.lightning_cli import default_callbacks
 
     torch.set_num_threads(args.threads)
     L.seed_everything(0)
@@ -139,7 +139,7 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.cli import default_callbacks
+    from yolo11_lightning.training.lightning_cli import default_callbacks
 
     torch.set_num_threads(args.threads)
     L.seed_everything(args.seed)

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from yolo11_lightning.training.cli import run_lightning_cli
+from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN_NODE, SLURM = REPO / "scripts" / "torchrun_node.sh", REPO / "scripts" / "slurm_ddp.sbatch"

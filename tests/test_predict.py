@@ -148,7 +148,7 @@ def test_clear_errors(tiny_dataset: Path, weights: Path, tmp_path: Path, capsys)
 
 def test_predict_routing(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """With --source (or only --help): the utility; otherwise LightningCLI's predict, untouched."""
-    import yolo11_lightning.training.cli as training_cli
+    import yolo11_lightning.training.lightning_cli as training_cli
 
     seen: list[list[str]] = []
     monkeypatch.setattr(training_cli, "run_lightning_cli", lambda args: seen.append(list(args)))

@@ -69,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "predict" and _wants_predict_utility(rest):
         return _run_utility(PREDICT_SOURCE_COMMAND, rest)
     if command in LIGHTNING_COMMANDS:
-        from yolo11_lightning.training.cli import run_lightning_cli
+        from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
         # From the shell, LightningCLI reads sys.argv itself (passing it again makes it warn); from Python,
         # the given argv is the command line.

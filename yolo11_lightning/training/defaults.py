@@ -98,7 +98,7 @@ def our_default(key: str) -> Any:
     from lightning.pytorch import Trainer
 
     from yolo11_lightning.data.datamodule import YOLODataModule
-    from yolo11_lightning.training.cli import TRAINER_DEFAULTS
+    from yolo11_lightning.training.lightning_cli import TRAINER_DEFAULTS
     from yolo11_lightning.training.module import YOLO11Module
 
     group, name = key.split(".", 1)

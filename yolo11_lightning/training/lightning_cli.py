@@ -1,0 +1,201 @@
+"""LightningCLI for ``yolo11-lightning fit|validate|test|predict``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from lightning.pytorch import Trainer
+from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.packaged_configs import packaged_config_names
+from yolo11_lightning.training.checkpoint_callbacks import BestCheckpoint, LastCheckpoint
+from yolo11_lightning.training.checkpointing import (
+    continue_logger_version,
+    find_last_checkpoint,
+    use_atomic_checkpoints,
+)
+from yolo11_lightning.training.hang_watchdog import HangWatchdog
+from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
+from yolo11_lightning.training.module import YOLO11Module
+from yolo11_lightning.training.preemption import TrainingPreempted
+from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
+
+# Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
+TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
+
+
+def default_callbacks(last: bool = True) -> list[Any]:
+    """``best.ckpt`` on validation mAP50-95, an always-current ``last.ckpt`` (unless ``last=False``: the CLI
+    adds its own, configured by ``--last_checkpoint.*``), the LR monitor, and the hang watchdog (stack dumps
+    and the laggard's name when a rank stops making progress)."""
+    callbacks: list[Any] = [BestCheckpoint(), LearningRateMonitor(logging_interval="step"), HangWatchdog()]
+    return [*callbacks, LastCheckpoint()] if last else callbacks
+
+
+class YOLOLightningCLI(LightningCLI):
+    """LightningCLI with the dataset's class count and names linked into the model.
+
+    Also: checkpoints are written atomically (``AtomicCheckpointIO``); ``fit --ckpt_path last`` finds the
+    newest ``last*.ckpt`` of earlier runs in any logger version and starts fresh when there is none (so a
+    restart loop can always pass it); a global batch that does not divide by the world size is refused
+    before any process starts; when a run fails in the process that launched the other ranks, those ranks
+    are ended too instead of being left waiting in a collective.
+    """
+
+    def add_arguments_to_parser(self, parser: Any) -> None:
+        parser.link_arguments("data.num_classes", "model.num_classes", apply_on="instantiate")
+        parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
+        # Always present, whatever a config does to trainer.callbacks: --last_checkpoint.every_n_minutes etc.
+        parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        config = self._get(self.config_init, "trainer", default={})
+        if config.get("logger") in (None, True) and "logger" not in kwargs:
+            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
+            kwargs["logger"] = default_loggers(config.get("default_root_dir"))
+        trainer = super().instantiate_trainer(**kwargs)
+        use_atomic_checkpoints(trainer)
+        return trainer
+
+    def _run_guarded(self, name: str, **kwargs: Any) -> Any:
+        try:
+            return getattr(self.trainer, name)(**kwargs)
+        except TrainingPreempted:
+            # Every rank saved and is leaving on its own: give them a moment before ending the stragglers.
+            end_launched_ranks(self.trainer, grace_seconds=15.0)
+            raise
+        except BaseException:
+            end_launched_ranks(self.trainer)
+            raise
+
+    # LightningCLI calls these instead of the Trainer's methods of the same name.
+    def fit(self, **kwargs: Any) -> Any:
+        if self._nothing_to_fit:
+            return None
+        return self._run_guarded("fit", **kwargs)
+
+    def validate(self, **kwargs: Any) -> Any:
+        return self._run_guarded("validate", **kwargs)
+
+    def test(self, **kwargs: Any) -> Any:
+        return self._run_guarded("test", **kwargs)
+
+    def predict(self, **kwargs: Any) -> Any:
+        return self._run_guarded("predict", **kwargs)
+
+    def before_fit(self) -> None:
+        world = self.trainer.num_nodes * self.trainer.num_devices
+        batch = getattr(self.datamodule, "batch_size", None)
+        if batch is not None and batch % world:
+            fits = [n for n in (batch // world * world, (batch // world + 1) * world) if n]
+            raise ValueError(
+                f"data.batch_size={batch} is the GLOBAL batch and must divide by the world size {world} "
+                f"(trainer.num_nodes={self.trainer.num_nodes} x trainer.devices={self.trainer.num_devices}); "
+                f"e.g. data.batch_size={' or '.join(map(str, fits))}"
+            )
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(
+            os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
+        ):
+            rank_zero_warn(
+                "torchrun --max-restarts with the workers sharing torchrun's rendezvous store: after a restart the "
+                "new workers can read the dead ones' addresses and fail to connect (pytorch/pytorch#135712). "
+                "Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (scripts/torchrun_node.sh does)."
+            )
+        config = self.config_init[self.subcommand]
+        from_last = config.get("ckpt_path") == "last"
+        if from_last:
+            config["ckpt_path"] = find_last_checkpoint(self.trainer)
+            rank_zero_info(
+                f"--ckpt_path last: resuming from {config['ckpt_path']}"
+                if config["ckpt_path"]
+                else "--ckpt_path last: no checkpoint yet, starting fresh"
+            )
+        if config.get("ckpt_path") and config["ckpt_path"] not in ("best", "hpc", "registry"):
+            self._check_resume(str(config["ckpt_path"]), from_last, config.get("seed_everything"))
+
+    _nothing_to_fit = False
+
+    def _check_resume(self, path: str, from_last: bool, seed: Any) -> None:
+        """Refuse a checkpoint of another run (``last``) or of another global batch; stop if it is finished.
+
+        Runs in every process before training starts (each reads the same file), so they all decide alike.
+        """
+        saved = CheckpointSummary.read(path)
+        batch = getattr(self.datamodule, "batch_size", None)
+        if saved.global_batch is not None and batch is not None and saved.global_batch != batch:
+            raise ValueError(
+                f"{path} was trained with data.batch_size={saved.global_batch} (the GLOBAL batch); resuming with "
+                f"data.batch_size={batch} would change the data order and the recipe. Resume with "
+                f"data.batch_size={saved.global_batch} (the per-device batch follows the number of devices)."
+            )
+        current = identity(self.model.hparams, getattr(self.datamodule, "hparams", {}), seed)
+        changed = differences(saved.identity, current)
+        if changed and from_last:
+            raise ValueError(
+                f"--ckpt_path last found {path}, a checkpoint of another run: "
+                + "; ".join(changed)
+                + ". Start the new experiment in another trainer.default_root_dir, or pass that checkpoint's "
+                "path as --ckpt_path to continue it with the new settings."
+            )
+        if changed:
+            rank_zero_warn(f"resuming {path} with changed settings: " + "; ".join(changed))
+        trainer = self.trainer
+        if saved.finished(trainer.max_epochs, trainer.max_steps):
+            rank_zero_info(
+                f"{path}: this run already finished ({saved.epochs_completed} epochs, global step "
+                f"{saved.global_step}; trainer.max_epochs={trainer.max_epochs}, trainer.max_steps="
+                f"{trainer.max_steps}). Nothing to train: raise trainer.max_epochs to train longer."
+            )
+            self._nothing_to_fit = True
+            return
+        continue_logger_version(trainer, path)
+
+
+def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:
+    """SIGKILL the ranks this process launched (Lightning's own launcher, ``devices > 1`` without torchrun).
+
+    Lightning ends them itself only on Ctrl+C, or when one of them exits with an error. When this process
+    fails instead, e.g. a collective timed out because another rank hangs, the launched ranks would be
+    left behind holding their devices. Under torchrun or srun the launcher does this job. With
+    ``grace_seconds``, ranks still running after that long are the ones ended.
+    """
+    launcher = getattr(trainer.strategy, "launcher", None)
+    if not isinstance(launcher, _SubprocessScriptLauncher):
+        return
+    deadline = time.monotonic() + grace_seconds
+    for proc in launcher.procs:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    launcher.kill(signal.SIGKILL)
+
+
+def run_lightning_cli(args: Sequence[str] | None = None) -> YOLOLightningCLI:
+    """Parse ``args`` (``fit --config ...``) and run the subcommand.
+
+    ``--config`` takes a file or a packaged config name (``quickstart``, ``model/yolo11s``; a path that exists
+    wins), also in ``config:`` keys inside config files. ``trainer.logger`` unset means ``default_loggers``
+    (CSV, plus TensorBoard when installed); checkpoints and ``config.yaml`` name the code version.
+    """
+    with packaged_config_names():
+        return YOLOLightningCLI(
+            YOLO11Module,
+            YOLODataModule,
+            args=list(args) if args is not None else None,
+            seed_everything_default=0,
+            save_config_callback=VersionedSaveConfig,
+            save_config_kwargs={"overwrite": True},
+            trainer_defaults={
+                **TRAINER_DEFAULTS,
+                "callbacks": [*default_callbacks(last=False), CodeVersion()],
+            },
+        )
