@@ -20,7 +20,6 @@ from yolo11_lightning.export import (
     load_weights,
     main,
     onnx_max_abs_diff,
-    onnx_tolerance,
     save_weights,
 )
 
@@ -73,39 +72,6 @@ def test_onnx_matches_pytorch_at_any_batch_size(tmp_path: Path) -> None:
     assert dims == [["batch", 3, 64, 96], ["batch", 7, 126]]
     with pytest.raises(ValueError, match="multiples of 32"):
         export_onnx(model, tmp_path / "bad.onnx", image_size=70)
-
-
-def test_dynamic_onnx_takes_any_multiple_of_32(tmp_path: Path) -> None:
-    pytest.importorskip("onnxruntime")
-    onnx = pytest.importorskip("onnx")
-    from yolo11_lightning.onnx_runner import OnnxDetector
-
-    model = _model()
-    path = export_onnx(model, tmp_path / "dyn.onnx", image_size=64, dynamic=True)
-    runner = OnnxDetector(path, num_classes=3)
-    for shape in ((1, 3, 64, 64), (2, 3, 96, 128), (1, 3, 32, 96)):  # the anchor grid follows each shape
-        images = torch.rand(*shape, generator=torch.Generator().manual_seed(shape[2]))
-        with torch.no_grad():
-            expected = model(images)
-        assert float((runner(images) - expected).abs().max()) <= onnx_tolerance(model, images)
-    proto = onnx.load(str(path))
-    dims = [[d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in (*proto.graph.input,
-                                                                                        *proto.graph.output)]  # fmt: skip
-    assert dims == [["batch", 3, "height", "width"], ["batch", 7, "anchors"]]
-    meta = {p.key: p.value for p in proto.metadata_props}
-    assert ast.literal_eval(meta["args"])["dynamic"] is True
-    assert (runner.input_shape, runner.names, runner.num_classes) == (None, model.names, 3)
-    with pytest.raises(
-        ValueError, match=r"dyn\.onnx: input height and width must be multiples of 32, got 64x70"
-    ):
-        runner(torch.zeros(1, 3, 64, 70))
-    with pytest.raises(ValueError, match=r"dyn\.onnx: the model predicts 3 classes, the dataset has 5"):
-        OnnxDetector(path, num_classes=5)
-    with pytest.raises(FileNotFoundError, match=r"missing\.onnx"):
-        OnnxDetector(tmp_path / "missing.onnx")
-    (tmp_path / "junk.onnx").write_bytes(b"not a graph")
-    with pytest.raises(ValueError, match=r"junk\.onnx: not a readable ONNX model"):
-        OnnxDetector(tmp_path / "junk.onnx")
 
 
 def test_weights_round_trip_loads_without_lightning(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ os.environ["YOLO_OFFLINE"] = "1"  # before any import of the reference package
 
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.export import export_onnx, load_model, onnx_max_abs_diff, onnx_tolerance
+from yolo11_lightning.export import export_onnx, load_model, onnx_tolerance
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ultralytics")
@@ -304,9 +304,37 @@ def test_validate_command_takes_an_onnx_file(interop: SimpleNamespace) -> None:
         ])  # fmt: skip
 
 
-def test_onnx_runtime_matches_torch_on_rectangular_batches(interop: SimpleNamespace) -> None:
-    x = torch.rand(3, 3, 128, 64, generator=torch.Generator().manual_seed(2))
-    assert onnx_max_abs_diff(interop.model, interop.dynamic, x) <= onnx_tolerance(interop.model, x)
+def test_dynamic_file_takes_any_multiple_of_32(interop: SimpleNamespace, tmp_path: Path) -> None:
+    import ast
+
+    import onnx
+
+    from yolo11_lightning.onnx_runner import OnnxDetector
+
+    runner = OnnxDetector(interop.dynamic, num_classes=len(NAMES))
+    assert (runner.input_shape, runner.names) == (None, list(NAMES.values()))
+    for shape in ((1, 3, 64, 64), (3, 3, 128, 64), (1, 3, 32, 192)):  # the anchor grid follows each shape
+        images = torch.rand(*shape, generator=torch.Generator().manual_seed(shape[2]))
+        with torch.no_grad():
+            expected = interop.model(images)
+        assert float((runner(images) - expected).abs().max()) <= onnx_tolerance(interop.model, images)
+    proto = onnx.load(str(interop.dynamic))
+    dims = [[d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in (*proto.graph.input,
+                                                                                        *proto.graph.output)]  # fmt: skip
+    assert dims == [["batch", 3, "height", "width"], ["batch", 7, "anchors"]]
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert ast.literal_eval(meta["args"])["dynamic"] is True
+    with pytest.raises(
+        ValueError, match=r"dynamic\.onnx: input height and width must be multiples of 32, got 64x70"
+    ):
+        runner(torch.zeros(1, 3, 64, 70))
+    with pytest.raises(ValueError, match=r"dynamic\.onnx: the model predicts 3 classes, the dataset has 5"):
+        OnnxDetector(interop.dynamic, num_classes=5)
+    with pytest.raises(FileNotFoundError, match=r"missing\.onnx"):
+        OnnxDetector(tmp_path / "missing.onnx")
+    (tmp_path / "junk.onnx").write_bytes(b"not a graph")
+    with pytest.raises(ValueError, match=r"junk\.onnx: not a readable ONNX model"):
+        OnnxDetector(tmp_path / "junk.onnx")
 
 
 def test_predict_command_runs_an_onnx_file(interop: SimpleNamespace, tmp_path: Path) -> None:
