@@ -240,7 +240,7 @@ def _accuracy_check(model: YOLO11, path: Path, size: tuple[int, int], args: argp
             model, path, args.check_data, size, args.dynamic, batch_size=args.batch_size,
             num_workers=args.num_workers, accelerator=args.accelerator,
         )  # fmt: skip
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print(f"accuracy check ({result.setting}):\n{result.table()}")
