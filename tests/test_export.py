@@ -3,6 +3,7 @@ the EMA weights (not the raw ones) taken out of a real training checkpoint."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -47,8 +48,28 @@ def test_onnx_matches_pytorch_at_any_batch_size(tmp_path: Path) -> None:
     for batch in (1, 3):  # exported with batch 1: 3 proves the batch axis is dynamic
         images = torch.rand(batch, 3, 64, 96, generator=torch.Generator().manual_seed(batch))
         assert onnx_max_abs_diff(model, path, images) <= 1e-4
-    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    assert json.loads(meta["names"]) == model.names and json.loads(meta["image_size"]) == [64, 96]
+    proto = onnx.load(str(path))
+    meta = {p.key: p.value for p in proto.metadata_props}
+    assert json.loads(meta["class_names"]) == model.names and json.loads(meta["image_size"]) == [64, 96]
+    # The reference loader's parsing: int() for stride/batch/channels, ast.literal_eval for the rest.
+    assert (int(meta["stride"]), int(meta["batch"]), int(meta["channels"]), meta["task"]) == (
+        32,
+        1,
+        3,
+        "detect",
+    )
+    assert ast.literal_eval(meta["names"]) == dict(enumerate(model.names))
+    assert ast.literal_eval(meta["imgsz"]) == [64, 96]
+    assert ast.literal_eval(meta["args"]) == {
+        "batch": 1,
+        "dynamic": False,
+        "half": False,
+        "nms": False,
+        "opset": 17,
+    }
+    dims = [[d.dim_value or d.dim_param for d in v.type.tensor_type.shape.dim] for v in (*proto.graph.input,
+                                                                                        *proto.graph.output)]  # fmt: skip
+    assert dims == [["batch", 3, 64, 96], ["batch", 7, 126]]
     with pytest.raises(ValueError, match="multiples of 32"):
         export_onnx(model, tmp_path / "bad.onnx", image_size=70)
 

@@ -39,7 +39,12 @@ TINY_ARGS = {
         "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
     ],
     "predict": ["--device", "cpu", "--image-size", "64"],
-    "export": ["--image-size", "64"],
+    "export": ["--image-size", "64", "--batch-size", "4", "--num-workers", "0", "--accelerator", "cpu"],
+    "validate": [
+        "--data.synthetic_train", "8", "--data.synthetic_val", "4", "--data.synthetic_image_size", "64",
+        "--data.image_size", "64", "--data.batch_size", "4", "--data.num_workers", "0",
+        "--trainer.accelerator", "cpu", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
+    ],
     "synthetic": ["--train", "8", "--val", "4", "--size", "64"],
     "check-data": ["--imgsz", "64", "--samples", "4"],
     "info": [],
@@ -188,7 +193,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     for produced in (
         CHECKPOINTS / "best.ckpt", CHECKPOINTS / "best.onnx", CHECKPOINTS / "best.pth",
         Path("runs/predict/predictions.json"), Path("runs/export/yolo11n.onnx"), Path("runs/export/yolo11n.pth"),
-        Path("datasets/shapes/data.yaml"),
+        Path("datasets/shapes/data.yaml"), Path("runs/export/yolo11n_128.onnx"), Path("runs/export/yolo11n_dynamic.onnx"),
     ):  # fmt: skip
         assert (tmp_path / produced).is_file(), f"{produced} was not written"
     predictions = json.loads((tmp_path / "runs/predict/predictions.json").read_text())

@@ -2,14 +2,19 @@
 
     yolo11-lightning export --ckpt_path runs/.../best.ckpt --format onnx --image-size 640
     yolo11-lightning export --ckpt_path runs/.../best.ckpt --format weights
+    yolo11-lightning export --ckpt_path runs/.../best.ckpt --format onnx --check-data data.yaml
 
 A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveraging`` moves the raw ones to
 ``current_model_state``): those averaged weights are what validation scored and what is exported.
 
 ONNX: input ``images`` float (B, 3, H, W) RGB in [0, 1]; output ``output0`` (B, 4 + nc, A), xywh boxes in input
 pixels then class scores (no NMS), exactly ``YOLO11.eval()``'s output. The batch axis is dynamic; the image
-size is fixed at export, because the head's anchor grid is computed from the concrete feature-map sizes.
-Imports torch (and onnx/onnxruntime when present), never Lightning. Reading model files is ``nn.weights``;
+size is fixed at export (the anchor grid becomes constants) unless ``dynamic=True`` (``--dynamic``), which
+makes height and width free axes (multiples of 32; the anchor grid is then computed in the graph). The
+metadata (``onnx_metadata``) holds the keys the reference's ONNX loader reads, beside ours, so its
+``YOLO("model.onnx", task="detect")`` predicts and validates the file. ``--check-data`` validates the
+checkpoint and the ONNX file on a dataset and prints both mAPs (``export_check``, imports Lightning).
+Imports torch (and onnx/onnxruntime when present), never Lightning unless ``--check-data`` is given. Reading model files is ``nn.weights``;
 ``load_model``, ``load_weights`` and ``save_weights`` are re-exported here for code that imports them from
 ``yolo11_lightning.export``.
 """
@@ -17,7 +22,6 @@ Imports torch (and onnx/onnxruntime when present), never Lightning. Reading mode
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import warnings
@@ -29,6 +33,8 @@ import torch
 
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.nn.weights import load_model, load_weights, save_weights
+from yolo11_lightning.onnx_metadata import metadata_props
+from yolo11_lightning.version import package_version
 
 __all__ = [
     "export_onnx",
@@ -45,12 +51,17 @@ ONNX_INPUT, ONNX_OUTPUT = "images", "output0"
 
 
 def export_onnx(
-    model: YOLO11, path: str | os.PathLike, image_size: int | tuple[int, int] = 640, opset: int = 17
+    model: YOLO11,
+    path: str | os.PathLike,
+    image_size: int | tuple[int, int] = 640,
+    opset: int = 17,
+    dynamic: bool = False,
 ) -> Path:
-    """Export ``model`` (eval mode) to ONNX with a dynamic batch axis at a fixed (H, W) image size.
+    """Export ``model`` (eval mode) to ONNX with a dynamic batch axis, traced at ``image_size`` (S or (H, W)).
 
-    Uses the TorchScript-based exporter (no extra dependency). Class names, scale and image size go into the
-    file's metadata when the ``onnx`` package is installed.
+    ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
+    ``image_size``. Uses the TorchScript-based exporter (no extra dependency). The metadata
+    (``onnx_metadata.metadata_props``) is written when the ``onnx`` package is installed.
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     model = model.eval()
@@ -58,9 +69,12 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     dummy = torch.zeros(1, 3, height, width, device=next(model.parameters()).device)
+    axes = {ONNX_INPUT: {0: "batch"}, ONNX_OUTPUT: {0: "batch"}}
+    if dynamic:
+        axes = {ONNX_INPUT: {0: "batch", 2: "height", 3: "width"}, ONNX_OUTPUT: {0: "batch", 2: "anchors"}}
     with warnings.catch_warnings():
-        # Expected: the legacy exporter announces its deprecation, and the tracer notes that shape checks and
-        # the anchor grid become constants, which is what a fixed image size means.
+        # Expected: the legacy exporter announces its deprecation, and the tracer notes that shape checks (and,
+        # at a fixed size, the anchor grid) become constants, which is what tracing at one size means.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
@@ -71,31 +85,42 @@ def export_onnx(
             dynamo=False,
             input_names=[ONNX_INPUT],
             output_names=[ONNX_OUTPUT],
-            dynamic_axes={ONNX_INPUT: {0: "batch"}, ONNX_OUTPUT: {0: "batch"}},
+            dynamic_axes=axes,
             opset_version=opset,
             do_constant_folding=True,
         )
-    _add_metadata(path, model, (height, width))
+    _add_metadata(path, model, (height, width), dynamic, opset)
     return path
 
 
-def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int]) -> None:
+def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: bool, opset: int) -> None:
     try:
         import onnx
     except ImportError:  # metadata is a convenience; the graph is complete without it
         return
     proto = onnx.load(str(path))
-    meta = {
-        "producer": "yolo11_lightning",
-        "scale": model.scale,
-        "image_size": json.dumps(list(size)),
-        "names": json.dumps(model.names or [str(i) for i in range(model.num_classes)]),
-        "input": "float RGB (B, 3, H, W) in [0, 1], letterboxed with fill 114/255",
-        "output": "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS",
-    }
-    for key, value in meta.items():
+    props = metadata_props(
+        scale=model.scale,
+        names=model.names or [str(i) for i in range(model.num_classes)],
+        size=size,
+        stride=max(model.strides),
+        dynamic=dynamic,
+        opset=opset,
+        version=package_version(),
+    )
+    for key, value in props.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
+    # Shape inference leaves the output's channel (always 4 + nc) and anchor axes symbolic; both are known
+    # except the anchor count of a file with free height and width.
+    dims = proto.graph.output[0].type.tensor_type.shape.dim
+    known = {1: 4 + model.num_classes}
+    if not dynamic:
+        known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
+    for axis, value in known.items():
+        dims[axis].ClearField("dim_param")
+        dims[axis].dim_value = value
+    proto.ir_version = min(proto.ir_version, 10)  # newer IR versions are refused by older ONNX Runtimes
     onnx.save(proto, str(path))
 
 
@@ -134,8 +159,20 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--image-size", "--image_size", dest="image_size", type=int, nargs="+", default=[640],
                    help="ONNX input size: S or H W, multiples of 32 (default 640)")  # fmt: skip
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="ONNX height and width as free axes (any multiple of 32; the batch axis always is)")  # fmt: skip
     p.add_argument("--no-check", action="store_true",
                    help="skip the ONNX Runtime parity check (it runs when onnxruntime is installed)")  # fmt: skip
+    check = p.add_argument_group("accuracy check (--check-data): validate the checkpoint and the ONNX file")
+    check.add_argument("--check-data", "--check_data", dest="check_data", default=None, metavar="DATA_YAML",
+                       help="dataset yaml (or 'synthetic'): print both mAPs on its val split")  # fmt: skip
+    check.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=16,
+                       help="validation batch (default 16)")  # fmt: skip
+    check.add_argument("--num-workers", "--num_workers", dest="num_workers", type=int, default=2,
+                       help="validation loader processes (default 2)")  # fmt: skip
+    check.add_argument("--accelerator", default="auto", help="Lightning accelerator (default auto)")
+    check.add_argument("--max-map-difference", dest="max_difference", type=float, default=1e-3,
+                       help="exit 1 when |mAP50-95 ONNX - checkpoint| exceeds this (default 0.001)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -156,24 +193,63 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"weights: {out} (YOLO11-{model.scale}, {model.num_classes} classes)")
         return 0
     size = args.image_size[0] if len(args.image_size) == 1 else tuple(args.image_size)
+    if args.check_data and not args.dynamic and len(set(args.image_size)) != 1:
+        print("error: --check-data needs a square --image-size S, or --dynamic", file=sys.stderr)
+        return 2
     try:
-        out = export_onnx(model, args.out or source.with_suffix(".onnx"), size, args.opset)
+        out = export_onnx(model, args.out or source.with_suffix(".onnx"), size, args.opset, args.dynamic)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"onnx: {out} (YOLO11-{model.scale}, {model.num_classes} classes, input {size}, dynamic batch)")
-    if args.no_check:
-        return 0
+    shape = "dynamic batch, height and width" if args.dynamic else "dynamic batch"
+    print(f"onnx: {out} (YOLO11-{model.scale}, {model.num_classes} classes, input {size}, {shape})")
+    h, w = (size, size) if isinstance(size, int) else size
+    if not args.no_check and not _parity_check(model, out, (h, w), args.dynamic):
+        return 1
+    if args.check_data:
+        return _accuracy_check(model, out, (h, w), args)
+    return 0
+
+
+def _parity_check(model: YOLO11, path: Path, size: tuple[int, int], dynamic: bool) -> bool:
+    """onnxruntime vs PyTorch on random images at the export size (and a second size when dynamic)."""
     try:
         import onnxruntime  # noqa: F401
     except ImportError:
         print("parity check skipped: onnxruntime is not installed")
-        return 0
-    h, w = (size, size) if isinstance(size, int) else size
-    images = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(0))
-    diff, tolerance = onnx_max_abs_diff(model, out, images), onnx_tolerance(model, images)
-    print(f"onnxruntime vs PyTorch, batch of 2: max |diff| = {diff:.2e} (tolerance {tolerance:.1e})")
-    if not diff <= tolerance:
-        print(f"error: {out}: ONNX output differs from PyTorch by {diff:.3g}", file=sys.stderr)
+        return True
+    shapes = [size, (size[0] + 32, max(size[1] - 32, 32))] if dynamic else [size]
+    for h, w in shapes:
+        images = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(0))
+        diff, tolerance = onnx_max_abs_diff(model, path, images), onnx_tolerance(model, images)
+        print(
+            f"onnxruntime vs PyTorch, batch of 2 at {h}x{w}: max |diff| = {diff:.2e} (tolerance {tolerance:.1e})"
+        )
+        if not diff <= tolerance:
+            print(f"error: {path}: ONNX output differs from PyTorch by {diff:.3g}", file=sys.stderr)
+            return False
+    return True
+
+
+def _accuracy_check(model: YOLO11, path: Path, size: tuple[int, int], args: argparse.Namespace) -> int:
+    """``--check-data``: both mAPs on the dataset's val split; 1 when they differ by more than allowed."""
+    from yolo11_lightning.export_check import compare  # imports Lightning
+
+    try:
+        result = compare(
+            model, path, args.check_data, size, args.dynamic, batch_size=args.batch_size,
+            num_workers=args.num_workers, accelerator=args.accelerator,
+        )  # fmt: skip
+    except (FileNotFoundError, ValueError, ImportError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"accuracy check ({result.setting}):\n{result.table()}")
+    difference = abs(result.difference("mAP50-95"))
+    if not difference <= args.max_difference:
+        print(
+            f"error: {path}: mAP50-95 differs from the checkpoint's by {difference:.4f} "
+            f"(allowed {args.max_difference})",
+            file=sys.stderr,
+        )
         return 1
     return 0

@@ -42,6 +42,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.nn.weights import load_model
+from yolo11_lightning.onnx_runner import OnnxDetector, is_onnx_file
 from yolo11_lightning.predict_data import (
     VIDEO_EXTENSIONS,
     PredictionSource,
@@ -274,10 +275,12 @@ def _trainer_device(device: str) -> tuple[str, Any]:
 
 
 def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
-    """A ``YOLO11Module`` around a detector or any model file (``nn.weights.load_model``), with the given
-    post-processing."""
+    """A ``YOLO11Module`` around a detector or any model file (``nn.weights.load_model``; an ``.onnx`` file
+    runs through ``onnx_runner.OnnxDetector``), with the given post-processing."""
     if isinstance(model, YOLO11):  # the caller's model (e.g. in a notebook): used in its own memory layout
         nhwc = model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
+    elif is_onnx_file(model):  # an exported file, run by onnxruntime
+        model, nhwc = OnnxDetector(model), False
     else:
         model, nhwc = load_model(model).to(memory_format=torch.channels_last), True
     module = YOLO11Module(

@@ -116,9 +116,16 @@ class Detect(nn.Module):
         return maps if self.training else self.decode(maps)
 
     def anchors(self, maps: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-        """Anchor centres (2, A) in grid units and strides (1, A), cached by map shapes, device, dtype."""
+        """Anchor centres (2, A) in grid units and strides (1, A), cached by map shapes, device, dtype.
+
+        Not cached while tracing (ONNX export): the grid must be built in the graph from the traced shapes,
+        so that an export with free height and width computes it for each input size.
+        """
         ref = maps[0]
         key = (tuple(tuple(m.shape[-2:]) for m in maps), ref.device, ref.dtype)
+        if torch.jit.is_tracing():
+            points, strides = make_anchors(key[0], self.strides, 0.5, dtype=ref.dtype, device=ref.device)
+            return points.T.contiguous(), strides.T.contiguous()
         if self._anchor_cache is None or self._anchor_cache[0] != key:
             points, strides = make_anchors(key[0], self.strides, 0.5, dtype=ref.dtype, device=ref.device)
             self._anchor_cache = (key, points.T.contiguous(), strides.T.contiguous())

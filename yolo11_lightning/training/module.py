@@ -16,6 +16,7 @@ from torch import Tensor
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.loss import DetectionLoss
 from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.onnx_runner import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
 from yolo11_lightning.training.callbacks import UnreadableImages, ValidationImages
@@ -49,7 +50,8 @@ class YOLO11Module(L.LightningModule):
         num_classes: class count (the CLI links it from the dataset).
         class_names: class names, index = class id (linked from the dataset).
         weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; the class head keeps
-            its fresh initialisation when the class count differs.
+            its fresh initialisation when the class count differs. An exported ``.onnx`` file replaces the
+            detector with ``onnx_runner.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
         weights_strict: refuse ``weights`` unless every tensor outside the class head fits (another scale or
             task is an error naming it); ``False`` loads whatever fits and warns.
         optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen
@@ -127,7 +129,9 @@ class YOLO11Module(L.LightningModule):
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         self.model = YOLO11(scale=scale, num_classes=num_classes)
         self.model.names = list(class_names) if class_names is not None else None
-        if weights:
+        if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
+            self.model = OnnxDetector(weights, num_classes)
+        elif weights:
             load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
             self.model.to(memory_format=torch.channels_last)
@@ -214,6 +218,8 @@ class YOLO11Module(L.LightningModule):
         return getattr(getattr(self.trainer, "datamodule", None), "num_train_samples", None)
 
     def configure_callbacks(self) -> list[Callback]:
+        if self.trainer.state.fn == "fit":  # before any callback copies the model for EMA
+            refuse_training(self.model)
         callbacks: list[Callback] = [UnreadableImages()]
         if self.hparams.ema:
             callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))

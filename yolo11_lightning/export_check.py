@@ -1,0 +1,117 @@
+""" "Is my ONNX as good as my checkpoint?": validate both on one dataset, same loader, NMS and metric.
+
+``yolo11-lightning export --ckpt_path best.ckpt --format onnx --check-data data.yaml`` calls ``compare`` after
+writing the file and prints both mAPs. The checkpoint's detector runs in PyTorch, the file through ONNX
+Runtime (``onnx_runner.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
+the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
+only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
+Imports Lightning (the export command imports this module only when ``--check-data`` is given).
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+
+from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.training.module import YOLO11Module
+
+METRICS = ("mAP50-95", "mAP50")
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    """Validation metrics of the checkpoint (PyTorch) and of the exported file (ONNX Runtime)."""
+
+    checkpoint: dict[str, float]
+    onnx: dict[str, float]
+    setting: str  # how images were batched, for the printout
+
+    def difference(self, name: str = "mAP50-95") -> float:
+        """ONNX minus checkpoint for metric ``name``."""
+        return self.onnx[name] - self.checkpoint[name]
+
+    def table(self) -> str:
+        """A small plain-text table of both runs and their difference."""
+        rows = [f"{'':<12}" + "".join(f"{m:>10}" for m in METRICS)]
+        for label, values in (("checkpoint", self.checkpoint), ("onnx", self.onnx)):
+            rows.append(f"{label:<12}" + "".join(f"{values[m]:>10.4f}" for m in METRICS))
+        rows.append(f"{'difference':<12}" + "".join(f"{self.difference(m):>+10.4f}" for m in METRICS))
+        return "\n".join(rows)
+
+
+def _square_batches() -> dict[str, Any]:
+    """The data module's switch for square letterboxing of validation batches, where it has one."""
+    parameters = inspect.signature(YOLODataModule.__init__).parameters
+    return {"rect_val": False} if "rect_val" in parameters else {}
+
+
+def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str) -> dict[str, float]:
+    trainer = L.Trainer(
+        accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    (results,) = trainer.validate(module, datamodule=data, verbose=False)
+    return {m: float(results[f"val/{m}"]) for m in METRICS}
+
+
+def compare(
+    model: YOLO11,
+    onnx_path: str | os.PathLike,
+    dataset: str,
+    image_size: tuple[int, int],
+    dynamic: bool,
+    batch_size: int = 16,
+    num_workers: int = 2,
+    accelerator: str = "auto",
+) -> ExportCheck:
+    """Validate ``model`` and the file ``onnx_path`` exported from it on ``dataset``'s val split.
+
+    Args:
+        model: the detector that was exported (eval mode).
+        onnx_path: the exported file.
+        dataset: a dataset yaml (or ``synthetic``).
+        image_size: (H, W) the file was exported at. A fixed-shape file needs H == W: validation letterboxes
+            to a square of that side.
+        dynamic: the file takes any multiple of 32 (then the data module's default batching is used, at
+            ``max(H, W)``).
+        batch_size, num_workers: validation loader settings (one device).
+        accelerator: Lightning accelerator for both runs.
+    """
+    height, width = image_size
+    if not dynamic and height != width:
+        raise ValueError(
+            f"{onnx_path}: a fixed {height}x{width} export cannot be validated with square letterboxing; export "
+            "with one --image-size S, or with --dynamic"
+        )
+    extra = {} if dynamic else _square_batches()
+    data = YOLODataModule(
+        dataset, batch_size=batch_size, image_size=max(height, width), num_workers=num_workers, **extra
+    )
+    if data.num_classes != model.num_classes:
+        raise ValueError(
+            f"{dataset}: {data.num_classes} classes, the model has {model.num_classes}; check it on the dataset "
+            "it was trained for"
+        )
+    common = {
+        "num_classes": model.num_classes,
+        "class_names": data.class_names,
+        "ema": False,
+        "log_images": 0,
+    }
+    torch_module = YOLO11Module(scale=model.scale, **common)
+    torch_module.model.load_state_dict(model.state_dict())
+    onnx_module = YOLO11Module(scale=model.scale, weights=str(Path(onnx_path)), **common)
+    setting = (
+        f"val split of {dataset}, {'data-module default batching' if dynamic else 'square letterbox'} at "
+        f"{max(height, width)} px"
+    )
+    return ExportCheck(
+        _validate(torch_module, data, accelerator), _validate(onnx_module, data, accelerator), setting
+    )

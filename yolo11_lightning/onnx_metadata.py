@@ -1,0 +1,157 @@
+"""The metadata an exported ONNX file carries, written and read back.
+
+Two sets of keys sit side by side in the file's ``metadata_props`` (string key -> string value):
+
+* the reference ecosystem's, as its ONNX loader parses them (``int()`` for ``stride``, ``batch``,
+  ``channels``; ``ast.literal_eval`` for ``imgsz``, ``names``, ``args``; ``task`` as is; ``args["dynamic"]``
+  decides whether it may feed other input shapes, ``args["nms"]`` whether NMS is inside the graph). Viewers
+  and deployment tools that were written for reference exports read the same keys;
+* ours, in JSON: ``producer``, ``scale``, ``image_size`` ([H, W] at export), ``class_names`` (a list),
+  ``input`` and ``output`` (what the tensors mean).
+
+``read_metadata`` accepts either set, so a reference export of a YOLO11 detector can be validated too.
+Imports only the standard library; ``onnx`` / ``onnxruntime`` are imported by the callers.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+PRODUCER = "yolo11_lightning"
+INPUT_DOC = "float RGB (B, 3, H, W) in [0, 1], letterboxed with fill 114/255"
+OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
+
+
+def metadata_props(
+    *,
+    scale: str,
+    names: Sequence[str],
+    size: tuple[int, int],
+    stride: int,
+    dynamic: bool,
+    opset: int,
+    version: str,
+) -> dict[str, str]:
+    """Every key -> string value for an exported detector.
+
+    Args:
+        scale: model scale (n, s, m, l, x).
+        names: class names, index = class id.
+        size: (H, W) the graph was traced at; the only size a fixed-shape file accepts.
+        stride: largest stride (32): dynamic inputs must be multiples of it.
+        dynamic: height and width are free axes (the batch axis always is).
+        opset: ONNX opset of the graph.
+        version: this package's version.
+    """
+    reference_names = {i: str(n) for i, n in enumerate(names)}
+    reference = {
+        "description": f"yolo11_lightning YOLO11{scale} detector, {len(names)} classes",
+        "author": PRODUCER,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "version": version,
+        "license": "Apache-2.0",
+        "stride": str(int(stride)),
+        "task": "detect",
+        # Images per call the reference validator uses when the shape is fixed; the batch axis is dynamic.
+        "batch": "1",
+        "imgsz": repr([int(size[0]), int(size[1])]),
+        "names": repr(reference_names),  # a dict literal: ast.literal_eval gives {0: 'name', ...}
+        "args": repr(
+            {"batch": 1, "dynamic": bool(dynamic), "half": False, "nms": False, "opset": int(opset)}
+        ),
+        "channels": "3",
+    }
+    ours = {
+        "producer": PRODUCER,
+        "scale": scale,
+        "image_size": json.dumps([int(size[0]), int(size[1])]),
+        "class_names": json.dumps([str(n) for n in names]),
+        "input": INPUT_DOC,
+        "output": OUTPUT_DOC,
+    }
+    return {**reference, **ours}
+
+
+@dataclass(frozen=True)
+class OnnxModelInfo:
+    """What a detector ONNX file says about itself.
+
+    ``names`` is None when the file has no class names; ``size`` is the (H, W) of its metadata (the traced
+    size); ``stride`` defaults to 32 and ``task`` to ``detect`` when absent.
+    """
+
+    names: list[str] | None
+    size: tuple[int, int] | None
+    stride: int
+    task: str
+    producer: str | None
+    scale: str | None
+
+
+def _literal(path: Path | str, key: str, value: str) -> Any:
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError) as e:
+        raise ValueError(f"{path}: ONNX metadata {key!r} is not a Python literal: {value[:80]!r}") from e
+
+
+def _names(path: Path | str, props: Mapping[str, str]) -> list[str] | None:
+    if "class_names" in props:
+        try:
+            names = json.loads(props["class_names"])
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: ONNX metadata 'class_names' is not JSON: {e}") from e
+        if not isinstance(names, list):
+            raise ValueError(
+                f"{path}: ONNX metadata 'class_names' must be a list, got {type(names).__name__}"
+            )
+        return [str(n) for n in names]
+    if "names" not in props:
+        return None
+    names = _literal(path, "names", props["names"])
+    if isinstance(names, Mapping):
+        keys = sorted(int(k) for k in names)
+        if keys != list(range(len(keys))):
+            raise ValueError(f"{path}: ONNX metadata 'names' must number classes 0..n-1, got ids {keys[:10]}")
+        return [str(names[k]) if k in names else str(names[str(k)]) for k in keys]
+    if isinstance(names, list | tuple):
+        return [str(n) for n in names]
+    raise ValueError(f"{path}: ONNX metadata 'names' must be a dict or a list, got {type(names).__name__}")
+
+
+def _size(path: Path | str, props: Mapping[str, str]) -> tuple[int, int] | None:
+    key = "image_size" if "image_size" in props else "imgsz" if "imgsz" in props else None
+    if key is None:
+        return None
+    value = _literal(path, key, props[key])
+    if isinstance(value, int):
+        value = [value, value]
+    if not (isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
+        raise ValueError(f"{path}: ONNX metadata {key!r} must be [H, W], got {props[key]!r}")
+    return int(value[0]), int(value[1])
+
+
+def read_metadata(path: Path | str, props: Mapping[str, str]) -> OnnxModelInfo:
+    """Parse ``props`` (``metadata_props`` / onnxruntime's ``custom_metadata_map``) of the file at ``path``.
+
+    Raises ValueError naming the file and the key for a value that does not parse.
+    """
+    stride = props.get("stride", "32")
+    try:
+        stride_value = int(stride)
+    except ValueError as e:
+        raise ValueError(f"{path}: ONNX metadata 'stride' must be an integer, got {stride!r}") from e
+    return OnnxModelInfo(
+        names=_names(path, props),
+        size=_size(path, props),
+        stride=stride_value,
+        task=props.get("task", "detect"),
+        producer=props.get("producer"),
+        scale=props.get("scale"),
+    )
