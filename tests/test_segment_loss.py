@@ -253,3 +253,16 @@ def test_bad_inputs_are_named() -> None:
         criterion(preds, targets, wrong)
     with pytest.raises(ValueError, match=r"targets has shape \(2, 5\)"):
         criterion(preds, torch.zeros(2, 5), good)
+
+
+def test_mask_dtypes_give_the_same_loss() -> None:
+    """uint8, int64, float and bool masks (as a data pipeline may hand them) give identical items."""
+    g = torch.Generator().manual_seed(4)
+    preds = _seg_preds(g, 2, 64, 64, 3)
+    targets = _targets(g, [3, 2], 64, 64, 3)
+    instances = _instance_masks(targets, 16, 16)
+    maps = _overlap_maps(targets, instances, 2)
+    overlap = [SegmentationLoss(3)(preds, targets, m)[1] for m in (maps, maps.long(), maps.float())]
+    single = [SegmentationLoss(3, overlap=False)(preds, targets, m)[1] for m in (instances, instances.bool())]
+    assert all(torch.equal(overlap[0], o) for o in overlap) and torch.equal(*single)
+    assert not torch.equal(overlap[0], single[0])  # the overlap map hides parts of overlapped instances

@@ -129,6 +129,7 @@ class SegmentationLoss(DetectionLoss):
             [torch.einsum("rn,nhw->rhw", c, protos[i]) for i, c in enumerate(coef.split(counts)) if counts[i]]
         )  # (R, mh, mw)
 
+        masks = masks.to(logits.device, non_blocking=True)
         if tuple(masks.shape[-2:]) != (mh, mw):
             masks = F.interpolate(masks[None].to(logits.dtype), (mh, mw), mode="nearest")[0]
         gt_row = assign.gt_index[image, anchor]  # row of the assigned box in ``targets``
@@ -196,7 +197,7 @@ class SegmentationLoss(DetectionLoss):
         # costs no device sync.
         if self.overlap and masks.device.type == "cpu" and n and masks.numel():
             per_image = torch.bincount(targets[:, 0].long().clamp(0, bs - 1), minlength=bs)
-            top = masks.flatten(1).amax(1).to(torch.long)
+            top = masks.flatten(1).to(torch.long).amax(1)  # long first: amax takes no bool
             bad = (top > per_image).nonzero()
             if bad.numel():
                 i = int(bad[0, 0])
