@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from yolo11_lightning.loss.assigner import TaskAlignedAssigner
+from yolo11_lightning.loss.assigner import Assignment, TaskAlignedAssigner
 from yolo11_lightning.ops.anchors import box_to_dist, dist_to_box, make_anchors
 from yolo11_lightning.ops.boxes import complete_iou, cxcywh_to_xyxy
+
+
+class Prepared(NamedTuple):
+    """Decoded predictions and the assignment of one batch (``DetectionLoss._assign``).
+
+    pred_dist (B, A, 4·reg_max) box-distribution logits; pred_logits (B, A, nc); pred_boxes (B, A, 4) xyxy
+    in grid units of each anchor's level; anchors (A, 2) grid units; stride (A, 1); targets (N, 6) in the
+    loss dtype; assign the assigner's result (boxes in input pixels); image_size (H, W) input pixels.
+    """
+
+    pred_dist: Tensor
+    pred_logits: Tensor
+    pred_boxes: Tensor
+    anchors: Tensor
+    stride: Tensor
+    targets: Tensor
+    assign: Assignment
+    image_size: tuple[int, int]
 
 
 class DetectionLoss(nn.Module):
@@ -85,13 +104,23 @@ class DetectionLoss(nn.Module):
             return self._loss(feats, targets)
 
     def _loss(self, feats: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
+        prep = self._assign(feats, targets)
+        normalizer = prep.assign.target_scores.sum()
+        if self.normalizer_reduce is not None:
+            normalizer = self.normalizer_reduce(normalizer)
+        loss_box, loss_cls, loss_dfl = self._box_cls_dfl(prep, normalizer.clamp(min=1))
+        # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
+        gained = torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
+        return gained.sum(), gained.detach()
+
+    def _assign(self, feats: Sequence[Tensor], targets: Tensor) -> Prepared:
+        """Decode the level maps and assign the targets to anchors (shared with the segmentation loss)."""
         dtype = torch.promote_types(feats[0].dtype, torch.float32)
-        bs, device, nd = feats[0].shape[0], feats[0].device, 4 * self.reg_max
+        device, nd = feats[0].device, 4 * self.reg_max
         shapes = [tuple(f.shape[-2:]) for f in feats]
         # (B, A, 4·reg_max + nc), anchors of all levels in a row
         preds = torch.cat([f.to(dtype).flatten(2) for f in feats], 2).transpose(1, 2).contiguous()
         pred_dist, pred_logits = preds.split((nd, self.num_classes), -1)
-        na = preds.shape[1]
 
         # Anchor centres (A, 2) in grid units of their level, strides (A, 1); boxes decoded in grid units.
         anchors, stride, bins = self._anchor_grid(shapes, dtype, device)
@@ -108,46 +137,46 @@ class DetectionLoss(nn.Module):
             targets[:, 1].long(),
             targets[:, 0].long(),
         )
-        target_scores = assign.target_scores
-        normalizer = target_scores.sum()
-        if self.normalizer_reduce is not None:
-            normalizer = self.normalizer_reduce(normalizer)
-        normalizer = normalizer.clamp(min=1)
+        return Prepared(pred_dist, pred_logits, pred_boxes, anchors, stride, targets, assign, (height, width))
 
-        loss_cls = F.binary_cross_entropy_with_logits(pred_logits, target_scores, reduction="sum")
+    def _box_cls_dfl(self, prep: Prepared, normalizer: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The ungained (box, cls, dfl) terms, each summed over the batch and divided by ``normalizer``."""
+        assign, anchors, stride = prep.assign, prep.anchors, prep.stride
+        bs, na = assign.fg_mask.shape
+        target_scores = assign.target_scores
+        loss_cls = F.binary_cross_entropy_with_logits(prep.pred_logits, target_scores, reduction="sum")
         loss_cls = loss_cls / normalizer
 
         # Box and DFL terms on the foreground anchors only, gathered into a list whose length is known
         # from shapes (each box has at most topk anchors), so no host sync; padding rows weigh 0.
-        bound = min(targets.shape[0] * self.assigner.topk, bs * na)
+        bound = min(prep.targets.shape[0] * self.assigner.topk, bs * na)
         rows, row_valid = _compact(assign.fg_mask.flatten(), bound)
         weight = target_scores.sum(-1).flatten()[rows] * row_valid
         anchor = anchors[rows % na]
         target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
-        ciou = complete_iou(pred_boxes.flatten(0, 1)[rows], target_box)
+        ciou = complete_iou(prep.pred_boxes.flatten(0, 1)[rows], target_box)
         loss_box = ((1.0 - ciou) * weight).sum() / normalizer
 
         target_dist = box_to_dist(anchor, target_box, self.reg_max - 1 - 0.01)
-        log_probs = pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
+        log_probs = prep.pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
         loss_dfl = (_dfl(log_probs, target_dist) * weight).sum() / normalizer
-
-        # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
-        gained = torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
-        return gained.sum(), gained.detach()
+        return loss_box, loss_cls, loss_dfl
 
     def _check(self, feats: Sequence[Tensor], targets: Tensor) -> None:
         channels = 4 * self.reg_max + self.num_classes
         if len(feats) != len(self.strides):
-            raise ValueError(f"DetectionLoss: got {len(feats)} feature maps for strides {self.strides}")
+            raise ValueError(
+                f"{type(self).__name__}: got {len(feats)} feature maps for strides {self.strides}"
+            )
         for i, f in enumerate(feats):
             if f.ndim != 4 or f.shape[1] != channels or f.shape[0] != feats[0].shape[0]:
                 raise ValueError(
-                    f"DetectionLoss: feats[{i}] has shape {tuple(f.shape)}, expected (B, {channels}, H, W): "
+                    f"{type(self).__name__}: feats[{i}] has shape {tuple(f.shape)}, expected (B, {channels}, H, W): "
                     f"4*reg_max={4 * self.reg_max} box-distribution channels then {self.num_classes} class logits"
                 )
         if targets.ndim != 2 or targets.shape[1] != 6:
             raise ValueError(
-                f"DetectionLoss: targets has shape {tuple(targets.shape)}, expected (N, 6) rows "
+                f"{type(self).__name__}: targets has shape {tuple(targets.shape)}, expected (N, 6) rows "
                 "[image_index, class, cx, cy, w, h]"
             )
         # Value checks read the data: only where that costs no device sync (out-of-range indices on an
@@ -162,7 +191,7 @@ class DetectionLoss(nn.Module):
                 if bad.any():
                     row = int(bad.nonzero()[0, 0])
                     raise ValueError(
-                        f"DetectionLoss: targets[{row}, {column}] ({name}) is {values[row].item()}, "
+                        f"{type(self).__name__}: targets[{row}, {column}] ({name}) is {values[row].item()}, "
                         f"expected an integer in [0, {limit})"
                     )
 

@@ -1,4 +1,4 @@
-"""The YOLO11 detector in plain PyTorch (imports torch only).
+"""The YOLO11 detector and segmenter in plain PyTorch (imports torch only).
 
 ``weights`` (model-file I/O) is imported here so that ``YOLO11.from_weights``, ``from_ultralytics`` and
 ``save_weights`` exist whichever submodule is imported first.
@@ -6,16 +6,17 @@
 
 from yolo11_lightning.nn import weights
 from yolo11_lightning.nn.attention import C2PSA, Attention, PSABlock
-from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv
+from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv, Proto
 from yolo11_lightning.nn.checkpoint import CheckpointError
-from yolo11_lightning.nn.head import DFL, Detect
-from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+from yolo11_lightning.nn.head import DFL, Detect, Segment, SegmentOutput
+from yolo11_lightning.nn.yolo11 import SCALES, TASKS, YOLO11
 
 __all__ = [
     "C2PSA",
     "DFL",
     "SCALES",
     "SPPF",
+    "TASKS",
     "YOLO11",
     "Attention",
     "Bottleneck",
@@ -27,5 +28,8 @@ __all__ = [
     "DWConv",
     "Detect",
     "PSABlock",
+    "Proto",
+    "Segment",
+    "SegmentOutput",
     "weights",
 ]

@@ -1,10 +1,10 @@
 """Reading reference (Ultralytics) YOLO11 checkpoints without the reference package.
 
 A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled
-``DetectionModel`` in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
+``DetectionModel`` (or ``SegmentationModel``) in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
 unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
-to rebuild the state dict (keys ``model.<layer>.<path>``), infer scale and class count from the
-tensors and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23). The model's
+to rebuild the state dict (keys ``model.<layer>.<path>``), infer task, scale and class count from the
+tensors (a ``proto`` in the head means segmentation) and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23). The model's
 expected state dicts come from the caller (``nn.weights``): this module does not import the model.
 """
 
@@ -20,13 +20,27 @@ from yolo11_lightning.nn import torch_file
 from yolo11_lightning.nn.safe_pickle import StandIn
 from yolo11_lightning.nn.torch_file import CheckpointError
 
-__all__ = ["HEAD_INDEX", "CheckpointError", "WrongTaskError", "infer_and_map", "load_reference", "rename_key"]
+__all__ = [
+    "HEAD_INDEX",
+    "TASK_NAMES",
+    "CheckpointError",
+    "WrongTaskError",
+    "infer_and_map",
+    "load_reference",
+    "rename_key",
+]
 
 HEAD_INDEX = 23  # reference index of the Detect layer
 _MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
+# Tasks we read: our name -> (the word in messages, the reference model class, an example file).
+TASK_NAMES = {
+    "detect": ("detection", "DetectionModel", "yolo11n.pt"),
+    "segment": ("segmentation", "SegmentationModel", "yolo11n-seg.pt"),
+}
+_MODEL_TASKS = {cls: task for task, (_, cls, _) in TASK_NAMES.items()}
+_PROTO_KEY = f"model.{HEAD_INDEX}.proto.cv1.conv.weight"  # only a Segment head has it
 # Reference model classes of other tasks (their files share the backbone, not the head).
 _TASKS = {
-    "SegmentationModel": "segmentation",
     "ClassificationModel": "classification",
     "PoseModel": "pose",
     "OBBModel": "oriented-box (OBB)",
@@ -45,25 +59,26 @@ class WrongTaskError(CheckpointError):
 
 
 def load_reference(
-    source: str | os.PathLike | Mapping[str, Any], any_task: bool = False
+    source: str | os.PathLike | Mapping[str, Any], any_task: bool = False, task: str | None = None
 ) -> tuple[dict[str, Tensor], list[str] | None, str]:
     """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors.
 
-    A pickled model of another task raises WrongTaskError unless ``any_task``.
+    A pickled model of a task we do not read (classification, pose, ...), or of another task than ``task``
+    when it is given, raises WrongTaskError unless ``any_task``.
     """
     if isinstance(source, Mapping):
-        return _extract(source, "state dict", any_task)
+        return _extract(source, "state dict", any_task, task)
     label = os.fspath(source)
     if not os.path.isfile(label):
         raise CheckpointError(f"{label}: no such checkpoint file")
     obj = torch_file.load_reference(label)  # CheckpointError naming the file: unsafe, truncated, ...
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{label}: expected a dict, the file holds a {type(obj).__name__}")
-    return _extract(obj, label, any_task)
+    return _extract(obj, label, any_task, task)
 
 
 def _extract(
-    obj: Mapping[str, Any], label: str, any_task: bool = False
+    obj: Mapping[str, Any], label: str, any_task: bool = False, wanted: str | None = None
 ) -> tuple[dict[str, Tensor], list[str] | None, str]:
     """Find the model in a loaded checkpoint dict (``ema`` first, as the reference does) or accept a
     plain state dict."""
@@ -71,12 +86,14 @@ def _extract(
         entry_name = "ema" if obj.get("ema") is not None else "model"
         entry = obj.get(entry_name)
         if isinstance(entry, StandIn):
-            task = _TASKS.get(entry.qualname.rpartition(".")[2])
+            cls_name = entry.qualname.rpartition(".")[2]
+            task = _TASKS.get(cls_name)
+            ours = _MODEL_TASKS.get(cls_name)
+            if ours is not None and wanted is not None and ours != wanted:
+                task = TASK_NAMES[ours][0]
             if task is not None and not any_task:
                 raise WrongTaskError(
-                    f"{label}: holds a {task} model ({entry.qualname}), not a detection model; use a "
-                    f"detection file (yolo11n.pt, not yolo11n-seg.pt or yolo11n-cls.pt)",
-                    task,
+                    f"{label}: holds a {task} model ({entry.qualname}), {_not_a(wanted)}", task
                 )
             state, names = _walk_module(entry, f"{label}['{entry_name}']")
             return state, names, f"{label}['{entry_name}'] ({entry.qualname})"
@@ -86,6 +103,17 @@ def _extract(
             f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
         )
     return _tensor_dict(obj, label), None, label
+
+
+def _not_a(wanted: str | None) -> str:
+    """The tail of a wrong-task message: what was wanted and which file to use."""
+    word, _, example = TASK_NAMES[wanted or "detect"]
+    if wanted is None:
+        return "not a detection or segmentation model; use a detection or segmentation file (yolo11n.pt, yolo11n-seg.pt)"
+    other = (
+        "not yolo11n-seg.pt or yolo11n-cls.pt" if wanted == "detect" else "not yolo11n.pt or yolo11n-cls.pt"
+    )
+    return f"not a {word} model; use a {word} file ({example}, {other})"
 
 
 def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
@@ -147,13 +175,14 @@ def rename_key(key: str) -> str:
 def infer_and_map(
     state: Mapping[str, Tensor],
     label: str,
-    expected_state: Callable[[str, int], Mapping[str, Tensor]],
+    expected_state: Callable[[str, int, str], Mapping[str, Tensor]],
     scales: Iterable[str],
-) -> tuple[str, int, dict[str, Tensor]]:
-    """Infer (scale, num_classes) from a reference state dict and return it with our keys, in fp32.
+) -> tuple[str, int, str, dict[str, Tensor]]:
+    """Infer (scale, num_classes, task) from a reference state dict and return them with it under our keys,
+    in fp32. The task is "segment" when the head has a ``proto`` (mask prototypes), else "detect".
 
-    ``expected_state(scale, num_classes)`` is the state dict (shapes only: meta tensors do) the model of that
-    scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
+    ``expected_state(scale, num_classes, task)`` is the state dict (shapes only: meta tensors do) the model of
+    that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
     against what the model needs without building one, so this module never imports the model.
     """
     keys = list(state)
@@ -169,18 +198,19 @@ def infer_and_map(
         if key not in state or state[key].ndim != 4:
             raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint: no 4-d tensor {key!r}")
     nc = int(state[cls_key].shape[0])
+    task = "segment" if _PROTO_KEY in state else "detect"
     ours = {rename_key(k): v for k, v in state.items()}
     problems: list[str] = []
     for scale in scales:
-        expected = expected_state(scale, nc)
+        expected = expected_state(scale, nc, task)
         if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
             continue
         problems = _compare(expected, ours)
         if not problems:
-            return scale, nc, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
+            return scale, nc, task, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
         problems = [f"scale {scale}: {p}" for p in problems]
     detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
-    raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint (nc={nc}): {detail}")
+    raise CheckpointError(f"{label}: not a YOLO11 {TASK_NAMES[task][0]} checkpoint (nc={nc}): {detail}")
 
 
 def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:

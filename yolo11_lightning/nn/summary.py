@@ -1,4 +1,5 @@
-"""``yolo11-lightning info``: layers, parameters and GFLOPs of every YOLO11 scale.
+"""``yolo11-lightning info``: layers, parameters and GFLOPs of every YOLO11 scale, for a task (``--task
+detect``, the default, or ``segment`` for YOLO11-seg); the header line names the task.
 
 FLOPs are counted with ``torch.utils.flop_counter.FlopCounterMode`` on the meta device (shapes only,
 no memory, no compute). Convention: GFLOPs = 2 × multiply-adds / 1e9 for one image. The ``GFLOPs``
@@ -15,11 +16,15 @@ from collections.abc import Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+from yolo11_lightning.nn.yolo11 import SCALES, TASKS, YOLO11
+
+# Task -> (words in the header, suffix of the model names, as the reference files are named).
+_TASK_LABELS = {"detect": ("detection", ""), "segment": ("instance segmentation", "-seg")}
 
 
 def count_flops(model: YOLO11, imgsz: tuple[int, int]) -> tuple[float, float]:
-    """(conv GFLOPs, total GFLOPs) of one eval forward at (H, W), on the model's device."""
+    """(conv GFLOPs, total GFLOPs) of one eval forward at (H, W), on the model's device (for segmentation
+    the mask prototypes and coefficients included, not the per-instance mask products after NMS)."""
     device = next(model.parameters()).device
     x = torch.zeros(1, 3, *imgsz, device=device)
     was_training = model.training
@@ -34,10 +39,12 @@ def count_flops(model: YOLO11, imgsz: tuple[int, int]) -> tuple[float, float]:
     return conv / 1e9, counter.get_total_flops() / 1e9
 
 
-def summarize(scale: str, num_classes: int = 80, imgsz: tuple[int, int] = (640, 640)) -> dict[str, float]:
-    """Layers (leaf modules, as the reference counts them), parameters and GFLOPs of one scale."""
+def summarize(
+    scale: str, num_classes: int = 80, imgsz: tuple[int, int] = (640, 640), task: str = "detect"
+) -> dict[str, float]:
+    """Layers (leaf modules, as the reference counts them), parameters and GFLOPs of one scale and task."""
     with torch.device("meta"):
-        model = YOLO11(scale, num_classes)
+        model = YOLO11(scale, num_classes, task=task)
     layers = sum(1 for m in model.modules() if not m._modules)
     params = sum(p.numel() for p in model.parameters())
     conv, total = count_flops(model.fuse(), imgsz)  # fused: BN is free at inference
@@ -50,6 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--scales", default=",".join(SCALES), help="comma-separated scales (default: all)")
     parser.add_argument("--num-classes", type=int, default=80)
+    parser.add_argument(
+        "--task", choices=TASKS, default="detect", help="detect (default) or segment (YOLO11-seg)"
+    )
     parser.add_argument("--imgsz", type=int, nargs="+", default=[640], help="H [W], multiples of 32")
     args = parser.parse_args(list(argv) if argv is not None else None)
 
@@ -64,12 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     h, w = (args.imgsz * 2)[:2]
 
     out = sys.stdout
-    out.write(f"YOLO11 detectors, {args.num_classes} classes, input {h}x{w}\n")
-    out.write(f"{'model':<9}{'layers':>8}{'parameters':>14}{'GFLOPs':>10}{'+attn':>10}\n")
+    words, suffix = _TASK_LABELS[args.task]
+    out.write(f"YOLO11 {words} models (task {args.task}), {args.num_classes} classes, input {h}x{w}\n")
+    width = 9 + len(suffix)
+    out.write(f"{'model':<{width}}{'layers':>8}{'parameters':>14}{'GFLOPs':>10}{'+attn':>10}\n")
     for scale in scales:
-        row = summarize(scale, args.num_classes, (h, w))
+        row = summarize(scale, args.num_classes, (h, w), args.task)
         out.write(
-            f"{'yolo11' + scale:<9}{row['layers']:>8}{row['parameters']:>14,}"
+            f"{'yolo11' + scale + suffix:<{width}}{row['layers']:>8}{row['parameters']:>14,}"
             f"{row['gflops']:>10.1f}{row['gflops_total']:>10.2f}\n"
         )
     out.write(

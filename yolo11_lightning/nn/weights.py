@@ -1,11 +1,13 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
-- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names and the fp32 state
-  dict, plain data that ``torch.load(weights_only=True)`` reads;
+- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (only
+  when not detection, so detection files are as before) and the fp32 state dict, plain data that
+  ``torch.load(weights_only=True)`` reads;
 - ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
   file, a reference ``.pt``) as a YOLO11 in eval mode;
-- ``from_reference``: a reference ``.pt`` (or its state dict), read by ``nn.checkpoint`` which receives the
-  expected state dicts from here and never builds a model itself;
+- ``from_reference``: a reference ``.pt`` (or its state dict), detection or segmentation, the task inferred
+  from the file; read by ``nn.checkpoint`` which receives the expected state dicts from here and never
+  builds a model itself;
 - ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit.
 
 Every file is checked first (``nn.torch_file``: archive structure, claimed sizes, restricted unpickler); ours
@@ -29,6 +31,7 @@ from torch import Tensor
 from yolo11_lightning.nn import torch_file
 from yolo11_lightning.nn.checkpoint import (
     HEAD_INDEX,
+    TASK_NAMES,
     WrongTaskError,
     infer_and_map,
     load_reference,
@@ -63,7 +66,7 @@ class WeightsMismatchError(ValueError):
 
 # -- the weights-only format -------------------------------------------------------------------------------
 def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
-    """Write a weights-only file: scale, class count, names and the fp32 state dict, nothing else.
+    """Write a weights-only file: scale, class count, names, task and the fp32 state dict, nothing else.
 
     It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
     code runs on loading; ``load_weights`` rebuilds the model without Lightning.
@@ -78,6 +81,8 @@ def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
         "names": list(model.names) if model.names is not None else None,
         "state_dict": state,
     }
+    if model.task != "detect":  # detection files stay exactly as they were
+        payload["task"] = model.task
     torch.save(payload, os.fspath(path))
 
 
@@ -104,7 +109,8 @@ def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> 
             f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
             "checkpoints and reference .pt files load with yolo11_lightning.export.load_model"
         )
-    model = model_class(payload["scale"], int(payload["num_classes"]), payload.get("names"))
+    task = payload.get("task", "detect")
+    model = model_class(payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task)
     model.load_state_dict(payload["state_dict"], strict=True)
     return model
 
@@ -115,24 +121,32 @@ def load_weights(path: str | os.PathLike) -> YOLO11:
 
 
 # -- reference files ---------------------------------------------------------------------------------------
-def _expected_state(model_class: type[YOLO11]) -> Callable[[str, int], Mapping[str, Tensor]]:
-    def expected(scale: str, num_classes: int) -> Mapping[str, Tensor]:
+def _expected_state(model_class: type[YOLO11]) -> Callable[[str, int, str], Mapping[str, Tensor]]:
+    def expected(scale: str, num_classes: int, task: str) -> Mapping[str, Tensor]:
         with torch.device("meta"):  # shapes only: no memory, no initialisation
-            return model_class(scale, num_classes).state_dict()
+            return model_class(scale, num_classes, task=task).state_dict()
 
     return expected
 
 
-def from_reference(source: str | os.PathLike | Mapping[str, Any], model_class: type[Model] = YOLO11) -> Model:
+def from_reference(
+    source: str | os.PathLike | Mapping[str, Any], model_class: type[Model] = YOLO11, task: str | None = None
+) -> Model:
     """Build from a reference ``.pt`` file (read without running code from it) or state dict.
 
-    Scale and class count are inferred from the tensors; weights come back in fp32, ``names``
-    from the file when it has them. Like any new module it is in train mode: call ``.eval()`` for
-    decoded predictions. Raises ``CheckpointError`` (a ValueError) on anything else.
+    Task (detection or segmentation), scale and class count are inferred from the tensors; weights come back
+    in fp32, ``names`` from the file when it has them. With ``task`` a file of another task raises
+    WrongTaskError. Like any new module it is in train mode: call ``.eval()`` for decoded predictions.
+    Raises ``CheckpointError`` (a ValueError) on anything else.
     """
-    state, names, label = load_reference(source)
-    scale, nc, ours = infer_and_map(state, label, _expected_state(model_class), SCALES)
-    model = model_class(scale, nc)
+    state, names, label = load_reference(source, task=task)
+    scale, nc, found, ours = infer_and_map(state, label, _expected_state(model_class), SCALES)
+    if task is not None and found != task:  # a plain state dict: no model class to tell it earlier
+        raise WrongTaskError(
+            f"{label}: holds a {TASK_NAMES[found][0]} model, not a {TASK_NAMES[task][0]} model",
+            TASK_NAMES[found][0],
+        )
+    model = model_class(scale, nc, task=found)
     model.load_state_dict(ours, strict=True)
     model.names = names if names is not None and len(names) == nc else None
     return model
@@ -156,17 +170,22 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     num_classes = hparams.get("num_classes")
     if scale is None or num_classes is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`")
-    model = YOLO11(scale, int(num_classes), hparams.get("class_names"))
+    task = hparams.get("task") or "detect"  # checkpoints from before tasks are detection ones
+    model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task)
     model.load_state_dict(ours, strict=True)
     return model
 
 
-def load_model(path: str | os.PathLike) -> YOLO11:
+def load_model(path: str | os.PathLike, task: str | None = "detect") -> YOLO11:
     """Any model file the project knows, as a YOLO11 in eval mode on the CPU.
 
     * a Lightning ``.ckpt`` of ``YOLO11Module`` (the EMA weights),
     * a weights-only file from ``export --format weights`` (``load_weights``),
     * a reference ``.pt`` release file (``from_reference``, no code from the file runs).
+
+    ``task``: the task the caller handles; a file of another task raises WrongTaskError (a ValueError) saying
+    what it holds. None takes whatever task the file holds (``model.task`` tells). The default is detection,
+    what every caller handled before segmentation existed.
 
     Raises FileNotFoundError or ValueError naming the file.
     """
@@ -176,13 +195,20 @@ def load_model(path: str | os.PathLike) -> YOLO11:
     try:
         checkpoint = torch_file.load(path)
     except torch_file.ModelObjectsError:  # a reference release pickles model objects: its own reader
-        return from_reference(path).eval()  # raises CheckpointError (a ValueError) naming the file
+        return from_reference(path, task=task).eval()  # raises CheckpointError (a ValueError) naming the file
     if isinstance(checkpoint, dict) and checkpoint.get("format") == WEIGHTS_FORMAT:
         model = read_weights(path)
     elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
         model = checkpoint_model(path, checkpoint)
     else:
-        model = from_reference(path)  # a plain reference state dict, or a clear error
+        model = from_reference(path, task=task)  # a plain reference state dict, or a clear error
+    if task is not None and model.task != task:
+        word = TASK_NAMES[model.task][0]
+        raise WrongTaskError(
+            f"{path}: holds a {word} model (YOLO11-{model.scale}, {model.num_classes} classes), not a "
+            f"{TASK_NAMES[task][0]} model",
+            word,
+        )
     return model.eval()
 
 
@@ -208,7 +234,7 @@ def load_pretrained(
     receives the summary of a load that fitted (the training side passes Lightning's rank-zero loggers).
     """
     label = os.fspath(path)
-    source, held = _source(label, strict)
+    source, held = _source(label, strict, model.task)
     target = model.state_dict()
     matched = {k: v for k, v in source.items() if k in target and v.shape == target[k].shape}
     outside = [k for k in target if not k.startswith(CLASS_HEAD)]
@@ -235,17 +261,22 @@ def load_pretrained(
     return len(matched), skipped
 
 
-def _source(label: str, strict: bool) -> tuple[dict[str, Tensor], str]:
-    """The file's tensors under our names, and what it holds (``YOLO11-s weights, 80 classes``)."""
+def _source(label: str, strict: bool, task: str) -> tuple[dict[str, Tensor], str]:
+    """The file's tensors under our names, and what it holds (``YOLO11-s weights, 80 classes``); a file of
+    another task than ``task`` is refused unless not ``strict``."""
     try:
-        source = load_model(label)
+        source = load_model(label, task=task)
     except WrongTaskError as e:
         if strict:
             raise WeightsMismatchError(
                 f"cannot start from {e}. Pass --model.weights_strict false to load the layers that fit."
             ) from None
-        state, _, _ = load_reference(label, any_task=True)  # its layers, matched by name and shape
-        return {rename_key(k): v for k, v in state.items() if _is_layer_key(k)}, f"a {e.task} model"
+        try:  # a reference file: its layers, matched by name and shape
+            state, _, _ = load_reference(label, any_task=True)
+            layers = {rename_key(k): v for k, v in state.items() if _is_layer_key(k)}
+        except CheckpointError:  # one of ours (weights-only file, checkpoint)
+            layers = load_model(label, task=None).state_dict()
+        return layers, f"a {e.task} model"
     except CheckpointError as e:
         raise WeightsMismatchError(f"cannot start from {e}") from None
     return source.state_dict(), f"YOLO11-{source.scale} weights, {source.num_classes} classes"

@@ -1,4 +1,4 @@
-"""YOLO11: the detector at scales n/s/m/l/x, its builder and BN fusion.
+"""YOLO11: the detector (and its segmentation variant) at scales n/s/m/l/x, its builder and BN fusion.
 
 Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``nn.weights``, which
 also provides ``YOLO11.from_weights``, ``YOLO11.from_ultralytics`` and ``YOLO11.save_weights``.
@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from yolo11_lightning.nn.attention import C2PSA
 from yolo11_lightning.nn.blocks import SPPF, C3k2, Concat, Conv
-from yolo11_lightning.nn.head import Detect
+from yolo11_lightning.nn.head import Detect, Segment, SegmentOutput
 
 # scale -> (depth multiple, width multiple, max channels)
 SCALES: dict[str, tuple[float, float, int]] = {
@@ -24,18 +24,29 @@ SCALES: dict[str, tuple[float, float, int]] = {
     "x": (1.00, 1.50, 512),
 }
 
+# Tasks: the head on layers 16/19/22 ("detect": Detect; "segment": Segment, Detect plus masks).
+TASKS = ("detect", "segment")
+NUM_MASKS = 32  # mask coefficients per anchor and prototypes per image (YOLO11-seg)
+PROTO_CHANNELS = 256  # hidden width of Proto at width 1, scaled like any layer
+
 # Layer index -> index of the earlier layer concatenated with the previous output (layer i-1).
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
 # Layers feeding the Detect head: P3/8, P4/16, P5/32.
 _HEAD_FROM = (16, 19, 22)
 
 
+def scaled_channels(scale: str, c: int) -> int:
+    """Channels of a layer of width ``c`` (at width 1) in ``scale``: ceil(min(c, max) · width / 8) · 8."""
+    _, width, max_ch = SCALES[scale]
+    return math.ceil(min(c, max_ch) * width / 8) * 8
+
+
 def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
     """The 23 layers before Detect, index i == reference ``model.i``; returns them and their out channels."""
-    depth, width, max_ch = SCALES[scale]
+    depth = SCALES[scale][0]
 
     def ch(c: int) -> int:
-        return math.ceil(min(c, max_ch) * width / 8) * 8
+        return scaled_channels(scale, c)
 
     def rep(n: int) -> int:
         return max(round(n * depth), 1)
@@ -87,26 +98,39 @@ def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
 
 
 class YOLO11(nn.Module):
-    """YOLO11 detector.
+    """YOLO11 detector (``task="detect"``) or instance segmenter (``task="segment"``, YOLO11-seg).
 
     Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32.
-    Train mode: list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32, box-distribution
-    channels first, then class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels then
-    sigmoid class scores, A = sum over levels of (H/s)·(W/s).
+    Detection. Train mode: list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32,
+    box-distribution channels first, then class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels
+    then sigmoid class scores, A = sum over levels of (H/s)·(W/s).
+    Segmentation. Train mode: ``SegmentOutput(maps, coefficients (B, 32, A), protos (B, 32, H/4, W/4))``.
+    Eval mode: ``(predictions (B, 4 + nc + 32, A), protos (B, 32, H/4, W/4))``, predictions being the
+    detection output followed by each anchor's 32 mask coefficients.
     """
 
     reg_max: int = 16
 
-    def __init__(self, scale: str = "n", num_classes: int = 80, names: list[str] | None = None) -> None:
+    def __init__(
+        self, scale: str = "n", num_classes: int = 80, names: list[str] | None = None, task: str = "detect"
+    ) -> None:
         super().__init__()
         if scale not in SCALES:
             raise ValueError(f"unknown YOLO11 scale {scale!r}; choose one of {', '.join(SCALES)}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
+        if task not in TASKS:
+            raise ValueError(f"unknown YOLO11 task {task!r}; choose one of {', '.join(TASKS)}")
         self.scale = scale
+        self.task = task
         self.strides: tuple[int, int, int] = (8, 16, 32)
         self.layers, out = _build_layers(scale)
-        self.head = Detect(num_classes, [out[i] for i in _HEAD_FROM], self.strides, self.reg_max)
+        ch = [out[i] for i in _HEAD_FROM]
+        if task == "segment":
+            npr = scaled_channels(scale, PROTO_CHANNELS)
+            self.head: Detect = Segment(num_classes, ch, self.strides, self.reg_max, NUM_MASKS, npr)
+        else:
+            self.head = Detect(num_classes, ch, self.strides, self.reg_max)
         self.names = self._check_names(names, num_classes)
 
     @property
@@ -134,18 +158,32 @@ class YOLO11(nn.Module):
                 f"{max(32, math.ceil(w / 32) * 32)}"
             )
 
-    def level_maps(self, x: Tensor) -> list[Tensor]:
-        """The three raw head maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""
+    def features(self, x: Tensor) -> list[Tensor]:
+        """The P3/8, P4/16, P5/32 maps the head reads (after checking the input)."""
         self.check_input(x)
         outs: list[Tensor] = []
         for i, layer in enumerate(self.layers):
             x = layer([x, outs[_CONCAT_FROM[i]]]) if i in _CONCAT_FROM else layer(x)
             outs.append(x)
-        return self.head.level_maps([outs[i] for i in _HEAD_FROM])
+        return [outs[i] for i in _HEAD_FROM]
 
-    def forward(self, x: Tensor) -> list[Tensor] | Tensor:
-        maps = self.level_maps(x)
-        return maps if self.training else self.head.decode(maps)
+    def level_maps(self, x: Tensor) -> list[Tensor]:
+        """The three raw detection maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""
+        return self.head.level_maps(self.features(x))
+
+    def train_outputs(self, x: Tensor) -> list[Tensor] | SegmentOutput:
+        """What train mode returns, whatever the mode (the loss input, for val losses)."""
+        if isinstance(self.head, Segment):
+            return self.head.outputs(self.features(x))
+        return self.level_maps(x)
+
+    def forward(self, x: Tensor) -> list[Tensor] | Tensor | SegmentOutput | tuple[Tensor, Tensor]:
+        out = self.train_outputs(x)
+        if self.training:
+            return out
+        if isinstance(self.head, Segment):
+            return self.head.decode_outputs(out)  # type: ignore[arg-type]
+        return self.head.decode(out)  # type: ignore[arg-type]
 
     def reset_head(self, num_classes: int, names: list[str] | None = None) -> YOLO11:
         """Re-create the class outputs for ``num_classes`` (reference bias init) for fine-tuning."""
