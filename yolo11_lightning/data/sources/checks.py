@@ -13,6 +13,7 @@ polygons look like.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -123,8 +124,10 @@ def check_rows(
 
 def polygon_area(points: np.ndarray) -> float:
     """Absolute shoelace area of a closed polygon (k, 2), in the units of its coordinates squared."""
-    x, y = np.asarray(points, np.float64).T
-    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+    pts = np.asarray(points, np.float64)
+    x, y = pts[:, 0], pts[:, 1]
+    twice = x[:-1] @ y[1:] - y[:-1] @ x[1:] + x[-1] * y[0] - y[-1] * x[0]
+    return 0.5 * abs(float(twice))
 
 
 def check_polygon(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | None, str | None]:
@@ -140,15 +143,17 @@ def check_polygon(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | No
         return None, f"polygon has an odd number of coordinates ({n})"
     if n < 6:
         return None, f"polygon needs at least 3 points, got {n // 2}"
-    if not np.isfinite(values).all():
+    lo, hi = float(values.min()), float(values.max())  # NaN or inf shows in either
+    if not (math.isfinite(lo) and math.isfinite(hi)):
         return None, "polygon value is not a finite number (NaN or inf)"
-    lo, hi = values.min(), values.max()
     if lo < -CLIP_TOLERANCE or hi > 1 + CLIP_TOLERANCE:
         return None, (
             f"polygon coordinate {lo if lo < -CLIP_TOLERANCE else hi:g} outside [0, 1] "
             f"(tolerance {CLIP_TOLERANCE:g})"
         )
-    points = np.clip(values, 0.0, 1.0).reshape(-1, 2)
+    if lo < 0 or hi > 1:
+        values = np.clip(values, 0.0, 1.0)
+    points = values.reshape(-1, 2)
     if polygon_area(points) <= 0:
         return None, "polygon has zero area (its points lie on one line)"
     return points.astype(np.float32), None
