@@ -31,6 +31,7 @@ from yolo11_lightning.data.polygons import (
     resample,
     resample_all,
     to_pixels,
+    with_box_outlines,
 )
 from yolo11_lightning.data.sources import load_dataset_config, load_split
 from yolo11_lightning.data.sources.records import ImageRecord
@@ -107,6 +108,10 @@ def test_flips_and_letterbox() -> None:
     lb = letterbox_polygons(points, 0.5, (3.0, 7.0))
     np.testing.assert_allclose(lb, points * 0.5 + [3.0, 7.0], atol=1e-5)
     assert to_pixels([np.array([[0.5, 0.25]])], 60, 40)[0].tolist() == [[30.0, 10.0]]
+    filled = with_box_outlines([points[0], np.zeros((0, 2))], np.array([[0, 0, 0, 0], [1, 2, 5, 9]]))
+    assert np.array_equal(filled[0], points[0]) and filled[1].tolist() == [[1, 2], [5, 2], [5, 9], [1, 9]]
+    with pytest.raises(ValueError, match="empty polygon"):
+        resample(np.zeros((0, 2)), 10)
 
 
 def test_merged_parts_fill_every_part() -> None:

@@ -22,6 +22,7 @@ import numpy as np
 __all__ = [
     "RESAMPLE_POINTS",
     "apply_matrix",
+    "box_outlines",
     "boxes_from_polygons",
     "flip_horizontal",
     "flip_vertical",
@@ -30,6 +31,7 @@ __all__ = [
     "resample",
     "resample_all",
     "to_pixels",
+    "with_box_outlines",
 ]
 
 # Points per outline before warping (the reference's choice for segments): enough that clipping a
@@ -46,6 +48,8 @@ def resample(polygon: np.ndarray, n: int) -> np.ndarray:
     as it is. (This is the reference's resampling.)
     """
     points = np.asarray(polygon, np.float32).reshape(-1, 2)
+    if len(points) == 0:
+        raise ValueError("cannot resample an empty polygon (an instance without one: see box_outlines)")
     if len(points) == n:
         return points.copy()
     closed = np.concatenate([points, points[:1]])
@@ -71,6 +75,22 @@ def resample_all(polygons: Sequence[np.ndarray], n: int = RESAMPLE_POINTS) -> np
     longest = max(len(p) for p in polygons)
     m = longest + 1 if longest > n else n
     return np.stack([resample(p, m) for p in polygons])
+
+
+def box_outlines(xyxy: np.ndarray) -> np.ndarray:
+    """Boxes (N, 4) ``x1, y1, x2, y2`` -> their rectangles (N, 4, 2) float32, clockwise from top-left.
+
+    The outline to give an instance that has a box but no polygon (a box row of a YOLO-seg file, a COCO
+    annotation without ``segmentation``), where a mask is needed for every instance.
+    """
+    b = np.asarray(xyxy, np.float32).reshape(-1, 4)
+    return np.stack([b[:, [0, 1]], b[:, [2, 1]], b[:, [2, 3]], b[:, [0, 3]]], 1)
+
+
+def with_box_outlines(polygons: Sequence[np.ndarray], xyxy: np.ndarray) -> list[np.ndarray]:
+    """``polygons`` with each empty one (no polygon) replaced by its box's rectangle (same units)."""
+    rects = box_outlines(xyxy)
+    return [np.asarray(p, np.float32).reshape(-1, 2) if len(p) else rects[i] for i, p in enumerate(polygons)]
 
 
 def to_pixels(polygons: Sequence[np.ndarray], width: float, height: float) -> list[np.ndarray]:
