@@ -3,7 +3,9 @@
 Prints every warning (skipped images and label rows, with file, line and reason) and a summary
 per split, writes label statistics (``<split>_classes.png``, ``<split>_boxes.png``) and a preview
 of augmented training samples with their boxes (``train_preview.png``, the training pipeline's
-own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``).
+own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``, with the polygons
+of a segmentation dataset outlined in white). Bad polygons are reported like bad rows: file and line
+(or json and annotation id) and the reason; a polygon whose box is usable keeps the box.
 
 Exit status: 0 when the dataset can be trained on, even with warnings; 1 when it cannot (bad yaml,
 a missing ``train``/``val`` split, a split without a usable image); 2 for bad arguments.
@@ -20,6 +22,7 @@ import cv2
 import numpy as np
 
 from yolo11_lightning.data.plots import box_scatter, class_histogram
+from yolo11_lightning.data.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.sources import load_split
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.records import ImageRecord
@@ -39,6 +42,20 @@ def _write_statistics(records: list[ImageRecord], names: list[str], split: str, 
     )
     save_rgb(str(paths[1]), box_scatter(boxes, classes, f"{split}: {len(boxes)} boxes, size and centre"))
     return paths
+
+
+def _draw_polygons(
+    tile: np.ndarray, record: ImageRecord, scale: float, pad: tuple[float, float]
+) -> np.ndarray:
+    """Outline (white, 1 px) a record's polygons on its letterboxed image (H, W, 3) uint8 RGB."""
+    outlines = [
+        np.round(letterbox_polygons(p, scale, pad)).astype(np.int32)
+        for p in to_pixels(record.polygons, record.width, record.height)
+        if len(p)
+    ]
+    tile = np.ascontiguousarray(tile)
+    cv2.polylines(tile, outlines, isClosed=True, color=(255, 255, 255), thickness=1)
+    return tile
 
 
 def _preview(
@@ -65,6 +82,8 @@ def _preview(
         cx, cy, bw, bh = labels[:, 1] * w, labels[:, 2] * h, labels[:, 3] * w, labels[:, 4] * h
         xyxy = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], 1)
         tile = draw_boxes(image, xyxy, labels[:, 0], names=names, thickness=max(1, image_size // 320))
+        if not augment and records[index].num_polygons:
+            tile = _draw_polygons(tile, records[index], sample["scale"], sample["pad"])
         if max(h, w) > PREVIEW_TILE:
             tile = cv2.resize(tile, (PREVIEW_TILE, PREVIEW_TILE * h // w), interpolation=cv2.INTER_AREA)
         tiles.append(tile)

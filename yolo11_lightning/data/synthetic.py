@@ -1,10 +1,15 @@
-"""A small synthetic detection dataset: filled shapes on a noisy gradient, with exact boxes.
+"""A small synthetic detection (or segmentation) dataset: filled shapes on a noisy gradient, exact labels.
 
 The built-in dataset of the quickstart, the notebook and the tests. Each class is a shape
 (rectangle, ellipse, triangle, ...) painted in its own hue band (with jittered hue, saturation,
 brightness and size), bright on a dark background, objects never overlapping: a tiny detector
 learns it in a few epochs. A box is the exact extent of the painted pixels (drawn without
 anti-aliasing), in pixel edges: ``x1 = min column``, ``x2 = max column + 1``.
+
+The segmentation set (``task="segment"``, ``synthetic --task segment``) paints the same shapes as
+polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
+each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
+polygon, whose extent is the box. Its images are its own (another random stream).
 
 Deterministic: image i of a split depends only on (seed, split, i), so changing the number of
 images does not change the others. Layout written under ``out_dir``::
@@ -31,6 +36,11 @@ SYNTHETIC_YAML = "data.yaml"
 SYNTHETIC_COCO_YAML = "coco.yaml"
 _MARKER = "synthetic.json"  # the parameters the folder was generated with (written last)
 _SPLITS = ("train", "val")
+TASKS = ("detect", "segment")
+_SEGMENT_STREAM = 1  # seeds the segmentation set's images apart from the detection set's
+_ROUND_POINTS = 32  # vertices of an ellipse / ring circle
+_SHIFT = 4  # fractional bits of the painted vertices
+_SUBPIXEL = 1 << _SHIFT
 
 
 def synthetic_class_names(num_classes: int = 3) -> list[str]:
@@ -51,6 +61,14 @@ class _Params:
     max_objects: int
     min_objects: int
     coco: bool
+    task: str = "detect"
+
+    def marker(self) -> dict:
+        """What ``synthetic.json`` records; a detection set's marker has no ``task`` (as before it existed)."""
+        out = asdict(self)
+        if out["task"] == "detect":
+            del out["task"]
+        return out
 
 
 def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
@@ -136,6 +154,113 @@ def _sample(params: _Params, split_index: int, index: int):
     return image, np.asarray(classes, np.int64), np.asarray(boxes, np.float64).reshape(-1, 4)
 
 
+def _unit_outline(kind: str, rng) -> np.ndarray:
+    """The outline (k, 2) of a class's shape in the square [-1, 1]^2, as one closed polygon.
+
+    Curved shapes are polygons of ``_ROUND_POINTS`` vertices; the ring is its outer circle, a zero-width
+    cut, and its inner circle the other way round (one outline with a hole).
+    """
+    circle = np.arange(_ROUND_POINTS) * 2 * math.pi / _ROUND_POINTS
+    if kind == "rectangle":
+        return np.array([(-1, -1), (1, -1), (1, 1), (-1, 1)], np.float64)
+    if kind == "ellipse":
+        return np.stack([np.cos(circle), np.sin(circle)], 1)
+    if kind == "ring":
+        outer = np.stack([np.cos(circle), np.sin(circle)], 1)
+        inner = 0.5 * outer[::-1]
+        return np.concatenate([outer, outer[:1], inner[-1:], inner])  # closes over the cut back to outer[0]
+    if kind == "triangle":
+        apex = 1 if rng.integers(2) else -1  # pointing up or down, as the detection set
+        return np.array([(-1, apex), (1, apex), (0, -apex)], np.float64)
+    if kind == "diamond":
+        return np.array([(0, -1), (1, 0), (0, 1), (-1, 0)], np.float64)
+    if kind == "cross":
+        t = 1 / 3
+        return np.array(
+            [
+                (-t, -1),
+                (t, -1),
+                (t, -t),
+                (1, -t),
+                (1, t),
+                (t, t),
+                (t, 1),
+                (-t, 1),
+                (-t, t),
+                (-1, t),
+                (-1, -t),
+                (-t, -t),
+            ],
+            np.float64,
+        )
+    if kind in ("hexagon", "star"):
+        n = 6 if kind == "hexagon" else 10
+        angles = np.arange(n) * 2 * math.pi / n - math.pi / 2
+        radius = np.where(np.arange(n) % 2, 0.45, 1.0) if kind == "star" else np.ones(n)
+        return np.stack([radius * np.cos(angles), radius * np.sin(angles)], 1)
+    raise ValueError(kind)
+
+
+def _place_outline(unit: np.ndarray, box: tuple[int, int, int, int], angle: float) -> np.ndarray:
+    """Rotate a unit outline by ``angle`` and stretch its extent onto box (x1, y1, x2, y2), pixel edges.
+
+    Vertices are snapped to 1/16 pixel, the precision ``cv2.fillPoly`` draws them with (``shift=4``), so
+    the outline written to the labels is exactly the one painted.
+    """
+    c, s = math.cos(angle), math.sin(angle)
+    pts = unit @ np.array([[c, s], [-s, c]])
+    lo, hi = pts.min(0), pts.max(0)
+    x1, y1, x2, y2 = box
+    pts = (pts - lo) / (hi - lo) * np.array([x2 - x1, y2 - y1]) + np.array([x1, y1])
+    return np.round(pts * _SUBPIXEL) / _SUBPIXEL
+
+
+def _paint_outline(outline: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """uint8 mask (H, W) of an outline in pixel-edge coordinates (pixel (i, j) has its centre at j + 0.5)."""
+    mask = np.zeros(shape, np.uint8)
+    fixed = np.round((outline - 0.5) * _SUBPIXEL).astype(np.int32)
+    cv2.fillPoly(mask, [fixed], 255, cv2.LINE_8, shift=_SHIFT)
+    return mask
+
+
+def _segment_sample(params: _Params, split_index: int, index: int):
+    """One segmentation image: (H, W, 3) uint8 RGB, classes (n,), outlines [(k_i, 2)] in pixel edges.
+
+    Same placement as ``_sample`` (non-overlapping boxes), each shape rotated by up to 30 degrees and
+    stretched onto its box; the painted pixels are exactly the outline's fill.
+    """
+    rng = np.random.default_rng([_SEGMENT_STREAM, params.seed, split_index, index])
+    h, w = params.height, params.width
+    img = _background(rng, h, w)
+    n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
+    classes, outlines, taken = [], [], []
+    for _ in range(n_target * 20):
+        if len(outlines) == n_target:
+            break
+        side = rng.uniform(0.15, 0.45) * min(h, w)
+        aspect = rng.uniform(0.7, 1.4)
+        bw, bh = max(4, round(side * aspect)), max(4, round(side / aspect))
+        if bw > w - 2 or bh > h - 2:
+            continue
+        x1, y1 = int(rng.integers(1, w - bw)), int(rng.integers(1, h - bh))
+        if any(x1 < b[2] + 2 and b[0] < x1 + bw + 2 and y1 < b[3] + 2 and b[1] < y1 + bh + 2 for b in taken):
+            continue
+        taken.append((x1, y1, x1 + bw, y1 + bh))
+        cls = int(rng.integers(params.num_classes))
+        unit = _unit_outline(SYNTHETIC_CLASS_NAMES[cls], rng)
+        outline = _place_outline(unit, taken[-1], math.radians(rng.uniform(-30, 30)))
+        ys, xs = np.nonzero(_paint_outline(outline, (h, w)))
+        img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
+        classes.append(cls)
+        outlines.append(outline)
+    return np.clip(img, 0, 255).astype(np.uint8), np.asarray(classes, np.int64), outlines
+
+
+def _polygon_area(outline: np.ndarray) -> float:
+    x, y = outline.T
+    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+
+
 def _write_split(
     out: Path, params: _Params, split_index: int, split: str, count: int, category_ids: list[int]
 ):
@@ -145,29 +270,42 @@ def _write_split(
             stale.unlink()
     coco = {"images": [], "annotations": [], "categories": []}
     for i in range(count):
-        image, classes, boxes = _sample(params, split_index, i)
+        outlines = None
+        if params.task == "segment":
+            image, classes, outlines = _segment_sample(params, split_index, i)
+            boxes = np.array([[*o.min(0), *o.max(0)] for o in outlines], np.float64).reshape(-1, 4)
+        else:
+            image, classes, boxes = _sample(params, split_index, i)
         name = f"{split}_{i:05d}"
         cv2.imwrite(str(out / "images" / split / f"{name}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
         h, w = image.shape[:2]
-        rows = [
-            f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}"
-            for c, (x1, y1, x2, y2) in zip(classes, boxes)
-        ]
+        if outlines is None:
+            rows = [
+                f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}"
+                for c, (x1, y1, x2, y2) in zip(classes, boxes)
+            ]
+        else:
+            rows = [
+                f"{c} " + " ".join(f"{x / w:.10f} {y / h:.10f}" for x, y in outline)
+                for c, outline in zip(classes, outlines)
+            ]
         (out / "labels" / split / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
         coco["images"].append(
             {"id": i + 1, "file_name": f"images/{split}/{name}.png", "width": w, "height": h}
         )
-        for c, (x1, y1, x2, y2) in zip(classes, boxes):
-            coco["annotations"].append(
-                {
-                    "id": len(coco["annotations"]) + 1,
-                    "image_id": i + 1,
-                    "category_id": category_ids[c],
-                    "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
-                    "area": float((x2 - x1) * (y2 - y1)),
-                    "iscrowd": 0,
-                }
-            )
+        for k, (c, (x1, y1, x2, y2)) in enumerate(zip(classes, boxes)):
+            ann = {
+                "id": len(coco["annotations"]) + 1,
+                "image_id": i + 1,
+                "category_id": category_ids[c],
+                "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                "area": float((x2 - x1) * (y2 - y1)),
+                "iscrowd": 0,
+            }
+            if outlines is not None:
+                ann["segmentation"] = [[float(v) for v in outlines[k].reshape(-1)]]
+                ann["area"] = _polygon_area(outlines[k])
+            coco["annotations"].append(ann)
     if params.coco:
         names = synthetic_class_names(params.num_classes)
         coco["categories"] = [{"id": cid, "name": n} for cid, n in zip(category_ids, names)]
@@ -184,24 +322,31 @@ def make_synthetic_dataset(
     max_objects: int = 4,
     min_objects: int = 1,
     coco: bool = False,
+    task: str = "detect",
 ) -> Path:
     """Write the dataset (module docstring) and return the path of its YOLO dataset yaml.
 
     ``image_size`` is an int or (height, width). With ``coco=True`` the same images are also
     described by ``train.json``/``val.json`` (category ids 1, 3, 5, ...: deliberately not
-    contiguous) and ``coco.yaml``. A folder already generated with the same parameters is
-    reused as is (its files, hence label caches, stay untouched).
+    contiguous) and ``coco.yaml``. ``task="segment"`` writes the segmentation set instead: rotated
+    shapes labelled with their exact outlines (YOLO-seg rows, COCO ``segmentation`` polygons). A folder
+    already generated with the same parameters is reused as is (its files, hence label caches, stay
+    untouched).
     """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
     names = synthetic_class_names(num_classes)
     height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)
     if min(height, width) < 16 or not 0 <= min_objects <= max_objects:
         raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
-    params = _Params(num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco)
+    params = _Params(
+        num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco, task
+    )
     out = Path(out_dir)
     marker = out / _MARKER
     yaml_path = out / SYNTHETIC_YAML
     try:
-        same = json.loads(marker.read_text()) == asdict(params) and yaml_path.is_file()
+        same = json.loads(marker.read_text()) == params.marker() and yaml_path.is_file()
         counts = [len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS]
         if same and counts == [num_train, num_val]:
             return yaml_path
@@ -216,7 +361,7 @@ def make_synthetic_dataset(
     yaml_path.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))
     if coco:  # no `names`: the class list comes from the json categories
         (out / SYNTHETIC_COCO_YAML).write_text(yaml.safe_dump({"train": "train.json", "val": "val.json"}))
-    marker.write_text(json.dumps(asdict(params)))
+    marker.write_text(json.dumps(params.marker()))
     return yaml_path
 
 
@@ -238,6 +383,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-objects", type=int, help="default 4; --hard: 7")
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
     p.add_argument(
+        "--task", choices=TASKS, default="detect",
+        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation)",
+    )  # fmt: skip
+    p.add_argument(
         "--hard", action="store_true",
         help="the harder set of yolo11_lightning.data.synthetic_hard (5 look-alike classes, clutter, "
         "overlaps; --classes and --coco do not apply)",
@@ -247,6 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--size takes S or H W")
     if args.hard and args.coco:
         p.error("--coco is not available with --hard")
+    if args.hard and args.task != "detect":
+        p.error("--task segment is not available with --hard")
     sizes = args.size or ([192, 256] if args.hard else [128])
     size = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
     try:
@@ -259,7 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             path = make_synthetic_dataset(
                 args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects or 4,
-                coco=args.coco,
+                coco=args.coco, task=args.task,
             )  # fmt: skip
     except ValueError as e:
         p.error(str(e))

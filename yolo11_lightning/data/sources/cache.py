@@ -3,7 +3,8 @@
 Format: one ``.npz`` (``np.savez``, read with ``allow_pickle=False``: a cache file can never run
 code; before that, ``check_npz`` checks that no entry claims more bytes than the file holds, so a
 crafted cache cannot make ``np.load`` allocate either) holding flat arrays: the image paths as one UTF-8 blob, sizes, per-image box counts, all
-classes and boxes, and a small json header (format version, key, report, dependency hash).
+classes and boxes, every instance's polygon vertex count and all vertices, and a small json header
+(format version, key, report, dependency hash).
 
 Validity: ``key`` hashes what can be listed before parsing (config, entries, image and label
 paths with sizes and mtimes, json files); ``deps`` lists files only known after parsing (the
@@ -28,7 +29,9 @@ import numpy as np
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.records import ImageRecord
 
-CACHE_VERSION = 1
+# 2: records keep their polygons (``segments``, ``segment_sizes``). A cache of another version is rebuilt:
+# the key hashes the version too, and ``load_cache`` refuses any other one.
+CACHE_VERSION = 2
 log = logging.getLogger("yolo11_lightning.data.cache")  # its name before the move to data.sources
 
 
@@ -85,6 +88,8 @@ def save_cache(path: Path, key: str, records: list[ImageRecord], report: DataRep
         "counts": counts,
         "classes": np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)]),
         "boxes": np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)]),
+        "segment_sizes": np.concatenate([r.segment_sizes for r in records] + [np.zeros(0, np.int64)]),
+        "segments": np.concatenate([r.segments for r in records] + [np.zeros((0, 2), np.float32)]),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -141,7 +146,12 @@ def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | N
     try:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(z["meta"].tobytes().decode("utf-8"))
-            if meta.get("version") != CACHE_VERSION or meta.get("key") != key:
+            if meta.get("version") != CACHE_VERSION:
+                log.info(
+                    "label cache %s has format %s, not %s: rebuilt", path, meta.get("version"), CACHE_VERSION
+                )
+                return None
+            if meta.get("key") != key:
                 return None
             counts = z["counts"]
             deps = _unblob(z["deps"], int(meta["num_deps"]))
@@ -149,15 +159,27 @@ def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | N
                 return None
             paths = _unblob(z["paths"], len(counts))
             sizes, classes, boxes = z["sizes"], z["classes"], z["boxes"]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+            segment_sizes, segments = z["segment_sizes"], z["segments"]
+        if (segment_sizes < 0).any() or not len(segment_sizes) == len(classes) == counts.sum():
+            raise ValueError("polygon sizes do not match the instances")
+        ends = np.cumsum(counts)
+        starts = ends - counts
+        point_at = np.concatenate([[0], np.cumsum(segment_sizes)])  # first vertex of instance i, and the end
+        records = [
+            ImageRecord(
+                p,
+                int(hw[0]),
+                int(hw[1]),
+                classes[s:e],
+                boxes[s:e],
+                segments[point_at[s] : point_at[e]],
+                segment_sizes[s:e],
+            )
+            for p, hw, s, e in zip(paths, sizes, starts, ends)
+        ]
+    except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         log.debug("ignoring unreadable label cache %s: %s", path, e)
         return None
-    ends = np.cumsum(counts)
-    starts = ends - counts
-    records = [
-        ImageRecord(p, int(hw[0]), int(hw[1]), classes[s:e], boxes[s:e])
-        for p, hw, s, e in zip(paths, sizes, starts, ends)
-    ]
     report = DataReport.from_dict(meta["report"])
     report.cache_path, report.from_cache = str(path), True
     return records, report

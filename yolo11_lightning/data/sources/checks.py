@@ -3,11 +3,17 @@
 A source turns its rows (YOLO txt lines, COCO annotations) into raw class values and normalised
 corner boxes; ``check_rows`` decides which rows are usable, with one reason per rejected row. One
 bad row never costs the image its other rows, and one bad image never costs the split.
+
+Polygons (``check_polygon``) are checked after their row: a row whose box is usable but whose polygon
+is not (too few points, zero area, a COCO polygon out of range) keeps its box without a polygon and is
+reported (``DataReport.drop_polygon``), so a detection dataset trains on the same boxes whatever its
+polygons look like.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -25,6 +31,7 @@ class CheckedRows:
     boxes: np.ndarray
     rejected: list[tuple[int, str]]  # (input row index, reason)
     num_clipped: int
+    kept: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0, np.int64))  # (k,) input rows
 
 
 def check_rows(
@@ -111,7 +118,45 @@ def check_rows(
         boxes=cxcywh.astype(np.float32).reshape(-1, 4),
         rejected=sorted(reasons.items()),
         num_clipped=num_clipped,
+        kept=idx.astype(np.int64),
     )
+
+
+def polygon_area(points: np.ndarray) -> float:
+    """Absolute shoelace area of a closed polygon (k, 2), in the units of its coordinates squared."""
+    pts = np.asarray(points, np.float64)
+    x, y = pts[:, 0], pts[:, 1]
+    twice = x[:-1] @ y[1:] - y[:-1] @ x[1:] + x[-1] * y[0] - y[-1] * x[0]
+    return 0.5 * abs(float(twice))
+
+
+def check_polygon(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """Validate one polygon given as flat normalised ``x1, y1, x2, y2, ...``.
+
+    Returns ``(points, None)`` with points (k, 2) float32 clipped to [0, 1], or ``(None, reason)``. Rejects,
+    in this order: an odd number of coordinates, fewer than 3 points, non-finite values, a point outside
+    [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero area after clipping (all points on one line).
+    """
+    values = np.asarray(coords, np.float64).reshape(-1)
+    n = len(values)
+    if n % 2:
+        return None, f"polygon has an odd number of coordinates ({n})"
+    if n < 6:
+        return None, f"polygon needs at least 3 points, got {n // 2}"
+    lo, hi = float(values.min()), float(values.max())  # NaN or inf shows in either
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return None, "polygon value is not a finite number (NaN or inf)"
+    if lo < -CLIP_TOLERANCE or hi > 1 + CLIP_TOLERANCE:
+        return None, (
+            f"polygon coordinate {lo if lo < -CLIP_TOLERANCE else hi:g} outside [0, 1] "
+            f"(tolerance {CLIP_TOLERANCE:g})"
+        )
+    if lo < 0 or hi > 1:
+        values = np.clip(values, 0.0, 1.0)
+    points = values.reshape(-1, 2)
+    if polygon_area(points) <= 0:
+        return None, "polygon has zero area (its points lie on one line)"
+    return points.astype(np.float32), None
 
 
 @dataclass
@@ -131,6 +176,8 @@ class DataReport:
     num_boxes: int = 0
     num_clipped_rows: int = 0
     num_crowd: int = 0
+    num_polygons: int = 0
+    num_bad_polygons: int = 0
     cache_path: str | None = None
     from_cache: bool = False
 
@@ -142,24 +189,34 @@ class DataReport:
         self.num_skipped_rows += 1
         self.warnings.append(f"{location}: {reason}")
 
+    def drop_polygon(self, location: str, reason: str) -> None:
+        """A polygon failed its checks but its box is usable: the box is kept without a polygon."""
+        self.num_bad_polygons += 1
+        self.warnings.append(f"{location}: {reason}; box kept without a polygon")
+
     def note(self, message: str) -> None:
         """A warning about the split as a whole (not counted as a skipped image or row)."""
         self.warnings.append(message)
 
-    def add_image(self, num_boxes: int) -> None:
+    def add_image(self, num_boxes: int, num_polygons: int = 0) -> None:
         self.num_images += 1
         self.num_boxes += num_boxes
+        self.num_polygons += num_polygons
         self.num_background += num_boxes == 0
 
     def summary(self) -> str:
         """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``."""
         head = f"{self.split}: " if self.split else ""
         text = f"{head}{self.num_images} images ({self.num_background} background), {self.num_boxes} boxes"
+        if self.num_polygons:
+            text += f" ({self.num_polygons} with polygons)"
         extras = []
         if self.num_skipped_images or self.num_skipped_rows:
             extras.append(f"skipped {self.num_skipped_images} images and {self.num_skipped_rows} label rows")
         if self.num_clipped_rows:
             extras.append(f"{self.num_clipped_rows} boxes clipped to the image")
+        if self.num_bad_polygons:
+            extras.append(f"{self.num_bad_polygons} bad polygons dropped (boxes kept)")
         if self.num_crowd:
             extras.append(f"{self.num_crowd} crowd annotations ignored")
         if extras:

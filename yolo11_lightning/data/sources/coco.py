@@ -9,9 +9,13 @@ Where images are: an image's ``file_name`` is taken relative to the folder named
 one of the json's first 20 images: the json's folder, ``images/`` beside the json, the dataset
 root, ``<root>/images``. Absolute ``file_name``s are used as they are.
 
-Crowd annotations (``iscrowd: 1``) are skipped (counted, not warned about); images without
-annotations are background. Boxes are normalised by the json's ``width``/``height`` (the frame
-the annotator saw) when given, else by the decoded size.
+Crowd annotations (``iscrowd: 1``) are skipped (counted, not warned about), as the reference's
+trainer does; images without annotations are background. Boxes are normalised by the json's
+``width``/``height`` (the frame the annotator saw) when given, else by the decoded size.
+
+``segmentation`` (polygons or RLE, ``annotation_polygon``) becomes the instance's polygon; the box is
+always the annotation's ``bbox``. A segmentation that fails its checks is reported and dropped, its
+box kept (``DataReport.drop_polygon``).
 """
 
 from __future__ import annotations
@@ -25,10 +29,12 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.data.image_io import ImageReadError, probe_image
+from yolo11_lightning.data.polygons import merge_parts
 from yolo11_lightning.data.sources.cache import hash_files
-from yolo11_lightning.data.sources.checks import DataReport, check_rows
+from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord, MapFn
+from yolo11_lightning.data.sources.rle import RLEError, decode_rle, mask_outline
 
 _PROBE_FIRST = 20
 
@@ -86,6 +92,58 @@ def _positive_int(value) -> int:
         return max(int(value), 0)
     except (TypeError, ValueError):
         return 0
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def annotation_polygon(segmentation, size: tuple[int, int]) -> tuple[np.ndarray | None, str | None]:
+    """An annotation's ``segmentation`` -> (normalised outline (k, 2) float32, None), or (None, reason).
+
+    ``size`` is the (h, w) frame the pixel coordinates refer to. Polygons (a list of ``[x1, y1, x2, y2,
+    ...]`` parts in pixels) are checked part by part (``check_polygon``) and several parts merged into one
+    outline (``polygons.merge_parts``). An RLE dict (``counts`` list or compressed string) is decoded and
+    its regions' outer outline taken (``rle.mask_outline``); its ``size`` must be the frame's. No or an
+    empty ``segmentation``: (None, None), the instance has no polygon.
+    """
+    h, w = size
+    if segmentation is None or (isinstance(segmentation, list) and not segmentation):
+        return None, None
+    if isinstance(segmentation, dict):
+        try:
+            mask = decode_rle(segmentation)
+        except RLEError as e:
+            return None, f"segmentation RLE: {e}"
+        if mask.shape != (h, w):
+            return None, f"segmentation RLE size {mask.shape[1]}x{mask.shape[0]} is not the image's {w}x{h}"
+        outline = mask_outline(mask)
+        if not len(outline):
+            return None, "segmentation RLE has no region with at least 3 outline points"
+        return np.clip(outline / np.array([w, h], np.float32), 0.0, 1.0).astype(np.float32), None
+    if not isinstance(segmentation, list):
+        return (
+            None,
+            f"segmentation must be a list of polygons or an RLE dict, got {type(segmentation).__name__}",
+        )
+    parts = [segmentation] if all(_is_number(v) for v in segmentation) else segmentation
+    checked = []
+    for k, part in enumerate(parts):
+        where = f"segmentation polygon {k}: " if len(parts) > 1 else "segmentation "
+        if not isinstance(part, list) or not all(_is_number(v) for v in part):
+            return None, f"{where}must be a list of numbers [x1, y1, x2, y2, ...]"
+        values = np.asarray(part, np.float64)
+        if len(values) % 2 == 0:
+            values = (values.reshape(-1, 2) / np.array([w, h], np.float64)).reshape(-1)
+        points, why = check_polygon(values)
+        if why is not None:
+            return None, where + why
+        checked.append(points)
+    if len(checked) == 1:
+        return checked[0], None
+    scale = np.array([w, h], np.float32)
+    merged = merge_parts([p * scale for p in checked]) / scale
+    return np.clip(merged, 0.0, 1.0).astype(np.float32), None
 
 
 def _box_rows(anns: list[dict], cat_map: dict[int, int], size: tuple[int, int]):
@@ -161,7 +219,12 @@ def load_coco_json(
             report.skip_row(where, f"bbox must be 4 numbers [x, y, w, h], got {bbox!r}")
             continue
         anns_of[ann["image_id"]].append(
-            {"id": ann.get("id", f"[{i}]"), "_bbox": bbox, "_cat": ann["category_id"]}
+            {
+                "id": ann.get("id", f"[{i}]"),
+                "_bbox": bbox,
+                "_cat": ann["category_id"],
+                "_seg": ann.get("segmentation"),
+            }
         )
 
     def probe(path: str):
@@ -193,9 +256,19 @@ def load_coco_json(
         checked = check_rows(classes, xyxy, lo, hi, len(names), [f"annotation id {a}" for a in ids])
         for i, why in checked.rejected:
             report.skip_row(f"{json_path}: annotation id {ids[i]}", why)
+        polygons = []
+        for i in checked.kept:
+            points, why = annotation_polygon(anns_of[img["id"]][i]["_seg"], frame)
+            if why is not None:
+                report.drop_polygon(f"{json_path}: annotation id {ids[i]}", why)
+            polygons.append(np.zeros((0, 2), np.float32) if points is None else points)
+        sizes = np.array([len(p) for p in polygons], np.int64)
         report.num_clipped_rows += checked.num_clipped
-        report.add_image(len(checked.classes))
-        records.append(ImageRecord(path, probed[0], probed[1], checked.classes, checked.boxes))
+        report.add_image(len(checked.classes), int((sizes > 0).sum()))
+        segments = np.concatenate([*polygons, np.zeros((0, 2), np.float32)])
+        records.append(
+            ImageRecord(path, probed[0], probed[1], checked.classes, checked.boxes, segments, sizes)
+        )
     return records, paths
 
 

@@ -3,7 +3,9 @@
 Label file of an image: its path with the last ``/images/`` replaced by ``/labels/`` and the
 extension by ``.txt`` (beside the image when the path has no ``images`` folder). A missing label
 file means a background image. Rows are ``class cx cy w h`` normalised to the image as displayed
-(after EXIF rotation), or polygons ``class x1 y1 x2 y2 x3 y3 ...`` whose extent is the box.
+(after EXIF rotation), or polygons ``class x1 y1 x2 y2 x3 y3 ...`` (YOLO-seg) whose extent is the box
+and which the record keeps as the instance's polygon (``ImageRecord.segments``). A file may mix both:
+box rows have no polygon.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import numpy as np
 
 from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, probe_image
 from yolo11_lightning.data.sources.cache import hash_files
-from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_rows
+from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord, MapFn
 
@@ -64,10 +66,30 @@ def list_images(entry: str) -> list[str]:
     return [entry]
 
 
+@dataclass
+class LabelRows:
+    """Checked rows of one label file: boxes (``checked``) and the polygons of the kept rows.
+
+    ``segments`` (P, 2) float32 and ``segment_sizes`` (k,) int64 follow ``ImageRecord``; ``dropped`` lists
+    (line, reason) of polygon rows kept as boxes without their polygon.
+    """
+
+    checked: CheckedRows
+    segments: np.ndarray
+    segment_sizes: np.ndarray
+    dropped: list[tuple[int, str]]
+
+
 def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRows:
     """Parse and check the rows of one YOLO label file; rejected rows carry their line number."""
+    return parse_label_rows(text, label_path, num_classes).checked
+
+
+def parse_label_rows(text: str, label_path: str, num_classes: int) -> LabelRows:
+    """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none)."""
     classes, boxes, lows, highs, names = [], [], [], [], []
     line_of: list[int] = []
+    polygons: list[list[float] | None] = []
     early: list[tuple[int, str]] = []  # (line, reason) found before the shared checks
     for line_no, line in enumerate(text.splitlines(), 1):
         tokens = line.split()
@@ -75,12 +97,12 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
         if n == 0:
             continue
         if n != 5 and (n < 7 or n % 2 == 0):
-            early.append(
-                (
-                    line_no,
-                    f"expected 5 values (class cx cy w h) or a polygon (class x y x y x y ...), got {n}",
-                )
-            )
+            why = f"expected 5 values (class cx cy w h) or a polygon (class x y x y x y ...), got {n}"
+            if n >= 6:
+                why += f": polygon has an odd number of coordinates ({n - 1})"
+            elif n in (3, 4):
+                why += f": a polygon needs at least 3 points, got {(n - 1) // 2}"
+            early.append((line_no, why))
             continue
         try:
             values = [float(t) for t in tokens]
@@ -95,9 +117,11 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
         if n == 5:
             cx, cy, w, h = coords
             boxes.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            polygons.append(None)
         else:
             xs, ys = coords[0::2], coords[1::2]
             boxes.append((min(xs), min(ys), max(xs), max(ys)))
+            polygons.append(coords)
         classes.append(values[0])
         lows.append(min(coords))
         highs.append(max(coords))
@@ -113,7 +137,19 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
     )
     rejected = [(line_of[i], why) for i, why in checked.rejected] + early
     checked.rejected = sorted(rejected)  # by line number
-    return checked
+    kept_polygons, dropped = [], []
+    for i in checked.kept:
+        coords = polygons[i]
+        points, why = (None, None) if coords is None else check_polygon(coords)
+        if why is not None:  # its box passed the row checks: kept without the polygon
+            dropped.append((line_of[i], why))
+        kept_polygons.append(np.zeros((0, 2), np.float32) if points is None else points)
+    return LabelRows(
+        checked,
+        np.concatenate([*kept_polygons, np.zeros((0, 2), np.float32)]),
+        np.array([len(p) for p in kept_polygons], np.int64),
+        dropped,
+    )
 
 
 def _is_float(token: str) -> bool:
@@ -131,6 +167,7 @@ class _ImageResult:
     record: ImageRecord | None = None
     image_problem: str | None = None
     row_problems: list[str] = field(default_factory=list)
+    polygon_problems: list[tuple[str, str]] = field(default_factory=list)  # (where, why): box kept
     num_clipped: int = 0
     has_label_file: bool = False
 
@@ -149,10 +186,15 @@ def _load_one(image_path: str, num_classes: int) -> _ImageResult:
     except (OSError, UnicodeDecodeError) as e:
         # Training it as background would teach the detector that its objects are background.
         return _ImageResult(image_problem=f"label file {label_path} unreadable ({e})")
-    checked = parse_label_text(text, label_path, num_classes)
+    rows = parse_label_rows(text, label_path, num_classes)
+    checked = rows.checked
+    record = ImageRecord(
+        image_path, height, width, checked.classes, checked.boxes, rows.segments, rows.segment_sizes
+    )
     return _ImageResult(
-        record=ImageRecord(image_path, height, width, checked.classes, checked.boxes),
+        record=record,
         row_problems=[f"{label_path}:{line}: {why}" for line, why in checked.rejected],
+        polygon_problems=[(f"{label_path}:{line}", why) for line, why in rows.dropped],
         num_clipped=checked.num_clipped,
         has_label_file=True,
     )
@@ -178,8 +220,10 @@ def load_yolo_images(
         for line in result.row_problems:
             report.num_skipped_rows += 1
             report.warnings.append(line)
+        for location, why in result.polygon_problems:
+            report.drop_polygon(location, why)
         report.num_clipped_rows += result.num_clipped
-        report.add_image(len(result.record.classes))
+        report.add_image(len(result.record.classes), result.record.num_polygons)
         records.append(result.record)
         any_label_file |= result.has_label_file
     if records and not any_label_file:
