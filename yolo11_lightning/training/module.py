@@ -28,10 +28,10 @@ from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
     OptimizerRecipe,
-    WarmupSchedule,
     build_optimizer,
     nominal_accumulation,
 )
+from yolo11_lightning.training.recipe import ReferenceRecipe, global_batch_size
 from yolo11_lightning.training.weights import load_pretrained
 
 log = logging.getLogger(__name__)
@@ -145,9 +145,8 @@ class YOLO11Module(L.LightningModule):
         self.val_map = DetectionMAP(class_names)
         self.test_map = DetectionMAP(class_names)
         self.resolved_recipe: OptimizerRecipe | None = None  # set at fit start, or restored from a checkpoint
-        self._schedule: WarmupSchedule | None = None
-        self._last_step_index = -1  # global batch index of the last optimiser step (accumulation windows)
-        self._fixed_accumulation: int | None = None
+        # Warmup, accumulation ramp and loss scale: the reference's loop, driven from a callback (recipe.py).
+        self.loop_recipe = ReferenceRecipe()
         self.step_guard = NonFiniteStepGuard(max_skipped_steps)
 
     @classmethod
@@ -198,16 +197,7 @@ class YOLO11Module(L.LightningModule):
 
     def global_batch_size(self) -> int:
         """Images per training batch over all devices (the DataModule's ``batch_size``)."""
-        datamodule = getattr(self.trainer, "datamodule", None)
-        if datamodule is not None and getattr(datamodule, "batch_size", None):
-            return int(datamodule.batch_size)
-        loader = self.trainer.train_dataloader
-        per_device = getattr(loader, "batch_size", None) if loader is not None else None
-        if not per_device:
-            raise ValueError(
-                "cannot tell the global batch size: use YOLODataModule or a DataLoader with batch_size"
-            )
-        return int(per_device) * self.trainer.world_size
+        return global_batch_size(self.trainer)
 
     def accumulation(self) -> int:
         """Batches per optimiser step under the nominal-batch rule."""
@@ -225,10 +215,7 @@ class YOLO11Module(L.LightningModule):
             callbacks.append(ModelEMA(decay=self.hparams.ema_decay, tau=self.hparams.ema_tau))
         if self.hparams.log_images > 0:
             callbacks.append(ValidationImages(num_images=self.hparams.log_images))
-        # Gradient accumulation follows the recipe batch by batch (on_train_batch_start) unless the user fixed
-        # it with --trainer.accumulate_grad_batches.
-        fixed = self.trainer.accumulate_grad_batches
-        self._fixed_accumulation = fixed if fixed != 1 else None
+        callbacks.append(self.loop_recipe)
         return callbacks
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -262,14 +249,6 @@ class YOLO11Module(L.LightningModule):
         )
         return recipe
 
-    def on_train_start(self) -> None:
-        # Batches per epoch are known once the train loader exists; len() is the full epoch even when
-        # resuming mid-epoch, and the same on every world size (global batches).
-        max_epochs = max(self.trainer.max_epochs or 1, 1)
-        self._schedule = WarmupSchedule(
-            self.resolved_recipe, max_epochs, int(self.trainer.num_training_batches)
-        )
-
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:  # fmt: skip
         clip = gradient_clip_val if gradient_clip_val is not None else self.hparams.grad_clip_norm
@@ -297,36 +276,8 @@ class YOLO11Module(L.LightningModule):
         images = images.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
         return self.to_float(images)
 
-    def _global_batch_index(self, batch_idx: int) -> int:
-        return self.current_epoch * self._schedule.batches_per_epoch + batch_idx
-
-    def on_train_batch_start(self, batch: DetectionBatch, batch_idx: int) -> None:
-        if self._schedule is None:
-            return
-        index = self._global_batch_index(batch_idx)
-        for optimizer in self.trainer.optimizers:
-            self._schedule.apply(optimizer, index, self.current_epoch)
-        if self._fixed_accumulation is None:
-            self._set_accumulation(index)
-
-    def _set_accumulation(self, index: int) -> None:
-        """Make Lightning step after this batch exactly when the reference would.
-
-        The reference steps once ``accumulation(index)`` batches have passed since its last step, a count
-        that ramps up during warmup. Lightning steps when ``ready % accumulate_grad_batches == 0`` (``ready``
-        counts this epoch's batches including this one), so it gets 1 for a step and ``ready + 1`` (never a
-        divisor) otherwise; it also keeps DDP's gradient all-reduce for the stepping batch only. The loss
-        scale in ``training_step`` cancels Lightning's division by the same number, and gradients are zeroed
-        right after each step (``optimizer_step``), not by Lightning.
-        """
-        step = index - self._last_step_index >= self._schedule.accumulation(index, self.global_batch_size())
-        ready = self.trainer.fit_loop.epoch_loop.batch_progress.current.ready
-        self.trainer.accumulate_grad_batches = 1 if step else ready + 1
-
     def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
-        if self._fixed_accumulation is not None:
-            optimizer.zero_grad(set_to_none=True)
-        # Otherwise gradients are zeroed right after each optimiser step (optimizer_step).
+        self.loop_recipe.zero_grad_before_batch(optimizer)  # the recipe zeroes after each step instead
 
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
@@ -338,9 +289,8 @@ class YOLO11Module(L.LightningModule):
         self.step_guard.observe(items)
         for name, value in zip(("box", "cls", "dfl"), items):
             self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
-        # Reference gradient: d(loss * global batch). DDP averages over R ranks and Lightning divides by the
-        # accumulation count, so both are multiplied back (the normaliser is already global).
-        return loss * (images.shape[0] * world * world * self.trainer.accumulate_grad_batches)
+        # The reference's gradient for the global batch (the normaliser is already global): recipe.py.
+        return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0])
 
     def optimizer_step(
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
@@ -352,7 +302,8 @@ class YOLO11Module(L.LightningModule):
         clipping update, gradients dropped; ``train/skipped_steps`` counts them.
         """
         loss = optimizer_closure() if optimizer_closure is not None else None
-        if self.step_guard.should_skip():
+        stepped = not self.step_guard.should_skip()
+        if not stepped:
             optimizer.zero_grad(set_to_none=True)
             if self.trainer.is_global_zero:
                 log.warning(
@@ -363,10 +314,7 @@ class YOLO11Module(L.LightningModule):
         else:
             # The closure already ran: hand its loss back (mixed-precision plugins need a non-None result).
             optimizer.step(closure=lambda: loss)
-            if self._fixed_accumulation is None:
-                optimizer.zero_grad(set_to_none=True)
-        if self._schedule is not None:
-            self._last_step_index = self._global_batch_index(batch_idx)
+        self.loop_recipe.after_optimizer_step(self.trainer, optimizer, batch_idx, stepped)
         if self.step_guard.skipped:
             self.log("train/skipped_steps", float(self.step_guard.skipped), rank_zero_only=True)
 
@@ -374,11 +322,9 @@ class YOLO11Module(L.LightningModule):
         checkpoint["nonfinite_steps"] = self.step_guard.state_dict()
         if self.resolved_recipe is not None:
             checkpoint["optimizer_recipe"] = self.resolved_recipe.state_dict()
-        checkpoint["last_step_batch_index"] = self._last_step_index
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.step_guard.load_state_dict(checkpoint.get("nonfinite_steps", {}))
-        self._last_step_index = int(checkpoint.get("last_step_batch_index", -1))
         if "optimizer_recipe" in checkpoint:  # restored before configure_optimizers runs
             self.resolved_recipe = OptimizerRecipe.from_state_dict(checkpoint["optimizer_recipe"])
 

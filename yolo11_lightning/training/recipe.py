@@ -1,0 +1,138 @@
+"""The reference trainer's loop recipe as a Lightning callback: warmup, accumulation ramp, loss scale.
+
+``YOLO11Module`` keeps the science (model, loss, metrics, predict). How the reference *drives* the
+optimiser lives here:
+
+- the warmup of LR and momentum per parameter group, written into the optimiser before every batch
+  (``optim.WarmupSchedule``, a pure function of the global batch index);
+- the accumulation ramp: the reference steps once ``accumulation(index)`` batches have passed since its
+  last step, a count that rises from 1 to ``nominal_batch / global_batch`` during warmup. Lightning's
+  ``accumulate_grad_batches`` is set batch by batch so that it steps exactly then;
+- the index of the last optimiser step (saved through this callback's state), which defines the windows;
+- ``loss_scale``: the factor that makes gradients the reference's for the same *global* batch.
+
+The module calls ``zero_grad_before_batch``, ``loss_scale`` and ``after_optimizer_step`` from its
+``optimizer_zero_grad``, ``training_step`` and ``optimizer_step`` hooks: those three are LightningModule
+hooks, so the module has to forward them. Everything else is this callback's own hooks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from yolo11_lightning.training.optim import OptimizerRecipe, WarmupSchedule
+
+
+def global_batch_size(trainer: L.Trainer) -> int:
+    """Images per training batch over all devices: the DataModule's ``batch_size``, else loader x world."""
+    datamodule = getattr(trainer, "datamodule", None)
+    if datamodule is not None and getattr(datamodule, "batch_size", None):
+        return int(datamodule.batch_size)
+    loader = trainer.train_dataloader
+    per_device = getattr(loader, "batch_size", None) if loader is not None else None
+    if not per_device:
+        raise ValueError(
+            "cannot tell the global batch size: use YOLODataModule or a DataLoader with batch_size"
+        )
+    return int(per_device) * trainer.world_size
+
+
+class ReferenceRecipe(Callback):
+    """Drive Lightning's optimisation loop the way the reference trainer drives its own.
+
+    The schedule comes from ``pl_module.resolved_recipe`` (an ``OptimizerRecipe``, decided once at fit
+    start). When the user fixes ``--trainer.accumulate_grad_batches`` (anything but 1), Lightning's own
+    accumulation and zeroing are kept and only the LR/momentum warmup is applied.
+
+    State in checkpoints: ``last_step_index``, the global batch index of the last optimiser step (-1: none).
+    Checkpoints written before this callback existed kept it as ``checkpoint["last_step_batch_index"]``;
+    that key is still read.
+    """
+
+    def __init__(self) -> None:
+        self.schedule: WarmupSchedule | None = None
+        self.last_step_index = -1
+        self.fixed_accumulation: int | None = None
+
+    # ------------------------------------------------------------------------------- set-up
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # before any batch rewrote it: a value other than 1 is the user's choice
+            fixed = trainer.accumulate_grad_batches
+            self.fixed_accumulation = fixed if fixed != 1 else None
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Batches per epoch are known once the train loader exists; len() is the full epoch even when
+        # resuming mid-epoch, and the same on every world size (global batches).
+        recipe: OptimizerRecipe = pl_module.resolved_recipe
+        max_epochs = max(trainer.max_epochs or 1, 1)
+        self.schedule = WarmupSchedule(recipe, max_epochs, int(trainer.num_training_batches))
+
+    # ------------------------------------------------------------------------------- per batch
+    def global_batch_index(self, trainer: L.Trainer, batch_idx: int) -> int:
+        """Batches since the run's start (epochs x batches per epoch + this epoch's index)."""
+        return trainer.current_epoch * self.schedule.batches_per_epoch + batch_idx
+
+    def on_train_batch_start(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        if self.schedule is None:
+            return
+        index = self.global_batch_index(trainer, batch_idx)
+        for optimizer in trainer.optimizers:
+            self.schedule.apply(optimizer, index, trainer.current_epoch)
+        if self.fixed_accumulation is None:
+            self._set_accumulation(trainer, index)
+
+    def _set_accumulation(self, trainer: L.Trainer, index: int) -> None:
+        """Make Lightning step after this batch exactly when the reference would.
+
+        Lightning steps when ``ready % accumulate_grad_batches == 0`` (``ready`` counts this epoch's batches
+        including this one), so it gets 1 for a step and ``ready + 1`` (never a divisor) otherwise; it also
+        keeps DDP's gradient all-reduce for the stepping batch only. ``loss_scale`` cancels Lightning's
+        division by the same number, and gradients are zeroed right after each step, not by Lightning.
+        """
+        due = index - self.last_step_index >= self.schedule.accumulation(index, global_batch_size(trainer))
+        ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
+        trainer.accumulate_grad_batches = 1 if due else ready + 1
+
+    def loss_scale(self, trainer: L.Trainer, local_batch: int) -> int:
+        """Factor on the (globally normalised) loss so that gradients are the reference's.
+
+        The reference's gradient is d(loss x global batch). DDP averages gradients over the R ranks and
+        Lightning divides the loss by ``accumulate_grad_batches``, so both are multiplied back:
+        ``local_batch x R (global batch) x R (DDP mean) x accumulate_grad_batches``.
+        """
+        world = trainer.world_size
+        return local_batch * world * world * trainer.accumulate_grad_batches
+
+    def zero_grad_before_batch(self, optimizer: torch.optim.Optimizer) -> None:
+        """Lightning's zero_grad point: only with a fixed accumulation (else zeroed after each step)."""
+        if self.fixed_accumulation is not None:
+            optimizer.zero_grad(set_to_none=True)
+
+    def after_optimizer_step(
+        self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, batch_idx: int, stepped: bool
+    ) -> None:
+        """Close the accumulation window after the optimiser step of ``batch_idx`` (taken or skipped)."""
+        if stepped and self.fixed_accumulation is None:
+            optimizer.zero_grad(set_to_none=True)
+        if self.schedule is not None:
+            self.last_step_index = self.global_batch_index(trainer, batch_idx)
+
+    # ------------------------------------------------------------------------------- state
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_step_index": self.last_step_index}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_step_index = int(state_dict.get("last_step_index", -1))
+
+    def on_load_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        # Before load_state_dict, which overrides this when the checkpoint has the callback's own state.
+        if "last_step_batch_index" in checkpoint:
+            self.last_step_index = int(checkpoint["last_step_batch_index"])
