@@ -23,7 +23,7 @@ from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .batch import collate_detection
 from .dataset import DetectionDataset
-from .image_cache import ImageCache
+from .node_cache import RankGroup, attach_image_caches
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
 from .sources.config import DatasetConfig, DatasetError, load_dataset_config
 from .sources.split import build_label_cache, load_split
@@ -66,7 +66,8 @@ class YOLODataModule(L.LightningDataModule):
         seed: seed of the data order and of the augmentation.
         pin_memory: page-locked batches for faster host-to-GPU copies.
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
-        cache_images: keep decoded, resized images in RAM (refused when they would not fit).
+        cache_images: keep decoded, resized images in RAM, one copy per node in ``/dev/shm`` shared by every
+            local rank and worker (``data.node_cache``; refused when it would not fit).
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
@@ -238,21 +239,17 @@ class YOLODataModule(L.LightningDataModule):
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             global_batch_size=self.batch_size if augment else None,
         )
-        if self.cache_images:
-            copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
-            dataset.decode_cache_size = 0  # the RAM cache replaces the per-worker one
-            dataset.image_cache = ImageCache.build(
-                records, self.image_size, lambda i: dataset.load_resized(i)[0], copies=copies
-            )
         return dataset
 
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check
-        that every rank loaded the same data (``agreement``; all ranks fail together when not)."""
+        that every rank loaded the same data (``agreement``; all ranks fail together when not); then, with
+        ``cache_images``, build the image cache of the new splits (one copy per node, ``node_cache``)."""
         self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
         error: BaseException | None = None
+        created: list[str] = []
         try:
-            self._load_splits(stage)
+            created = self._load_splits(stage)
             if stage in ("fit", None):
                 self._resolve_close_mosaic()
         except Exception as e:  # any error: re-raised once the other ranks have been told
@@ -261,10 +258,13 @@ class YOLODataModule(L.LightningDataModule):
         if strategy is None:
             if error is not None:
                 raise error
-            return
-        check_ranks_agree(self.datasets, strategy, error)
+        else:
+            check_ranks_agree(self.datasets, strategy, error)
+        if self.cache_images and created:
+            attach_image_caches([self.datasets[k] for k in created], RankGroup.from_trainer(self.trainer))
 
-    def _load_splits(self, stage: str | None) -> None:
+    def _load_splits(self, stage: str | None) -> list[str]:
+        """Create the datasets ``stage`` needs that do not exist yet; returns their keys."""
         config = self._config()
         wanted = {
             "fit": [("train", True), ("val", False)],
@@ -273,10 +273,13 @@ class YOLODataModule(L.LightningDataModule):
             "predict": [("test" if config.splits.get("test") else "val", False)],
         }
         splits = wanted.get(stage, [("train", True), ("val", False)]) if stage else wanted["fit"]
+        created = []
         for split, augment in splits:
             key = "predict" if stage == "predict" else split
             if key not in self.datasets:
                 self.datasets[key] = self._make_dataset(config, split, augment)
+                created.append(key)
+        return created
 
     # ------------------------------------------------------------------------------------ loaders
     def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
