@@ -1,8 +1,9 @@
 """Optional RAM cache of decoded, resized images, shared by the DataLoader workers.
 
-All images live in one flat uint8 buffer (one allocation, no per-image Python objects), so forked
-workers read it without copying: no reference counts are written into its pages. With a ``spawn`` or
-``forkserver`` start method the buffer is moved to shared memory instead of being pickled per worker.
+All images of a split live in one flat uint8 storage (no per-image Python objects), so workers read it
+without copying: no reference counts are written into its pages. ``data.node_cache`` puts that storage
+in a ``/dev/shm`` segment shared by every rank of a node; ``ImageCache.build`` (this process's own copy,
+the fallback) keeps it in a tensor, moved to shared memory for ``spawn``/``forkserver`` workers.
 The size is estimated from the records first; the cache refuses to start when it would not fit in the
 memory this process may use: the smaller of the host's ``MemAvailable`` and the headroom of every cgroup
 memory limit above the process (Docker, Kubernetes, SLURM; cgroup v2 ``memory.max`` / ``memory.current``
