@@ -1,6 +1,7 @@
 """Throughput and data wait of every training step, without a host sync.
 
-``Throughput`` logs, per training step (means over the last ``window`` steps):
+``Throughput`` logs, at the steps the loggers write (every ``trainer.log_every_n_steps``; means over the last
+``window`` steps):
 
 - ``perf/images_per_second``: images of the global batch per second (the per-device figure x world size:
   every rank steps together under DDP), and ``perf/images_per_second_per_device``;
@@ -139,7 +140,9 @@ class Throughput(Callback):
             step, wait = now - self._start, now - self._end
             self.steps.append((self._images, step, wait))
             self._check_starved(wait / step if step > 0 else 0.0, trainer)
-            self._log(trainer, pl_module)
+            every = max(int(trainer.log_every_n_steps or 1), 1)
+            if (trainer.global_step + 1) % every == 0:  # the steps the loggers write (self.log costs ~0.1 ms)
+                self._log(trainer, pl_module)
         self._start, self._end, self._skip = now, None, False
         self._images = batch_images(batch)
 
