@@ -8,7 +8,8 @@ with ``node_cache.build_image_caches`` (shared: one segment in /dev/shm, each ra
 images; per rank: ``YOLO11_SHM_DIR`` pointed nowhere, so every rank decodes everything into its own
 memory, the behaviour before the node cache). Build time is the slowest rank's; memory is the sum over the
 ranks of the growth of their PSS (``/proc/self/smaps_rollup``) over the build, so a page shared by R
-processes counts 1/R in each. Decoding threads per rank: cores / R (at most 8), as in training.
+processes counts 1/R in each. Decoding threads per rank: cores / R (at most 8), as in training, or
+``--threads`` (``--threads 1``: the decode work per rank, without the machine's core count in the way).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def run_rank(args: argparse.Namespace) -> None:
     group = RankGroup(args.rank, args.world, args.rank, args.world, 0)
     dist.barrier()
     before, t0 = pss_bytes(), time.perf_counter()
-    caches = build_image_caches([dataset], group)
+    caches = build_image_caches([dataset], group, num_threads=args.threads)
     seconds = time.perf_counter() - t0
     dist.barrier()  # every rank has mapped and filled its pages before anyone measures
     grown = pss_bytes() - before
@@ -81,6 +82,7 @@ def measure(args: argparse.Namespace, yaml: Path, ranks: int, shared: bool) -> d
                 str(yaml),
                 "--size",
                 str(args.size),
+                *(["--threads", str(args.threads)] if args.threads else []),
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -107,6 +109,9 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--size", type=int, default=640)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
+    parser.add_argument(
+        "--threads", type=int, help="decoding threads per rank (default: cores / ranks, <= 8)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)

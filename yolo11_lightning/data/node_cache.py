@@ -431,15 +431,21 @@ def _agree_or_raise(group: RankGroup, error: BaseException | None, what: str) ->
 
 
 def build_image_caches(
-    sources: Sequence[CacheSource], group: RankGroup | None = None, max_fraction: float = 0.7
+    sources: Sequence[CacheSource],
+    group: RankGroup | None = None,
+    max_fraction: float = 0.7,
+    num_threads: int | None = None,
 ) -> list[ImageCache]:
     """One ``ImageCache`` per source, in one segment per node (every rank calls this with the same sources).
+
+    ``num_threads``: decoding threads per rank; default cores / local ranks, at most 8.
 
     Raises:
         MemoryError: on every rank, when the cache would not fit (one copy per node, or one per rank
             without ``/dev/shm``) in ``max_fraction`` of the memory available (host or container limit).
     """
     group = group or RankGroup()
+    threads = num_threads or _decode_threads(group.local_world)
     layout = _layout(sources)
     total, count = layout.storage_bytes, layout.num_images
     size = max((s.image_size for s in sources), default=0)
@@ -463,7 +469,7 @@ def build_image_caches(
                 log.warning("image cache: could not create a segment in %s: %s", directory, e)
         (failed,) = group.max([created is not None])
         if not failed:
-            caches = _build_shared(sources, layout, segment, directory, token, group)
+            caches = _build_shared(sources, layout, segment, directory, token, group, threads)
             _report_shared(group, directory, total, count, time.perf_counter() - t0)
             return caches
         problem = "a rank could not create its node's segment (see the warning above or in its log)"
@@ -473,7 +479,7 @@ def build_image_caches(
     share = [(k, i) for k, s in enumerate(layout.shapes) for i in range(len(s))]
     error = None
     try:
-        unreadable = _fill(caches, sources, share, _decode_threads(group.local_world))
+        unreadable = _fill(caches, sources, share, threads)
     except Exception as e:  # re-raised once every rank knows
         error = e
     _agree_or_raise(group, error, "building the image cache")
@@ -525,7 +531,7 @@ def _create(directory: Path, sources: Sequence[CacheSource], layout: _Layout, to
 
 def _build_shared(
     sources: Sequence[CacheSource], layout: _Layout, segment: SharedSegment | None, directory: Path,
-    token: int, group: RankGroup,
+    token: int, group: RankGroup, threads: int,
 ) -> list[ImageCache]:  # fmt: skip
     path = _segment_path(directory, token, group.node_rank)
     caches: list[ImageCache] = []
@@ -540,7 +546,7 @@ def _build_shared(
                                                  layout.lengths)]  # fmt: skip
         every = [(k, i) for k, s in enumerate(layout.shapes) for i in range(len(s))]
         share = every[group.local_rank :: group.local_world]
-        unreadable = _fill(caches, sources, share, _decode_threads(group.local_world))
+        unreadable = _fill(caches, sources, share, threads)
         log.debug("image cache: rank %d decoded %d images in %.1f s (%d unreadable)", group.rank, len(share),
                   time.perf_counter() - t0, unreadable)  # fmt: skip
     except Exception as e:  # re-raised once every rank knows
