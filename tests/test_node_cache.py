@@ -236,3 +236,11 @@ def test_the_memory_check_counts_one_copy_per_node(
     monkeypatch.setenv("YOLO11_SHM_DIR", str(tmp_path / "absent"))  # a copy per rank does not
     with pytest.raises(MemoryError, match=r"per process x 2 process\(es\)"):
         node_cache.build_image_caches(datasets, group)
+
+
+def test_a_segment_is_owned_from_its_creation(splits: tuple[list, list], tmp_path: Path) -> None:
+    datasets = _datasets(splits)
+    node_cache._create(tmp_path, datasets, node_cache._layout(datasets), 5, RankGroup())
+    (path,) = tmp_path.iterdir()  # before any rank registered: a sweep of another job must leave it
+    assert read_header(path).owners == ((os.getpid(), process_start(os.getpid())),)
+    assert stale_reason(path) is None and sweep_stale_segments(tmp_path) == []

@@ -26,6 +26,7 @@ as before; each node always builds its own segment (``/dev/shm`` is per host). T
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import logging
 import mmap
@@ -526,6 +527,8 @@ def _create(directory: Path, sources: Sequence[CacheSource], layout: _Layout, to
             group: RankGroup) -> SharedSegment:  # fmt: skip
     sweep_stale_segments(directory)
     header = _expected_header(sources, layout, token, group)
+    # Owned from the start (slot 0 = local rank 0), so no sweep of another job takes it for stale.
+    header = dataclasses.replace(header, owners=((os.getpid(), process_start(os.getpid()) or 0),))
     return SharedSegment.create(_segment_path(directory, token, group.node_rank), header)
 
 
