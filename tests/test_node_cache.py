@@ -244,3 +244,41 @@ def test_a_segment_is_owned_from_its_creation(splits: tuple[list, list], tmp_pat
     (path,) = tmp_path.iterdir()  # before any rank registered: a sweep of another job must leave it
     assert read_header(path).owners == ((os.getpid(), process_start(os.getpid())),)
     assert stale_reason(path) is None and sweep_stale_segments(tmp_path) == []
+
+
+def test_disk_cache_is_written_once_beside_the_labels_and_reused_without_decoding(
+    tmp_path: Path, monkeypatch
+) -> None:
+    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+
+    yaml = make_synthetic_dataset(
+        tmp_path / "ds", num_train=8, num_val=3, image_size=64, num_classes=2, seed=0
+    )
+    options = {"dataset": str(yaml), "batch_size": 4, "image_size": 64, "num_workers": 0, "pin_memory": False}
+    plain, disk = YOLODataModule(**options), YOLODataModule(**options, cache_images="disk")
+    plain.prepare_data()
+    for dm in (plain, disk):
+        dm.setup("fit")
+    files = sorted(p.name for p in (tmp_path / "ds").rglob("*.npy"))
+    assert len(files) == 2 and all(".images-" in f for f in files), files  # train, val; no .tmp left over
+    assert not list((tmp_path / "ds").rglob("*.tmp-*"))
+
+    def batches(dm: YOLODataModule) -> list[dict]:
+        return [next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))]
+
+    expected = batches(plain)
+    load = DetectionDataset.load_resized
+
+    def cached_only(self: DetectionDataset, index: int):
+        assert self.image_cache is not None, "decoded again"
+        return load(self, index)
+
+    monkeypatch.setattr(DetectionDataset, "load_resized", cached_only)
+    again = YOLODataModule(**options, cache_images="disk")
+    again.setup("fit")  # the files are complete: mapped, nothing decoded
+    for dm in (disk, again):
+        for a, b in zip(expected, batches(dm)):
+            assert torch.equal(a["images"], b["images"]) and torch.equal(a["targets"], b["targets"])
+    with pytest.raises(ValueError, match="cache_images must be"):
+        YOLODataModule(**options, cache_images="ram")
