@@ -4,7 +4,9 @@ The data stays on disk (the page cache keeps what fits) but no image is decoded 
 resized images are one ``.npy`` file of the ``image_cache.cache_layout`` storage (flag bytes, then the
 images), named after the fingerprint of the split, the output size and scale-up (``node_cache.fingerprint``):
 ``<label cache stem>.images-<fingerprint>.npy``. A changed dataset or setting gets another file; nothing is
-read that was not written whole, since a file only gets its name by an atomic rename once complete.
+read that was not written whole, since a file only gets its name by an atomic rename once complete. The
+fingerprint covers the file list, image sizes and labels, not the pixels: an image rewritten in place with
+the same size and labels keeps its old decoded copy until the ``.npy`` is deleted.
 
 Every rank calls ``attach_disk_caches`` with the same datasets. When a file is missing on any rank, the local
 ranks of each node build it together into ``<name>.tmp-<host>-<pid>`` (local rank 0 creates it, each rank
