@@ -1,4 +1,4 @@
-"""One image cache per node (data.node_cache): one shared segment for 2 gloo ranks and their workers, the
+"""One image cache per node (data.node_cache, data.shm_segment, data.disk_cache): one shared segment for 2 gloo ranks and their workers, the
 batches of the uncached run, crashes and stale segments."""
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from cli_runs import SCRIPTS, run, tail
 
 from yolo11_lightning.data import image_cache, node_cache
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.node_cache import (
+from yolo11_lightning.data.node_cache import RankGroup, attach_image_caches
+from yolo11_lightning.data.shm_segment import (
     PREFIX,
-    RankGroup,
     SegmentHeader,
-    attach_image_caches,
+    SegmentPart,
     boot_id,
     process_start,
     read_header,
@@ -196,7 +196,7 @@ def test_one_process_cache_equals_the_files_survives_pickling_and_flags_unreadab
     cached, plain = _datasets(splits, train), _datasets(splits, train)
     gone.unlink()  # unreadable before the build: the cache flags it, the Dataset substitutes as without one
     attach_image_caches(cached)
-    assert isinstance(cached[0].image_cache.storage, node_cache.SegmentPart)
+    assert isinstance(cached[0].image_cache.storage, SegmentPart)
     assert list((tmp_path / "shm").iterdir()) == []  # the name is gone once mapped; the memory is not
     assert cached[0].image_cache.unreadable().tolist() == [i == 3 for i in range(len(train))]
     for a, b in zip(cached, plain):

@@ -148,3 +148,30 @@ def test_gpu_idle_gaps_are_read_only_from_completed_events() -> None:
 
 def test_it_is_a_default_callback() -> None:
     assert sum(isinstance(c, Throughput) for c in default_callbacks()) == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="host syncs only show on an accelerator")
+def test_the_hooks_do_not_sync_with_the_host_on_cuda() -> None:
+    from types import SimpleNamespace
+
+    x = torch.randn(2048, 2048, device="cuda")
+    logged: dict[str, torch.Tensor] = {}
+    module = SimpleNamespace(
+        device=x.device, log=lambda name, value, **kwargs: logged.__setitem__(name, value)
+    )
+    trainer = SimpleNamespace(world_size=2, global_step=0, log_every_n_steps=1, global_rank=0)
+    callback = Throughput(window=4)
+    callback.on_train_start(trainer, module)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step in range(8):
+            callback.on_train_batch_start(trainer, module, {"images": x[:4]}, step)
+            x = (x @ x).tanh()  # queued work the host does not wait for
+            callback.on_train_batch_end(trainer, module, None, {"images": x[:4]}, step)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert {*KEYS, "perf/peak_memory_gib"} <= set(logged)
+    assert all(v.device.type == "cpu" and math.isfinite(float(v)) for v in logged.values())
+    assert logged["perf/images_per_second"] == pytest.approx(2 * logged["perf/images_per_second_per_device"])
