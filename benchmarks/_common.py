@@ -239,13 +239,15 @@ def our_fit_parts(
     callbacks: Sequence[Any] = (),
     module_options: dict[str, Any] | None = None,
     trainer_options: dict[str, Any] | None = None,
+    without: tuple[type, ...] = (),
 ) -> tuple[Any, Any, Any]:
     """(Trainer, YOLO11Module, YOLODataModule) for a measured ``fit`` with the project's defaults.
 
     The CLI's default callbacks (checkpointing, LR monitor), a CSV logger and the progress bar stay on:
     the loop measured is the one users run. Benchmarks turn off what the oracle run turns off too:
     validation, close-mosaic (so mosaic stays on) and warmup (the oracle ramps its accumulation during
-    warmup, which would give it a different number of optimiser steps).
+    warmup, which would give it a different number of optimiser steps). ``without``: default callback
+    classes to leave out (to measure what one of them costs).
     """
     import lightning as L
     from lightning.pytorch.loggers import CSVLogger
@@ -266,7 +268,7 @@ def our_fit_parts(
             "limit_val_batches": 0,
             "num_sanity_val_steps": 0,
             "logger": CSVLogger(str(workdir), name="ours"),
-            "callbacks": [*default_callbacks(), *callbacks],
+            "callbacks": [*(c for c in default_callbacks() if not isinstance(c, without)), *callbacks],
             "default_root_dir": str(workdir),
             "enable_model_summary": False,
             **(trainer_options or {}),

@@ -2,6 +2,7 @@
 
     python benchmarks/step_anatomy.py                        # yolo11n, 320, batch 16; about 2-3 minutes
     python benchmarks/step_anatomy.py --scale s --image-size 640 --rounds 3 --threads 2 --workers 0
+    python benchmarks/step_anatomy.py --no-oracle --throughput both   # the Throughput callback on vs off
 
 Per training step (mean over whole accumulation cycles, so the optimiser share is exact), the time in
   data wait        waiting for the DataLoader (0 when the workers keep up),
@@ -144,10 +145,13 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             C.sync(pl_module.device)
             recorder.stop("#floor")
 
+    from yolo11_lightning.training.throughput import Throughput
+
     trainer, module, data = C.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,
         callbacks=[Floor()], trainer_options={"profiler": recorder},
         module_options={"channels_last": not args.nchw, "compile": args.compile},
+        without=(Throughput,) if args.no_throughput else (),
     )  # fmt: skip
 
     def hooks(module_: torch.nn.Module, name: str) -> None:
@@ -307,6 +311,11 @@ def main() -> None:
     parser.add_argument("--nchw", action="store_true", help="ours with channels_last=False (NCHW)")
     parser.add_argument("--compile", action="store_true", help="ours with compile=True")
     parser.add_argument("--no-oracle", action="store_true")
+    parser.add_argument(
+        "--throughput", choices=("on", "off", "both"), default="on",
+        help="ours with the Throughput callback (a default callback), without it, or both as two sides",
+    )  # fmt: skip
+    parser.add_argument("--no-throughput", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
@@ -335,12 +344,23 @@ def main() -> None:
         *(["--compile"] if args.compile else []),
     ]
     sides = ["ours"] + ([] if args.no_oracle or not C.oracle_available() else ["oracle"])
+    if args.throughput == "both":  # "oracle" column: ours without the callback
+        sides = ["ours", "ours-off"]
+    elif args.throughput == "off":
+        ours_flags.append("--no-throughput")
     print(C.machine_info(args.threads), flush=True)
     results: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
     for r in range(args.rounds):
         for side in sides if r % 2 == 0 else sides[::-1]:
-            flags = ours_flags if side == "ours" else []
-            out = C.run_worker(__file__, [side, *common, *flags], args.threads)
+            flags = (
+                ours_flags
+                if side == "ours"
+                else [*ours_flags, "--no-throughput"]
+                if side == "ours-off"
+                else []
+            )
+            worker = "ours" if side.startswith("ours") else side
+            out = C.run_worker(__file__, [worker, *common, *flags], args.threads)
             runs = cycles(out["steps"], out["floors"], out["worker_cpu"], skip, out["accumulate"])
             results[side] += runs
             step, floor = C.median([c["step"] for c in runs]), C.median([c["floor"] for c in runs])
@@ -354,10 +374,14 @@ def print_report(
 ) -> None:
     """Medians over all measured accumulation cycles of all runs of a side."""
 
+    other = "ours-off" if "ours-off" in results else "oracle"
+
     def figure(side: str, key: str) -> float:
+        side = other if side == "oracle" else side
         return C.median([c[key] for c in results.get(side, [])])
 
     def overhead(side: str, minus: str | None = None) -> float:
+        side = other if side == "oracle" else side
         ratios = [(c["step"] - (c[minus] if minus else 0.0)) / c["floor"] - 1 for c in results.get(side, [])]
         return 100 * C.median(ratios)
 
@@ -381,7 +405,8 @@ def print_report(
                  f"{overhead('oracle', 'data wait'):.1f}%", ""])  # fmt: skip
     wo, wt = figure("ours", "worker cpu"), figure("oracle", "worker cpu")
     rows.append(["worker CPU per step", 1e3 * wo, "", 1e3 * wt, C.ratio(wo, wt)])
-    print(C.format_table(["", "ours ms", "share", "oracle ms", "ours/oracle"], rows))
+    right = "without Throughput" if other == "ours-off" else "oracle"
+    print(C.format_table(["", "ours ms", "share", f"{right} ms", f"ours/{right}"], rows))
     noise = {s: C.spread([c["step"] / c["floor"] for c in results[s]]) for s in results}
     print(
         "\nspread of step/floor over cycles (half range / median): "

@@ -165,7 +165,7 @@ def test_ram_cache_gives_identical_samples_and_refuses_when_too_big(records, mon
     plain = DetectionDataset(records, SIZE, augment=True, seed=3)
     cached = DetectionDataset(records, SIZE, augment=True, seed=3)
     cached.image_cache = ImageCache.build(records, SIZE, lambda i: plain.load_resized(i)[0], num_threads=2)
-    assert cached.image_cache.buffer.numel() == estimate_cache_bytes(records, SIZE)
+    assert cached.image_cache.image_bytes == estimate_cache_bytes(records, SIZE)
     for key in [(0, 1), (1, 5), (2, 8)]:
         assert torch.equal(plain[key]["image"], cached[key]["image"])
         assert torch.equal(plain[key]["labels"], cached[key]["labels"])

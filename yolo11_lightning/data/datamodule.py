@@ -13,7 +13,7 @@ import logging
 import signal
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import cv2
 import lightning as L
@@ -23,10 +23,11 @@ from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .batch import collate_detection
 from .dataset import DetectionDataset
-from .image_cache import ImageCache
+from .disk_cache import attach_disk_caches
+from .node_cache import RankGroup, attach_image_caches
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
 from .sources.config import DatasetConfig, DatasetError, load_dataset_config
-from .sources.split import build_label_cache, load_split
+from .sources.split import build_label_cache, label_cache_locations, load_split
 from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,10 @@ class YOLODataModule(L.LightningDataModule):
         seed: seed of the data order and of the augmentation.
         pin_memory: page-locked batches for faster host-to-GPU copies.
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
-        cache_images: keep decoded, resized images in RAM (refused when they would not fit).
+        cache_images: keep decoded, resized images in RAM, one copy per node in ``/dev/shm`` shared by every
+            local rank and worker (``data.node_cache``; refused when it would not fit); ``"disk"``: as
+            ``.npy`` memory maps beside the label cache, decoded once and reused by later runs
+            (``data.disk_cache``).
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
@@ -95,7 +99,7 @@ class YOLODataModule(L.LightningDataModule):
         seed: int = 0,
         pin_memory: bool = True,
         persistent_workers: bool = True,
-        cache_images: bool = False,
+        cache_images: bool | Literal["disk"] = False,
         mosaic: float = 1.0,
         mixup: float = 0.0,
         close_mosaic: int = 10,
@@ -127,6 +131,8 @@ class YOLODataModule(L.LightningDataModule):
             )
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if cache_images not in (True, False, "disk"):
+            raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
         self.save_hyperparameters()
         self.dataset = dataset
         self.batch_size = batch_size
@@ -238,21 +244,17 @@ class YOLODataModule(L.LightningDataModule):
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             global_batch_size=self.batch_size if augment else None,
         )
-        if self.cache_images:
-            copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
-            dataset.decode_cache_size = 0  # the RAM cache replaces the per-worker one
-            dataset.image_cache = ImageCache.build(
-                records, self.image_size, lambda i: dataset.load_resized(i)[0], copies=copies
-            )
         return dataset
 
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check
-        that every rank loaded the same data (``agreement``; all ranks fail together when not)."""
+        that every rank loaded the same data (``agreement``; all ranks fail together when not); then, with
+        ``cache_images``, build the image cache of the new splits (one copy per node, ``node_cache``)."""
         self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
         error: BaseException | None = None
+        created: list[str] = []
         try:
-            self._load_splits(stage)
+            created = self._load_splits(stage)
             if stage in ("fit", None):
                 self._resolve_close_mosaic()
         except Exception as e:  # any error: re-raised once the other ranks have been told
@@ -261,10 +263,25 @@ class YOLODataModule(L.LightningDataModule):
         if strategy is None:
             if error is not None:
                 raise error
-            return
-        check_ranks_agree(self.datasets, strategy, error)
+        else:
+            check_ranks_agree(self.datasets, strategy, error)
+        if self.cache_images and created:
+            group, datasets = RankGroup.from_trainer(self.trainer), [self.datasets[k] for k in created]
+            if self.cache_images == "disk":
+                config = self._config()
+                splits = [self._split_of(k, config) for k in created]
+                locations = [label_cache_locations(config, s, self.label_cache_dir) for s in splits]
+                attach_disk_caches(datasets, locations, group)
+            else:
+                attach_image_caches(datasets, group)
 
-    def _load_splits(self, stage: str | None) -> None:
+    @staticmethod
+    def _split_of(key: str, config: DatasetConfig) -> str:
+        """The split a dataset key reads (``predict`` reads test, else val)."""
+        return ("test" if config.splits.get("test") else "val") if key == "predict" else key
+
+    def _load_splits(self, stage: str | None) -> list[str]:
+        """Create the datasets ``stage`` needs that do not exist yet; returns their keys."""
         config = self._config()
         wanted = {
             "fit": [("train", True), ("val", False)],
@@ -273,10 +290,13 @@ class YOLODataModule(L.LightningDataModule):
             "predict": [("test" if config.splits.get("test") else "val", False)],
         }
         splits = wanted.get(stage, [("train", True), ("val", False)]) if stage else wanted["fit"]
+        created = []
         for split, augment in splits:
             key = "predict" if stage == "predict" else split
             if key not in self.datasets:
                 self.datasets[key] = self._make_dataset(config, split, augment)
+                created.append(key)
+        return created
 
     # ------------------------------------------------------------------------------------ loaders
     def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:

@@ -1,8 +1,9 @@
 """Optional RAM cache of decoded, resized images, shared by the DataLoader workers.
 
-All images live in one flat uint8 buffer (one allocation, no per-image Python objects), so forked
-workers read it without copying: no reference counts are written into its pages. With a ``spawn`` or
-``forkserver`` start method the buffer is moved to shared memory instead of being pickled per worker.
+All images of a split live in one flat uint8 storage (no per-image Python objects), so workers read it
+without copying: no reference counts are written into its pages. ``data.node_cache`` puts that storage
+in a ``/dev/shm`` segment shared by every rank of a node; ``ImageCache.build`` (this process's own copy,
+the fallback) keeps it in a tensor, moved to shared memory for ``spawn``/``forkserver`` workers.
 The size is estimated from the records first; the cache refuses to start when it would not fit in the
 memory this process may use: the smaller of the host's ``MemAvailable`` and the headroom of every cgroup
 memory limit above the process (Docker, Kubernetes, SLURM; cgroup v2 ``memory.max`` / ``memory.current``
@@ -19,10 +20,12 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
+from .image_io import ImageReadError
 from .sources.records import ImageRecord
 
 log = logging.getLogger(__name__)
@@ -165,26 +168,105 @@ def estimate_cache_bytes(records: Sequence[ImageRecord], size: int, scaleup: boo
     return sum(3 * h * w for h, w, _ in (resized_shape(r.height, r.width, size, scaleup) for r in records))
 
 
+# Images start this many bytes into the storage, after one "unreadable" flag byte per image.
+_ALIGN = 64
+
+
+def cache_layout(shapes: np.ndarray) -> tuple[np.ndarray, int]:
+    """(offsets (n,) int64 of each image in the storage, storage bytes) for (n, 2) resized (h', w').
+
+    The storage is one flag byte per image (1: unreadable when the cache was built), padded to 64 bytes,
+    then the images back to back as (h', w', 3) uint8.
+    """
+    nbytes = 3 * shapes.prod(axis=1) if len(shapes) else np.zeros(0, np.int64)
+    start = -(-len(shapes) // _ALIGN) * _ALIGN
+    offsets = start + np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
+    return offsets, int(start + nbytes.sum())
+
+
 class ImageCache:
     """Resized images of a list of records, indexed like the records.
 
-    Use ``ImageCache.build``; ``cache[i]`` is a read-only (h', w', 3) uint8 view.
+    ``cache[i]`` is a read-only (h', w', 3) uint8 view, or raises ``ImageReadError`` for an image that
+    could not be read when the cache was built (the Dataset then substitutes or skips it, as without a
+    cache). ``storage`` owns the bytes: a torch tensor (one process's copy; ``ImageCache.build``) or a
+    ``node_cache.SharedSegment`` (one copy per node). Workers get the storage, never a pickled copy.
     """
 
-    def __init__(self, buffer: torch.Tensor, offsets: np.ndarray, shapes: np.ndarray) -> None:
-        self.buffer = buffer  # (total,) uint8
-        self.offsets = offsets  # (n,) int64 start of each image in the buffer
+    def __init__(
+        self, storage: Any, offsets: np.ndarray, shapes: np.ndarray, records: Sequence[Any] | None = None
+    ) -> None:
+        self.storage = storage  # torch.Tensor (total,) uint8, or an object with .array() -> np.ndarray
+        self.offsets = offsets  # (n,) int64 start of each image in the storage
         self.shapes = shapes  # (n, 2) int64 (h', w')
+        self.records = records  # names the files in errors (the Dataset's flat PackedRecords)
+        self._flat = self._array()
+
+    def _array(self) -> np.ndarray:
+        if isinstance(self.storage, torch.Tensor):
+            return self.storage.numpy()
+        return self.storage.array()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_flat"]  # rebuilt from the storage: a view must never be pickled as a copy
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._flat = self._array()
+
+    @property
+    def buffer(self) -> torch.Tensor:
+        """The storage as a (total,) uint8 tensor (flag bytes, then the images)."""
+        return torch.from_numpy(self._flat) if not isinstance(self.storage, torch.Tensor) else self.storage
+
+    @property
+    def image_bytes(self) -> int:
+        """Bytes of the images alone (what ``estimate_cache_bytes`` predicts)."""
+        return int(3 * self.shapes.prod(axis=1).sum()) if len(self.shapes) else 0
 
     def __len__(self) -> int:
         return len(self.offsets)
 
+    def unreadable(self) -> np.ndarray:
+        """(n,) bool: images that could not be read when the cache was built."""
+        return self._flat[: len(self)].astype(bool)
+
     def __getitem__(self, index: int) -> np.ndarray:
+        if self._flat[index]:
+            raise ImageReadError(self._name(index), "could not be read when the image cache was built")
         h, w = self.shapes[index]
         start = self.offsets[index]
-        view = self.buffer.numpy()[start : start + h * w * 3].reshape(h, w, 3)
+        view = self._flat[start : start + h * w * 3].reshape(h, w, 3)
         view.flags.writeable = False  # augmentations must copy, never write into the cache
         return view
+
+    def _name(self, index: int) -> str:
+        return str(self.records[index].path) if self.records is not None else f"image {index}"
+
+    def fill(self, index: int, load: Callable[[int], np.ndarray]) -> bool:
+        """Decode image ``index`` with ``load`` into the cache; False (and flagged) when unreadable."""
+        try:
+            image = load(index)
+        except ImageReadError as e:
+            log.warning("image cache: %s (the image is left out, as if missing)", e)
+            self._flat[index] = 1
+            return False
+        if image.shape[:2] != tuple(self.shapes[index]):
+            raise ValueError(
+                f"{self._name(index)}: resized to {image.shape[:2]}, expected {tuple(self.shapes[index])}"
+            )
+        start = self.offsets[index]
+        self._flat[start : start + image.size] = image.reshape(-1)
+        self._flat[index] = 0
+        return True
+
+    @staticmethod
+    def shapes_of(records: Sequence[ImageRecord], size: int, scaleup: bool = True) -> np.ndarray:
+        """(n, 2) int64 resized (h', w') of ``records`` at long side ``size``."""
+        shapes = [resized_shape(r.height, r.width, size, scaleup)[:2] for r in records]
+        return np.array(shapes, np.int64).reshape(-1, 2)
 
     @classmethod
     def build(
@@ -197,7 +279,9 @@ class ImageCache:
         max_fraction: float = 0.7,
         num_threads: int | None = None,
     ) -> ImageCache:
-        """Estimate, check against available memory, then decode every image with a thread pool.
+        """This process's own cache: estimate, check against available memory, then decode every image.
+
+        ``node_cache.build_image_caches`` builds one copy per node instead and falls back to this.
 
         Args:
             records: the images (their heights/widths give the estimate).
@@ -210,38 +294,40 @@ class ImageCache:
         Raises:
             MemoryError: with the figures, when ``copies`` caches would exceed the allowed share.
         """
-        shapes = np.array([resized_shape(r.height, r.width, size, scaleup)[:2] for r in records], np.int64)
-        shapes = shapes.reshape(-1, 2)
-        nbytes = 3 * shapes.prod(axis=1)
-        total = int(nbytes.sum())
-        available, where = memory_budget()
-        if total * copies > max_fraction * available:
-            raise MemoryError(
-                f"cache_images: {len(records)} images at long side {size} need an estimated "
-                f"{total / GIB:.2f} GiB "
-                f"per process x {copies} process(es) = {total * copies / GIB:.2f} GiB, more than "
-                f"{max_fraction:.0%} of the {available / GIB:.2f} GiB available ({where}). Set "
-                "--data.cache_images false, or lower --data.image_size."
-            )
+        shapes = cls.shapes_of(records, size, scaleup)
+        offsets, total = cache_layout(shapes)
+        check_cache_memory(len(records), size, total, copies, max_fraction)
         log.info("caching %d images in RAM: %.2f GiB", len(records), total / GIB)
-        offsets = np.concatenate([[0], np.cumsum(nbytes)[:-1]]).astype(np.int64)
-        buffer = torch.empty(total, dtype=torch.uint8)
-        flat = buffer.numpy()
-
-        def fill(i: int) -> None:
-            image = load(i)
-            if image.shape[:2] != tuple(shapes[i]):
-                raise ValueError(
-                    f"{records[i].path}: resized to {image.shape[:2]}, expected {tuple(shapes[i])}"
-                )
-            flat[offsets[i] : offsets[i] + nbytes[i]] = image.reshape(-1)
-
+        cache = cls(cls.allocate(total), offsets, shapes, records)
         threads = num_threads or min(8, os.cpu_count() or 1)
         with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(fill, range(len(records))))
+            list(pool.map(lambda i: cache.fill(i, load), range(len(records))))
+        return cache
+
+    @staticmethod
+    def allocate(total: int) -> torch.Tensor:
+        """A (total,) uint8 tensor, in shared memory unless DataLoader workers are forked."""
+        buffer = torch.zeros(total, dtype=torch.uint8)
         method = (
             multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
         )
         if method != "fork":
             buffer.share_memory_()  # spawn/forkserver workers get a handle, not a pickled copy
-        return cls(buffer, offsets, shapes)
+        return buffer
+
+
+def check_cache_memory(
+    num_images: int, size: int, total: int, copies: int, max_fraction: float, unit: str = "process"
+) -> None:
+    """Raise ``MemoryError`` (with the figures and the way out) when ``copies`` caches of ``total`` bytes
+    exceed ``max_fraction`` of the memory this process may use (host or container limit)."""
+    available, where = memory_budget()
+    if total * copies > max_fraction * available:
+        raise MemoryError(
+            f"cache_images: {num_images} images at long side {size} need an estimated "
+            f"{total / GIB:.2f} GiB "
+            f"per {unit} x {copies} {unit}{'(es)' if unit.endswith('s') else '(s)'} = "
+            f"{total * copies / GIB:.2f} GiB, more than "
+            f"{max_fraction:.0%} of the {available / GIB:.2f} GiB available ({where}). Set "
+            "--data.cache_images false, or lower --data.image_size."
+        )

@@ -29,6 +29,7 @@ from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, 
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
+from yolo11_lightning.training.throughput import Throughput
 
 # Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
 TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
@@ -37,8 +38,13 @@ TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
 def default_callbacks(last: bool = True) -> list[Any]:
     """``best.ckpt`` on validation mAP50-95, an always-current ``last.ckpt`` (unless ``last=False``: the CLI
     adds its own, configured by ``--last_checkpoint.*``), the LR monitor, and the hang watchdog (stack dumps
-    and the laggard's name when a rank stops making progress)."""
-    callbacks: list[Any] = [BestCheckpoint(), LearningRateMonitor(logging_interval="step"), HangWatchdog()]
+    and the laggard's name when a rank stops making progress), and the throughput / data-wait meter."""
+    callbacks: list[Any] = [
+        BestCheckpoint(),
+        LearningRateMonitor(logging_interval="step"),
+        HangWatchdog(),
+        Throughput(),
+    ]
     return [*callbacks, LastCheckpoint()] if last else callbacks
 
 

@@ -80,6 +80,13 @@ def _cache_locations(
     return primary, fallback
 
 
+def label_cache_locations(
+    config: DatasetConfig, split: str, cache_dir: str | Path | None = None
+) -> tuple[Path, Path]:
+    """(beside the labels, in the cache folder): where the label cache of ``split`` goes."""
+    return _cache_locations(_list_entries(config, split), split, cache_dir)
+
+
 def _parse(
     config: DatasetConfig, split: str, entries: list[SplitEntry], workers: int | None
 ) -> tuple[list[ImageRecord], DataReport, list[str]]:
