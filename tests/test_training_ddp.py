@@ -52,6 +52,18 @@ def test_one_step_on_two_ranks_equals_one_process(runs: tuple[dict, dict]) -> No
             _assert_close_relative(one["trained"][key], two["trained"][key], 1e-5, f"parameter {key}")
 
 
+def test_a_window_carried_over_an_epoch_end_is_the_same_on_every_world_size(runs: tuple[dict, dict]) -> None:
+    """Windows of 3 batches over 2-batch epochs: the gradient carried into epoch 1 (averaged over ranks at
+    the epoch end, what checkpoints store) and the gradient of the first step equal one process's."""
+    one, two = runs
+    for key in ("carried", "carried_step"):
+        assert one[key].keys() == two[key].keys() and len(one[key]) > 100, key
+        for name, grad in one[key].items():
+            _assert_close_relative(grad, two[key][name], 1e-5, f"{key} gradient of {name}")
+    # The first optimiser step came in epoch 1, not at epoch 0's end as Lightning alone would take it.
+    assert one["carry_step_epoch"] == two["carry_step_epoch"] == 1
+
+
 def test_distributed_map_equals_single_process(runs: tuple[dict, dict]) -> None:
     one, two = runs
     assert 0.05 < one["metrics"]["val/mAP50-95"] < 0.95  # non-trivial, so dropped or doubled images show

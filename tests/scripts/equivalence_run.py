@@ -32,9 +32,23 @@ class RecordGradients(Callback):
         self.gradients: dict[str, torch.Tensor] = {}
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
+        self.epoch = trainer.current_epoch
         for name, param in pl_module.model.named_parameters():
             if param.grad is not None:
                 self.gradients[name] = param.grad.detach().clone()
+
+
+class RecordCarried(Callback):
+    """Keep the gradient a window carries from epoch 0 into epoch 1 (after the recipe's epoch-end average)."""
+
+    def __init__(self) -> None:
+        self.gradients: dict[str, torch.Tensor] = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if trainer.current_epoch == 1 and batch_idx == 0:
+            for name, param in pl_module.model.named_parameters():
+                if param.grad is not None:
+                    self.gradients[name] = param.grad.detach().clone()
 
 
 class NoisyOracle(YOLO11Module):
@@ -84,11 +98,29 @@ def main() -> None:
     trainer.fit(module, data)
     trained = {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 
+    # A window of 3 batches over epochs of 2: the reference's first step comes after epoch 1's first batch,
+    # with epoch 0's gradient carried over the epoch end (and averaged over ranks there).
+    carried, at_step = RecordCarried(), RecordGradients()
+    carry_module = YOLO11Module(**{**options, "nominal_batch": 24})
+    carry_module.model.load_state_dict(initial)  # the RNG moved on differently with 1 and 2 ranks
+    carry_trainer = L.Trainer(max_epochs=2, max_steps=1, limit_val_batches=0,
+                              callbacks=[FreezeBatchNorm(), carried, at_step], **trainer_args)  # fmt: skip
+    carry_trainer.fit(carry_module, data)
+
     oracle = NoisyOracle(**options)
     metrics = L.Trainer(**trainer_args).validate(oracle, data, verbose=False)[0]
     if trainer.is_global_zero:
         torch.save(
-            {"initial": initial, "trained": trained, "gradients": recorder.gradients, "metrics": metrics}, out
+            {
+                "initial": initial,
+                "trained": trained,
+                "gradients": recorder.gradients,
+                "metrics": metrics,
+                "carried": carried.gradients,
+                "carried_step": at_step.gradients,
+                "carry_step_epoch": at_step.epoch,
+            },
+            out,
         )
 
 

@@ -69,9 +69,16 @@ class NonFiniteStepGuard:
         return True
 
     def state_dict(self) -> dict[str, Any]:
-        return {"skipped": self.skipped, "consecutive": self.consecutive}
+        """Counters, and whether the open accumulation window (one carried over an epoch end) saw a
+        non-finite loss: a resume then skips that window's step as the uninterrupted run would."""
+        state: dict[str, Any] = {"skipped": self.skipped, "consecutive": self.consecutive}
+        if self._pending and bool(torch.stack(self._pending).any()):
+            state["window_nonfinite"] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.skipped = int(state.get("skipped", 0))
         self.consecutive = int(state.get("consecutive", 0))
         self._pending.clear()
+        if state.get("window_nonfinite"):
+            self._pending.append(torch.tensor(True))

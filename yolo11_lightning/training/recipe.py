@@ -9,6 +9,15 @@ optimiser lives here:
   last step, a count that rises from 1 to ``nominal_batch / global_batch`` during warmup. Lightning's
   ``accumulate_grad_batches`` is set batch by batch so that it steps exactly then;
 - the index of the last optimiser step (saved through this callback's state), which defines the windows;
+- windows that cross an epoch boundary: Lightning forces an optimiser step on every epoch's last batch,
+  the reference does not (its window carries on into the next epoch: about 8% fewer steps at the
+  nominal batch). Lightning asks its epoch loop ``_should_accumulate()`` before every step decision
+  (optimiser step, global step, DDP sync, logging, zeroing before validation); this callback answers
+  "accumulate" for a last batch the reference would not step on, and Lightning's other answers are
+  kept. At the epoch end the open window's gradient is averaged over ranks once (what DDP's next sync
+  would do), so that it is the same on every rank and goes into checkpoints
+  (``checkpoint["carried_gradients"]``): a resume at the epoch boundary, on any world size, continues
+  the same window;
 - ``loss_scale``: the factor that makes gradients the reference's for the same *global* batch.
 
 The module calls ``zero_grad_before_batch``, ``loss_scale`` and ``after_optimizer_step`` from its
@@ -23,6 +32,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from yolo11_lightning.training.optim import OptimizerRecipe, WarmupSchedule
 
@@ -57,12 +67,32 @@ class ReferenceRecipe(Callback):
         self.schedule: WarmupSchedule | None = None
         self.last_step_index = -1
         self.fixed_accumulation: int | None = None
+        self.step_due = True  # does the reference step after the current batch?
+        self.carrying = False  # after this batch, the parameters' .grad hold an open window
+        self.carried_is_global = False  # that gradient is the same on every rank (averaged at epoch end)
+        self._restored_gradients: dict[str, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------- set-up
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if stage == "fit":  # before any batch rewrote it: a value other than 1 is the user's choice
-            fixed = trainer.accumulate_grad_batches
-            self.fixed_accumulation = fixed if fixed != 1 else None
+        if stage != "fit":
+            return
+        # Before any batch rewrote it: a value other than 1 is the user's choice.
+        fixed = trainer.accumulate_grad_batches
+        self.fixed_accumulation = fixed if fixed != 1 else None
+        self.step_due, self.carrying = True, False
+        if self.fixed_accumulation is None:
+            epoch_loop = trainer.fit_loop.epoch_loop
+            lightning_rule = type(epoch_loop)._should_accumulate.__get__(epoch_loop)
+            epoch_loop._should_accumulate = lambda: self._should_accumulate(lightning_rule)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        trainer.fit_loop.epoch_loop.__dict__.pop("_should_accumulate", None)
+
+    def _should_accumulate(self, lightning_rule: Any) -> bool:
+        """Lightning's rule, except on an epoch's last batch that the reference would not step on."""
+        if self.schedule is not None and not self.step_due:
+            return True
+        return lightning_rule()
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # Batches per epoch are known once the train loader exists; len() is the full epoch even when
@@ -70,6 +100,9 @@ class ReferenceRecipe(Callback):
         recipe: OptimizerRecipe = pl_module.resolved_recipe
         max_epochs = max(trainer.max_epochs or 1, 1)
         self.schedule = WarmupSchedule(recipe, max_epochs, int(trainer.num_training_batches))
+        if self._restored_gradients is not None:  # after the strategy moved the model to its device
+            self._restore_gradients(pl_module, self._restored_gradients)
+            self._restored_gradients = None
 
     # ------------------------------------------------------------------------------- per batch
     def global_batch_index(self, trainer: L.Trainer, batch_idx: int) -> int:
@@ -98,6 +131,7 @@ class ReferenceRecipe(Callback):
         due = index - self.last_step_index >= self.schedule.accumulation(index, global_batch_size(trainer))
         ready = trainer.fit_loop.epoch_loop.batch_progress.current.ready
         trainer.accumulate_grad_batches = 1 if due else ready + 1
+        self.step_due = due
 
     def loss_scale(self, trainer: L.Trainer, local_batch: int) -> int:
         """Factor on the (globally normalised) loss so that gradients are the reference's.
@@ -113,6 +147,26 @@ class ReferenceRecipe(Callback):
         """Lightning's zero_grad point: only with a fixed accumulation (else zeroed after each step)."""
         if self.fixed_accumulation is not None:
             optimizer.zero_grad(set_to_none=True)
+
+    def on_train_batch_end(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self.carrying = self.fixed_accumulation is None and self.schedule is not None and not self.step_due
+        self.carried_is_global = False
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Average an open window's gradient over ranks (every rank carries one, or none, alike).
+
+        Before the checkpoint callbacks' own epoch-end saves (Lightning runs those last).
+        """
+        if not self.carrying:
+            return
+        gradients = [p.grad for p in pl_module.parameters() if p.grad is not None]
+        if trainer.world_size > 1 and gradients:
+            flat = trainer.strategy.reduce(_flatten_dense_tensors(gradients), reduce_op="mean")
+            for gradient, averaged in zip(gradients, _unflatten_dense_tensors(flat, gradients)):
+                gradient.copy_(averaged)
+        self.carried_is_global = True
 
     def after_optimizer_step(
         self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, batch_idx: int, stepped: bool
@@ -130,9 +184,37 @@ class ReferenceRecipe(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.last_step_index = int(state_dict.get("last_step_index", -1))
 
+    def on_save_checkpoint(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
+        if self.carrying and self.carried_is_global:  # the open window's gradient, the same on every rank
+            checkpoint["carried_gradients"] = {
+                name: param.grad.detach().cpu().clone()
+                for name, param in pl_module.named_parameters()
+                if param.grad is not None
+            }
+
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         # Before load_state_dict, which overrides this when the checkpoint has the callback's own state.
         if "last_step_batch_index" in checkpoint:
             self.last_step_index = int(checkpoint["last_step_batch_index"])
+        self._restored_gradients = checkpoint.get("carried_gradients")
+
+    def _restore_gradients(self, pl_module: L.LightningModule, gradients: dict[str, torch.Tensor]) -> None:
+        parameters = dict(pl_module.named_parameters())
+        unknown = sorted(set(gradients) - set(parameters))
+        if unknown:
+            raise ValueError(
+                f"the checkpoint's carried gradients name parameters this model lacks: {unknown[:5]}"
+            )
+        for name, gradient in gradients.items():
+            param = parameters[name]
+            if gradient.shape != param.shape:
+                raise ValueError(
+                    f"carried gradient of {name} has shape {tuple(gradient.shape)}, not {tuple(param.shape)}"
+                )
+            # empty_like keeps the parameter's memory layout (channels-last), as autograd's own gradients do.
+            param.grad = torch.empty_like(param).copy_(gradient)
+        self.carrying = self.carried_is_global = bool(gradients)
