@@ -85,11 +85,16 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
 
     for owner, name, stage in [
         (dataset, "read_image_retrying", "decode"),
+        (dataset, "read_image_reduced", "decode"),
         (dataset, "resize_long_side", "resize to long side"),
-        (augment, "mosaic4", "mosaic placement"),
+        (augment, "mosaic4", "mosaic placement"),  # before warp_tiles: the whole canvas
+        (transforms, "place_tiles", "mosaic placement"),
         (transforms, "warp_image", "affine warp"),
+        (augment, "warp_tiles", "affine warp"),
         (augment, "random_affine_matrix", "label transforms"),
         (augment, "apply_affine", "label transforms"),
+        (augment, "tile_boxes", "label transforms"),
+        (augment, "affine_boxes", "label transforms"),
         (dataset, "xywhn_to_xyxy", "label transforms"),
         (dataset, "xyxy_to_xywhn", "label transforms"),
         (augment, "augment_hsv", "HSV"),
@@ -98,11 +103,10 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
         (dataset, "image_tensor", "to tensor / format"),
         (dataset, "collate_detection", "collate"),
     ]:
-        if hasattr(owner, name):  # a stage that a later version folds into another one
+        if hasattr(
+            owner, name
+        ):  # the names of this version of the pipeline (the script times earlier ones too)
             timer.wrap(owner, name, stage)
-    for name, stage in [("mosaic_affine", "affine warp")]:
-        if hasattr(augment, name):
-            timer.wrap(augment, name, stage)
     ds = dataset.DetectionDataset(records, size, augment=True, seed=0, global_batch_size=batch)
     return lambda keys: len(dataset.collate_detection([ds[k] for k in keys])["indices"])
 
