@@ -119,3 +119,92 @@ def test_training_images_keep_the_full_decode_shapes_and_scales(tmp_path: Path):
         # The same picture: close to the full decode shrunk with area averaging (no shift, no stretch).
         ideal = cv2.resize(read_image(record.path), a.shape[1::-1], interpolation=cv2.INTER_AREA)
         assert np.abs(a.astype(int) - ideal).mean() < 2, record  # a 1% stretch: 4.6
+
+
+# ------------------------------------------------------------------------------------------- vs the oracle
+SIZES = [(96, 128), (128, 96), (80, 128), (128, 128), (60, 90)]
+
+
+def write_jpeg_set(root: Path, n: int = 20) -> Path:
+    """n JPEGs (most twice the 64 px training size: reduced decoding applies) with 1-4 boxes; the yaml."""
+    rng = np.random.default_rng(0)
+    for split in ("images", "labels"):
+        (root / split / "train").mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        h, w = SIZES[i % len(SIZES)]
+        img = smooth(h, w, seed=i)
+        lines = []
+        for _ in range(int(rng.integers(1, 5))):
+            bw, bh = (int(v) for v in rng.integers(10, 40, 2))
+            x1, y1 = int(rng.integers(0, w - bw)), int(rng.integers(0, h - bh))
+            img[y1 : y1 + bh, x1 : x1 + bw] = rng.integers(0, 256, 3)
+            lines.append(
+                f"{int(rng.integers(3))} {(x1 + bw / 2) / w} {(y1 + bh / 2) / h} {bw / w} {bh / h}\n"
+            )
+        cv2.imwrite(str(root / "images" / "train" / f"{i}.jpg"), img[..., ::-1])
+        (root / "labels" / "train" / f"{i}.txt").write_text("".join(lines))
+    yaml = root / "data.yaml"
+    yaml.write_text(f"path: {root}\ntrain: images/train\nval: images/train\nnames: [a, b, c]\n")
+    return yaml
+
+
+def sample_statistics(items) -> dict[str, float]:
+    """Per-box and per-pixel figures of (image (3, H, W) uint8, boxes (n, 4) xywh normalised) samples."""
+    counts, areas, grey, grad, mean = [], [], [], [], []
+    for image, boxes in items:
+        counts.append(len(boxes))
+        areas += (boxes[:, 2] * boxes[:, 3]).tolist()
+        grey.append(((image[0] == image[1]) & (image[1] == image[2])).mean())
+        grad.append(np.abs(np.diff(image.astype(np.int16), axis=2)).mean())
+        mean.append(image.mean())
+    return {
+        "boxes per sample": float(np.mean(counts)),
+        "median box area": float(np.median(areas)),
+        "grey share": float(np.mean(grey)),
+        "neighbour difference": float(np.mean(grad)),
+        "pixel mean": float(np.mean(mean)),
+    }
+
+
+def ours_statistics(yaml: Path, samples: int) -> dict[str, float]:
+    from yolo11_lightning import YOLODataModule
+
+    data = YOLODataModule(dataset=str(yaml), batch_size=16, image_size=64, num_workers=0)
+    data.setup("fit")
+    dataset = data.datasets["train"]
+    keys = [(e, i) for e in range(samples // len(dataset) + 1) for i in range(len(dataset))][:samples]
+    return sample_statistics(
+        (s["image"].numpy(), s["labels"][:, 1:].numpy()) for s in (dataset[k] for k in keys)
+    )
+
+
+def oracle_statistics(yaml: Path, samples: int, seed: int) -> dict[str, float]:
+    import random
+
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data import build_yolo_dataset
+    from ultralytics.data.utils import check_det_dataset
+
+    random.seed(seed)
+    np.random.seed(seed)
+    data = check_det_dataset(str(yaml))
+    dataset = build_yolo_dataset(get_cfg(overrides={"imgsz": 64}), data["train"], 16, data, mode="train")
+    items = (dataset[i % len(dataset)] for i in range(samples))
+    return sample_statistics((s["img"].numpy(), s["bboxes"].numpy().reshape(-1, 4)) for s in items)
+
+
+def test_augmented_samples_have_the_oracles_statistics(tmp_path: Path):
+    pytest.importorskip("ultralytics")
+    yaml = write_jpeg_set(tmp_path)
+    ours = ours_statistics(yaml, 400)
+    oracle = oracle_statistics(yaml, 400, seed=0)
+    # Tolerances: a few times the spread of the oracle's own figures over seeds at 400 samples.
+    tolerance = {
+        "boxes per sample": 0.1,
+        "median box area": 0.1,
+        "grey share": 0.15,
+        "neighbour difference": 0.08,
+        "pixel mean": 0.02,
+    }
+    for key, rel in tolerance.items():
+        assert abs(ours[key] - oracle[key]) <= rel * oracle[key], (key, ours[key], oracle[key])
