@@ -144,6 +144,8 @@ class DetectionDataset(Dataset):
             None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
         read_attempts: reads of an image before it counts as unreadable (>= 1).
         retry_backoff_s: first pause between reads, doubled after each failure.
+        reduced_decode: in training, decode a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
+            (see ``_read``); False always decodes fully, as evaluation does.
     """
 
     def __init__(
@@ -160,6 +162,7 @@ class DetectionDataset(Dataset):
         decode_cache_size: int | None = None,
         read_attempts: int = 3,
         retry_backoff_s: float = 0.05,
+        reduced_decode: bool = True,
     ) -> None:
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -185,6 +188,7 @@ class DetectionDataset(Dataset):
             raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
         self.read_attempts = read_attempts
         self.retry_backoff_s = retry_backoff_s
+        self.reduced_decode = reduced_decode
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
         # Training images this process found unreadable in epoch `_unreadable_epoch` (index -> reason): not
         # read again in that epoch (a file is retried in the next one, so a transient failure can heal).
@@ -242,10 +246,10 @@ class DetectionDataset(Dataset):
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
 
         Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
-        (``image_io.decode_scale``: libjpeg's DCT scaling, 2-4x cheaper), f = 1 otherwise. The size
+        (``image_io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
         check then expects ceil(height / f) x ceil(width / f).
         """
-        if not self.augment:
+        if not (self.augment and self.reduced_decode):
             return read_image_retrying(path, self.read_attempts, self.retry_backoff_s), 1
         image = read_image_retrying(path, self.read_attempts, self.retry_backoff_s, self.image_size)
         return image, 1 if image.shape[:2] == (height, width) else decode_scale(

@@ -121,7 +121,8 @@ def read_image(path: str, long_side: int | None = None) -> np.ndarray:
     truncated or non-image files.
 
     With ``long_side``, a JPEG that a resize to that long side would shrink by 2x or more is decoded
-    at 1/f scale instead (``decode_scale``; libjpeg's DCT scaling, 2-4x faster than a full decode):
+    at 1/f scale instead (``decode_scale``; libjpeg's DCT scaling: the inverse DCT, chroma upsampling
+    and colour conversion run at the reduced size, the entropy decoding does not; 1.2-1.6x faster):
     ceil(H / f) x ceil(W / f) pixels, long side still >= ``long_side``, a box-filtered view of the
     same image (within a few grey levels of a full decode shrunk by f). Other formats decode fully.
     """
