@@ -309,7 +309,7 @@ def warp_tiles(
     paints the whole canvas and warps it.
 
     Returns:
-        image: (out_h, out_w, 3) uint8.
+        image: (out_h, out_w, 3) uint8, possibly a view of a larger array (rows strided).
         matrix: (3, 3) float64 canvas -> output pixels, as realised.
     """
     out_w, out_h = out_wh
