@@ -108,10 +108,10 @@ def test_a_transient_read_error_is_retried_and_no_substitute_is_needed(train_rec
     monkeypatch.setattr(image_io.time, "sleep", sleeps.append)
     real, failures = image_io.read_image, iter([True, True])
 
-    def flaky(path):
+    def flaky(path, *args):
         if next(failures, False):
             raise image_io.ImageReadError(path, "cannot read file (Stale file handle)")
-        return real(path)
+        return real(path, *args)
 
     monkeypatch.setattr(image_io, "read_image", flaky)
     sample = DetectionDataset(train_records, SIZE, augment=True, retry_backoff_s=0.05)[(0, 4)]

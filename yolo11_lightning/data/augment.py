@@ -15,7 +15,17 @@ from typing import NamedTuple
 import numpy as np
 
 from .color import augment_hsv
-from .transforms import apply_affine, flip_lr, flip_ud, letterbox, mixup, mosaic4, random_affine_matrix
+from .transforms import (
+    affine_boxes,
+    flip_lr,
+    flip_ud,
+    letterbox_fit,
+    mixup,
+    mosaic_offsets,
+    random_affine_matrix,
+    tile_boxes,
+    warp_tiles,
+)
 
 
 @dataclass(frozen=True)
@@ -85,20 +95,27 @@ PickFn = Callable[[np.random.Generator, int], Sequence[int]]
 def _geometric(
     index: int, load: LoadFn, pick: PickFn, rng: np.random.Generator, cfg: AugmentConfig, size: int, mix: bool
 ) -> Labelled:
-    """Mosaic (or letterbox) then random affine to (size, size)."""
+    """Mosaic (or letterbox) then random affine to (size, size).
+
+    The tiles are never painted on a full canvas when the affine only zooms and shifts (the default
+    geometry): ``warp_tiles`` resizes the canvas window the output sees, and the boxes go through the
+    matrix it realised.
+    """
     if mix and rng.random() < cfg.mosaic:
         parts = [load(i) for i in (index, *pick(rng, 3))]
-        image, boxes, classes = mosaic4(
-            [p.image for p in parts], [p.boxes for p in parts], [p.classes for p in parts], size, rng
-        )
+        tiles = [p.image for p in parts]
+        offsets = mosaic_offsets([t.shape[:2] for t in tiles], size, rng)
+        canvas_wh = (2 * size, 2 * size)
+        boxes, classes = tile_boxes([p.boxes for p in parts], [p.classes for p in parts], offsets, canvas_wh)
     else:
         item = load(index)
-        image, r, (left, top) = letterbox(item.image, size)
+        image, r, (left, top) = letterbox_fit(item.image, (size, size))
+        tiles, offsets, canvas_wh = [image], [(left, top)], (size, size)
         boxes = item.boxes * np.float32(r) + np.array([left, top, left, top], dtype=np.float32)
         classes = item.classes
     matrix, zoom = random_affine_matrix(
         rng,
-        in_wh=(image.shape[1], image.shape[0]),
+        in_wh=canvas_wh,
         out_wh=(size, size),
         degrees=cfg.degrees,
         translate=cfg.translate,
@@ -106,7 +123,8 @@ def _geometric(
         shear=cfg.shear,
         perspective=cfg.perspective,
     )
-    return Labelled(*apply_affine(image, boxes, classes, matrix, zoom, (size, size)))
+    image, matrix = warp_tiles(tiles, offsets, canvas_wh, matrix, (size, size))
+    return Labelled(image, *affine_boxes(boxes, classes, matrix, zoom, (size, size)))
 
 
 def augment_train_sample(

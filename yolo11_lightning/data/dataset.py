@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
@@ -23,7 +24,7 @@ from .batch import collate_detection as collate_detection  # re-exported: the ba
 from .batch import image_tensor
 from .batch import stack_images as stack_images
 from .image_cache import ImageCache, resized_shape
-from .image_io import ImageReadError, read_image_retrying
+from .image_io import ImageReadError, decode_scale, read_image_retrying
 from .sampler import epoch_order
 from .sources.records import ImageRecord
 from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
@@ -143,6 +144,8 @@ class DetectionDataset(Dataset):
             None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
         read_attempts: reads of an image before it counts as unreadable (>= 1).
         retry_backoff_s: first pause between reads, doubled after each failure.
+        reduced_decode: in training, decode a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
+            (see ``_read``); False always decodes fully, as evaluation does.
     """
 
     def __init__(
@@ -159,6 +162,7 @@ class DetectionDataset(Dataset):
         decode_cache_size: int | None = None,
         read_attempts: int = 3,
         retry_backoff_s: float = 0.05,
+        reduced_decode: bool = True,
     ) -> None:
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -184,6 +188,7 @@ class DetectionDataset(Dataset):
             raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
         self.read_attempts = read_attempts
         self.retry_backoff_s = retry_backoff_s
+        self.reduced_decode = reduced_decode
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
         # Training images this process found unreadable in epoch `_unreadable_epoch` (index -> reason): not
         # read again in that epoch (a file is retried in the next one, so a transient failure can heal).
@@ -220,8 +225,8 @@ class DetectionDataset(Dataset):
         if known is not None:
             raise ImageReadError(rec.path, known)
         try:
-            image = read_image_retrying(rec.path, self.read_attempts, self.retry_backoff_s)
-            if image.shape[:2] != (rec.height, rec.width):
+            image, f = self._read(rec.path, rec.height, rec.width)
+            if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
                 raise ImageReadError(
                     rec.path,
                     f"decoded size {image.shape[:2]} differs from the record's ({rec.height}, {rec.width}); "
@@ -230,12 +235,41 @@ class DetectionDataset(Dataset):
         except ImageReadError as e:
             self._unreadable[index] = e.reason
             raise
-        item = resize_long_side(image, self.image_size, self.scaleup)
+        item = self._resize(image, rec.height, rec.width, f)
         if self.decode_cache_size > 0:
             self._decoded[index] = item
             if len(self._decoded) > self.decode_cache_size:
                 self._decoded.popitem(last=False)
         return item
+
+    def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
+        """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
+
+        Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
+        (``image_io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
+        check then expects ceil(height / f) x ceil(width / f).
+        """
+        if not (self.augment and self.reduced_decode):
+            return read_image_retrying(path, self.read_attempts, self.retry_backoff_s), 1
+        image = read_image_retrying(path, self.read_attempts, self.retry_backoff_s, self.image_size)
+        return image, 1 if image.shape[:2] == (height, width) else decode_scale(
+            height, width, self.image_size
+        )
+
+    def _resize(self, image: np.ndarray, height: int, width: int, f: int) -> tuple[np.ndarray, float]:
+        """The record's (height, width) image, decoded at 1/f scale: resized to long side ``image_size``.
+
+        Shape and scale r are those of ``resize_long_side`` on the full image (``resized_shape``). Pixel i
+        of a 1/f decode covers full pixels [f i, f i + f) (the last one cut at the edge), so the resize
+        factors are those of the full image times f, not the reduced shape's ratio to the target.
+        """
+        if f == 1:
+            return resize_long_side(image, self.image_size, self.scaleup)
+        new_h, new_w, r = resized_shape(height, width, self.image_size, self.scaleup)
+        fx, fy = new_w * f / width, new_h * f / height
+        if fx != 1.0 or fy != 1.0:
+            image = cv2.resize(image, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+        return image[:new_h, :new_w], r
 
     def _load_labelled(self, index: int) -> Labelled:
         image, r = self.load_resized(index)

@@ -30,6 +30,13 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _SOF_MARKERS = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 # OpenCV >= 4.10 can hand back RGB directly, saving one full-image copy per sample.
 _IMREAD_RGB = getattr(cv2, "IMREAD_COLOR_RGB", None)
+# 1/f-scale JPEG decoding: the size bits alone (to combine with IMREAD_COLOR_RGB), and the BGR flags.
+_REDUCED_BITS = {
+    2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
+    4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
+    8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+}
+_REDUCED_BGR = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 
 class ImageReadError(ValueError):
@@ -94,31 +101,59 @@ def _decode(path: str, data: bytes, flags: int) -> np.ndarray:
     return img
 
 
-def read_image(path: str) -> np.ndarray:
+def decode_scale(height: int, width: int, long_side: int) -> int:
+    """Largest f of 2, 4, 8 whose 1/f-scale JPEG decode keeps the long side >= ``long_side``; else 1.
+
+    libjpeg's scaled decode gives ceil(h / f) x ceil(w / f) pixels.
+    """
+    longest = max(height, width)
+    for f in (8, 4, 2):
+        if -(-longest // f) >= long_side:
+            return f
+    return 1
+
+
+def read_image(path: str, long_side: int | None = None) -> np.ndarray:
     """Decode an image file to (H, W, 3) uint8 RGB, EXIF orientation applied.
 
     Grayscale is expanded to 3 channels, alpha is dropped, 16-bit is scaled to 8-bit (OpenCV
     ``IMREAD_COLOR`` semantics). Raises ImageReadError naming the file for unreadable, zero-byte,
     truncated or non-image files.
+
+    With ``long_side``, a JPEG that a resize to that long side would shrink by 2x or more is decoded
+    at 1/f scale instead (``decode_scale``; libjpeg's DCT scaling: the inverse DCT, chroma upsampling
+    and colour conversion run at the reduced size, the entropy decoding does not; 1.2-1.6x faster):
+    ceil(H / f) x ceil(W / f) pixels, long side still >= ``long_side``, a box-filtered view of the
+    same image (within a few grey levels of a full decode shrunk by f). Other formats decode fully.
     """
     path = str(path)
     data = _read_bytes(path)
+    scale = 1
     if data.startswith(_JPEG_MAGIC):
-        _jpeg_frame(path, data)  # truncation check: ~1% of the decode time
+        h, w = _jpeg_frame(path, data)  # truncation check: ~1% of the decode time
+        if long_side is not None and h > 0 and w > 0:
+            scale = decode_scale(h, w, long_side)
+    if scale > 1:
+        if _IMREAD_RGB is not None:  # the reduced-size bits combine with the RGB flag
+            return _decode(path, data, _REDUCED_BITS[scale] | _IMREAD_RGB)
+        return cv2.cvtColor(_decode(path, data, _REDUCED_BGR[scale]), cv2.COLOR_BGR2RGB)
     if _IMREAD_RGB is not None:
         return _decode(path, data, _IMREAD_RGB)
     return cv2.cvtColor(_decode(path, data, cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
 
 
-def read_image_retrying(path: str, attempts: int = 3, backoff_s: float = 0.05) -> np.ndarray:
+def read_image_retrying(
+    path: str, attempts: int = 3, backoff_s: float = 0.05, long_side: int | None = None
+) -> np.ndarray:
     """``read_image`` tried ``attempts`` times, sleeping ``backoff_s``, 2x, 4x ... seconds in between.
 
     For files on network filesystems, where a read can fail once (a stale NFS handle, a file being
     replaced) and succeed a moment later. Raises the last ImageReadError when every attempt failed.
+    ``long_side`` is passed on to ``read_image`` (reduced-size JPEG decoding).
     """
     for attempt in range(attempts):
         try:
-            return read_image(path)
+            return read_image(path) if long_side is None else read_image(path, long_side)
         except ImageReadError:
             if attempt + 1 >= attempts:
                 raise
