@@ -169,7 +169,8 @@ def segment_image(
 
     Returns:
         (m, 6) ``[x1, y1, x2, y2, score, class]`` in original pixels and (m, h0, w0) bool masks; detections
-        whose mask is empty are dropped, as the reference does.
+        whose mask is empty (at the input size, or at the original one with ``retina_masks``) are dropped, as
+        the reference does.
     """
     boxes = detections[:, :6].clone()
     coefficients = detections[:, 6:]
@@ -179,15 +180,14 @@ def segment_image(
     orig = torch.tensor([h0, w0], device=boxes.device)
     pad = torch.as_tensor(pad, dtype=boxes.dtype, device=boxes.device)
     original_boxes = letterbox_to_original(boxes[:, :4], scale, pad, orig)
+    boxes[:, :4] = original_boxes
     if retina_masks:
         masks = masks_native(protos, coefficients, original_boxes, (h0, w0))
-    else:
-        masks = masks_to_original(
-            masks_at_input(protos, coefficients, boxes[:, :4], input_size), (h0, w0), pad
-        )
-    boxes[:, :4] = original_boxes
-    keep = masks.flatten(1).any(1)
-    return boxes[keep], masks[keep]
+        keep = masks.flatten(1).any(1)
+        return boxes[keep], masks[keep]
+    at_input = masks_at_input(protos, coefficients, detections[:, :4], input_size)
+    keep = at_input.flatten(1).any(1)  # the reference keeps masks not empty at the input size
+    return boxes[keep], masks_to_original(at_input[keep], (h0, w0), pad)
 
 
 def encode_rle(mask: Tensor | np.ndarray) -> dict[str, object]:
