@@ -8,6 +8,8 @@ read with our loader and exported by ``yolo11-lightning export`` at a fixed 160 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -84,22 +86,25 @@ def seg_export(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
     batch, letterboxes, sizes = _batch(images)
     _image_driven(reference, batch)
     pt = save_like_release(reference, root / "seg.pt", NAMES)
-    return SimpleNamespace(root=root, images=images, pt=pt, batch=batch, letterboxes=letterboxes, sizes=sizes)
+    onnx, printed = root / "seg.onnx", io.StringIO()
+    with contextlib.redirect_stdout(printed):  # the export command, as a user runs it
+        code = main(["--weights", str(pt), "--out", str(onnx), "--image-size", str(SIZE)])
+    return SimpleNamespace(
+        root=root, images=images, pt=pt, batch=batch, letterboxes=letterboxes, sizes=sizes, onnx=onnx,
+        exit_code=code, printed=printed.getvalue(), model=load_model(pt, task="segment"),
+    )  # fmt: skip
 
 
-def test_export_cli_writes_a_two_output_onnx(
-    seg_export: SimpleNamespace, capsys: pytest.CaptureFixture
-) -> None:
+def test_export_cli_writes_a_two_output_onnx(seg_export: SimpleNamespace) -> None:
     """The export command reads the reference seg file (task from the file) and checks both outputs with
     onnxruntime; the oracle's loader reads the metadata as a segmentation model's."""
     from ultralytics.nn.autobackend import AutoBackend
 
-    out = seg_export.root / "seg.onnx"
-    assert main(["--weights", str(seg_export.pt), "--out", str(out), "--image-size", str(SIZE)]) == 0
-    printed = capsys.readouterr().out
+    out, printed = seg_export.onnx, seg_export.printed
+    assert seg_export.exit_code == 0, printed
     assert "task segment" in printed and "outputs output0 + output1" in printed
     assert "output0" in printed.split("max |diff|")[1] and "output1" in printed.split("max |diff|")[1]
-    model = load_model(seg_export.pt, task="segment")
+    model = seg_export.model
     diffs = onnx_output_diffs(model, out, seg_export.batch)
     assert set(diffs) == {"output0", "output1"}
     assert max(diffs.values()) <= onnx_tolerance(model, seg_export.batch)
@@ -107,7 +112,6 @@ def test_export_cli_writes_a_two_output_onnx(
     assert (backend.task, backend.names, backend.stride, backend.dynamic) == ("segment", NAMES, 32, False)
     preds, protos = backend(seg_export.batch)
     assert preds.shape == (3, 4 + 3 + 32, 525) and protos.shape == (3, 32, SIZE // 4, SIZE // 4)
-    seg_export.onnx, seg_export.model = out, model
 
 
 def test_oracle_predicts_our_onnx_like_ours_in_torch(seg_export: SimpleNamespace) -> None:
@@ -118,8 +122,6 @@ def test_oracle_predicts_our_onnx_like_ours_in_torch(seg_export: SimpleNamespace
     for fewer masks)."""
     from ultralytics import YOLO
 
-    if not hasattr(seg_export, "onnx"):
-        pytest.skip("needs the export of test_export_cli_writes_a_two_output_onnx")
     sources = [str(p) for p in seg_export.images]
     theirs = YOLO(str(seg_export.onnx), task="segment").predict(sources, imgsz=SIZE, conf=0.5, verbose=False)
     with torch.no_grad():
@@ -164,8 +166,6 @@ def test_oracle_predicts_our_onnx_like_ours_in_torch(seg_export: SimpleNamespace
 def test_onnx_runner_returns_predictions_and_protos(seg_export: SimpleNamespace) -> None:
     from yolo11_lightning.onnx_runner import OnnxDetector
 
-    if not hasattr(seg_export, "onnx"):
-        pytest.skip("needs the export of test_export_cli_writes_a_two_output_onnx")
     runner = OnnxDetector(seg_export.onnx, num_classes=3, task="segment")
     assert OnnxDetector(seg_export.onnx, task=None).task == "segment"
     with pytest.raises(
@@ -184,6 +184,22 @@ def test_onnx_runner_returns_predictions_and_protos(seg_export: SimpleNamespace)
     tolerance = onnx_tolerance(seg_export.model, seg_export.batch)
     assert float((preds - expected_preds).abs().max()) <= tolerance
     assert float((protos - expected_protos).abs().max()) <= tolerance
+
+
+def test_dynamic_seg_export_takes_other_sizes(seg_export: SimpleNamespace) -> None:
+    """``dynamic=True``: free height and width on both outputs; another size matches PyTorch."""
+    from ultralytics.nn.autobackend import AutoBackend
+
+    from yolo11_lightning.export import export_onnx
+
+    path = export_onnx(seg_export.model, seg_export.root / "dynamic.onnx", SIZE, dynamic=True)
+    x = torch.rand(1, 3, 96, 192, generator=torch.Generator().manual_seed(3))
+    diffs = onnx_output_diffs(seg_export.model, path, x)
+    assert max(diffs.values()) <= onnx_tolerance(seg_export.model, x)
+    backend = AutoBackend(str(path), device=torch.device("cpu"))
+    assert (backend.task, backend.dynamic) == ("segment", True)
+    preds, protos = backend(x)
+    assert preds.shape == (1, 39, 12 * 24 + 6 * 12 + 3 * 6) and protos.shape == (1, 32, 24, 48)
 
 
 def test_seg_weights_export_and_check_data_refusal(

@@ -14,6 +14,7 @@ import torch
 from yolo11_lightning.ops.masks import (
     crop_masks,
     encode_rle,
+    image_target_masks,
     masks_at_input,
     masks_at_protos,
     masks_native,
@@ -191,3 +192,21 @@ def test_rle_matches_faster_coco_eval() -> None:
     assert encode_rle(torch.from_numpy(masks[0])) == encode_rle(masks[0])
     with pytest.raises(ValueError, match=r"one \(h, w\) mask"):
         encode_rle(np.zeros((2, 3, 4), bool))
+
+
+def test_image_target_masks_unpack_both_encodings() -> None:
+    """One image's ground truth from a batch: the index map's k-th value is its k-th row; per-instance masks are
+    that image's rows; both give the same masks for non-overlapping instances."""
+    targets = torch.tensor(
+        [[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 0, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.5, 0.5, 0.2, 0.2]]
+    )
+    index_maps = torch.zeros(2, 8, 10, dtype=torch.uint8)
+    index_maps[0, 1:3, 1:4] = 1
+    index_maps[1, 0:2, 0:2], index_maps[1, 5:8, 6:9] = 1, 2
+    per_instance = torch.stack([index_maps[0] == 1, index_maps[1] == 1, index_maps[1] == 2]).to(torch.uint8)
+    for image, rows in ((0, [0]), (1, [1, 2])):
+        overlap = image_target_masks(index_maps, True, targets, image)
+        separate = image_target_masks(per_instance, False, targets, image)
+        assert overlap.dtype == separate.dtype == torch.bool and overlap.shape == (len(rows), 8, 10)
+        assert torch.equal(overlap, separate) and torch.equal(separate, per_instance[rows].bool())
+    assert image_target_masks(index_maps, True, targets[:0], 0).shape == (0, 8, 10)

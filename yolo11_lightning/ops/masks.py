@@ -16,7 +16,9 @@ Three resolutions, as the reference computes them:
   another aspect), then cropped by boxes given in that frame. Its predictor's ``retina_masks`` (boxes and
   masks in original pixels) and its COCO-json validation path (masks at the input size).
 
-``segment_image`` is the predict path for one image (boxes and masks in original pixels);
+``image_target_masks`` unpacks one image's ground-truth masks of a ``SegmentationBatch`` (either encoding)
+at the same 1/4 resolution, for scoring against ``masks_at_protos``. ``segment_image`` is the predict path
+for one image (boxes and masks in original pixels);
 ``encode_rle`` writes a binary mask as COCO compressed RLE (``{"size": [h, w], "counts": str}``).
 Imports torch and numpy only.
 """
@@ -35,6 +37,7 @@ from yolo11_lightning.ops.letterbox import letterbox_to_original
 __all__ = [
     "crop_masks",
     "encode_rle",
+    "image_target_masks",
     "mask_logits",
     "masks_at_input",
     "masks_at_protos",
@@ -188,6 +191,22 @@ def segment_image(
     at_input = masks_at_input(protos, coefficients, detections[:, :4], input_size)
     keep = at_input.flatten(1).any(1)  # the reference keeps masks not empty at the input size
     return boxes[keep], masks_to_original(at_input[keep], (h0, w0), pad)
+
+
+def image_target_masks(masks: Tensor, overlap: bool, targets: Tensor, image: int) -> Tensor:
+    """Ground-truth masks of image ``image`` of a ``SegmentationBatch`` as (n, H/4, W/4) bool, one per row of
+    ``targets`` (N, 6) whose image index is ``image``, in their order (the reference validator's
+    ``_prepare_batch``).
+
+    ``masks``: the batch's ``masks``, (B, H/4, W/4) index maps when ``overlap`` (k >= 1: the k-th row of the
+    image), else (N, H/4, W/4) one 0/1 mask per row of ``targets``.
+    """
+    rows = targets[:, 0].to(torch.long) == image
+    if not overlap:
+        return masks[rows.to(masks.device)].bool()
+    count = int(rows.sum())
+    index = torch.arange(1, count + 1, device=masks.device, dtype=masks.dtype)
+    return masks[image][None] == index[:, None, None]
 
 
 def encode_rle(mask: Tensor | np.ndarray) -> dict[str, object]:
