@@ -8,7 +8,9 @@ A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveragin
 ``current_model_state``): those averaged weights are what validation scored and what is exported.
 
 ONNX: input ``images`` float (B, 3, H, W) RGB in [0, 1]; output ``output0`` (B, 4 + nc, A), xywh boxes in input
-pixels then class scores (no NMS), exactly ``YOLO11.eval()``'s output. The batch axis is dynamic; the image
+pixels then class scores (no NMS), exactly ``YOLO11.eval()``'s output. A segmentation model has two outputs,
+``output0`` (B, 4 + nc + 32, A) (each anchor's 32 mask coefficients after the scores) and ``output1`` the
+prototypes (B, 32, H/4, W/4), and the metadata says ``task: segment``. The batch axis is dynamic; the image
 size is fixed at export (the anchor grid becomes constants) unless ``dynamic=True`` (``--dynamic``), which
 makes height and width free axes (multiples of 32; the anchor grid is then computed in the graph). The
 metadata (``onnx_metadata``) holds the keys the reference's ONNX loader reads, beside ours, so its
@@ -37,17 +39,34 @@ from yolo11_lightning.onnx_metadata import metadata_props
 from yolo11_lightning.version import package_version
 
 __all__ = [
+    "ONNX_OUTPUT",
+    "ONNX_PROTOS",
     "export_onnx",
     "load_model",
     "load_weights",
     "main",
     "onnx_max_abs_diff",
+    "onnx_output_diffs",
+    "onnx_output_names",
     "onnx_tolerance",
     "save_weights",
 ]
 
 FORMATS = ("onnx", "weights")
 ONNX_INPUT, ONNX_OUTPUT = "images", "output0"
+ONNX_PROTOS = "output1"  # a segmentation model's second output, the mask prototypes
+
+
+def onnx_output_names(model: YOLO11) -> list[str]:
+    """``["output0"]`` for a detector, ``["output0", "output1"]`` (predictions, protos) for a segmenter."""
+    return [ONNX_OUTPUT, ONNX_PROTOS] if model.task == "segment" else [ONNX_OUTPUT]
+
+
+def _eval_outputs(model: YOLO11, images: torch.Tensor) -> list[torch.Tensor]:
+    """The eval outputs of ``model`` on the CPU as a list, in ``onnx_output_names`` order."""
+    with torch.no_grad():
+        out = model.eval().cpu()(images.float().cpu())
+    return list(out) if isinstance(out, tuple | list) else [out]
 
 
 def export_onnx(
@@ -69,9 +88,12 @@ def export_onnx(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     dummy = torch.zeros(1, 3, height, width, device=next(model.parameters()).device)
-    axes = {ONNX_INPUT: {0: "batch"}, ONNX_OUTPUT: {0: "batch"}}
+    outputs = onnx_output_names(model)
+    axes = {ONNX_INPUT: {0: "batch"}, **{name: {0: "batch"} for name in outputs}}
     if dynamic:
         axes = {ONNX_INPUT: {0: "batch", 2: "height", 3: "width"}, ONNX_OUTPUT: {0: "batch", 2: "anchors"}}
+        if ONNX_PROTOS in outputs:
+            axes[ONNX_PROTOS] = {0: "batch", 2: "proto_height", 3: "proto_width"}
     with warnings.catch_warnings():
         # Expected: the legacy exporter announces its deprecation, and the tracer notes that shape checks (and,
         # at a fixed size, the anchor grid) become constants, which is what tracing at one size means.
@@ -84,7 +106,7 @@ def export_onnx(
             str(path),
             dynamo=False,
             input_names=[ONNX_INPUT],
-            output_names=[ONNX_OUTPUT],
+            output_names=outputs,
             dynamic_axes=axes,
             opset_version=opset,
             do_constant_folding=True,
@@ -107,42 +129,60 @@ def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: boo
         dynamic=dynamic,
         opset=opset,
         version=package_version(),
+        task=model.task,
     )
     for key, value in props.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
-    # Shape inference leaves the output's channel (always 4 + nc) and anchor axes symbolic; both are known
-    # except the anchor count of a file with free height and width.
-    dims = proto.graph.output[0].type.tensor_type.shape.dim
-    known = {1: 4 + model.num_classes}
+    # Shape inference leaves the channel axes (4 + nc [+ 32], 32) and the spatial ones symbolic; all are known
+    # except those of a file with free height and width.
+    segment = model.task == "segment"
+    num_masks = model.head.nm if segment else 0
+    known = [{1: 4 + model.num_classes + num_masks}]
     if not dynamic:
-        known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
-    for axis, value in known.items():
-        dims[axis].ClearField("dim_param")
-        dims[axis].dim_value = value
+        known[0][2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
+    if segment:
+        known.append({1: num_masks} if dynamic else {1: num_masks, 2: size[0] // 4, 3: size[1] // 4})
+    for output, axes in zip(proto.graph.output, known):
+        dims = output.type.tensor_type.shape.dim
+        for axis, value in axes.items():
+            dims[axis].ClearField("dim_param")
+            dims[axis].dim_value = value
     proto.ir_version = min(proto.ir_version, 10)  # newer IR versions are refused by older ONNX Runtimes
     onnx.save(proto, str(path))
 
 
 def onnx_max_abs_diff(model: YOLO11, onnx_path: str | os.PathLike, images: torch.Tensor) -> float:
-    """Largest |ONNX Runtime - PyTorch| over the eval outputs for float ``images`` (B, 3, H, W)."""
+    """Largest |ONNX Runtime - PyTorch| over the eval outputs (both, for a segmenter) for float ``images``
+    (B, 3, H, W)."""
+    return max(onnx_output_diffs(model, onnx_path, images).values())
+
+
+def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch.Tensor) -> dict[str, float]:
+    """Output name -> largest |ONNX Runtime - PyTorch| of that output for float ``images`` (B, 3, H, W).
+
+    Raises ValueError naming the file when its outputs differ in number or shape from the model's.
+    """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    cpu_model = model.eval().cpu()
-    with torch.no_grad():
-        expected = cpu_model(images.float().cpu()).numpy()
-    (got,) = session.run([ONNX_OUTPUT], {ONNX_INPUT: images.float().cpu().numpy()})
-    if got.shape != expected.shape:
-        raise ValueError(f"{onnx_path}: output shape {got.shape} differs from PyTorch's {expected.shape}")
-    return float(np.abs(got - expected).max())
+    expected = [t.numpy() for t in _eval_outputs(model, images)]
+    names = [o.name for o in session.get_outputs()]
+    if len(names) != len(expected):
+        raise ValueError(f"{onnx_path}: {len(names)} outputs {names}, PyTorch gives {len(expected)}")
+    got = session.run(names, {ONNX_INPUT: images.float().cpu().numpy()})
+    diffs = {}
+    for name, a, b in zip(names, got, expected):
+        if a.shape != b.shape:
+            raise ValueError(f"{onnx_path}: output {name} shape {a.shape} differs from PyTorch's {b.shape}")
+        diffs[name] = float(np.abs(a - b).max())
+    return diffs
 
 
 def onnx_tolerance(model: YOLO11, images: torch.Tensor) -> float:
     """Allowed parity gap: 1e-4 plus a few float32 steps of the largest output (boxes are in pixels, and at
     640 px one float32 step is already 6e-5)."""
-    with torch.no_grad():
-        largest = float(model.eval().cpu()(images.float().cpu()).abs().max())
+    largest = max(float(t.abs().max()) for t in _eval_outputs(model, images))
     return 1e-4 + 1e-6 * largest
 
 
@@ -183,18 +223,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --image-size takes S or H W", file=sys.stderr)
         return 2
     try:
-        model = load_model(args.ckpt_path)
+        model = load_model(args.ckpt_path, task=None)  # detection or segmentation, as the file holds
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     source = Path(args.ckpt_path)
     if args.format == "weights":
         out = save_weights(model, args.out or source.with_suffix(".pth"))
-        print(f"weights: {out} (YOLO11-{model.scale}, {model.num_classes} classes)")
+        print(f"weights: {out} ({_describe(model)})")
         return 0
     size = args.image_size[0] if len(args.image_size) == 1 else tuple(args.image_size)
     if args.check_data and not args.dynamic and len(set(args.image_size)) != 1:
         print("error: --check-data needs a square --image-size S, or --dynamic", file=sys.stderr)
+        return 2
+    if args.check_data and model.task != "detect":
+        print(
+            f"error: {source}: --check-data compares box mAP of detection models; this file holds a "
+            f"{model.task} model (export it without --check-data)",
+            file=sys.stderr,
+        )
         return 2
     try:
         out = export_onnx(model, args.out or source.with_suffix(".onnx"), size, args.opset, args.dynamic)
@@ -202,13 +249,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     shape = "dynamic batch, height and width" if args.dynamic else "dynamic batch"
-    print(f"onnx: {out} (YOLO11-{model.scale}, {model.num_classes} classes, input {size}, {shape})")
+    outputs = " + ".join(onnx_output_names(model))
+    print(f"onnx: {out} ({_describe(model)}, input {size}, {shape}, outputs {outputs})")
     h, w = (size, size) if isinstance(size, int) else size
     if not args.no_check and not _parity_check(model, out, (h, w), args.dynamic):
         return 1
     if args.check_data:
         return _accuracy_check(model, out, (h, w), args)
     return 0
+
+
+def _describe(model: YOLO11) -> str:
+    task = "" if model.task == "detect" else f", task {model.task}"
+    return f"YOLO11-{model.scale}, {model.num_classes} classes{task}"
 
 
 def _parity_check(model: YOLO11, path: Path, size: tuple[int, int], dynamic: bool) -> bool:
@@ -221,13 +274,15 @@ def _parity_check(model: YOLO11, path: Path, size: tuple[int, int], dynamic: boo
     shapes = [size, (size[0] + 32, max(size[1] - 32, 32))] if dynamic else [size]
     for h, w in shapes:
         images = torch.rand(2, 3, h, w, generator=torch.Generator().manual_seed(0))
-        diff, tolerance = onnx_max_abs_diff(model, path, images), onnx_tolerance(model, images)
+        diffs, tolerance = onnx_output_diffs(model, path, images), onnx_tolerance(model, images)
+        shown = ", ".join(f"{name} {diff:.2e}" for name, diff in diffs.items())
         print(
-            f"onnxruntime vs PyTorch, batch of 2 at {h}x{w}: max |diff| = {diff:.2e} (tolerance {tolerance:.1e})"
+            f"onnxruntime vs PyTorch, batch of 2 at {h}x{w}: max |diff| {shown} (tolerance {tolerance:.1e})"
         )
-        if not diff <= tolerance:
-            print(f"error: {path}: ONNX output differs from PyTorch by {diff:.3g}", file=sys.stderr)
-            return False
+        for name, diff in diffs.items():
+            if not diff <= tolerance:
+                print(f"error: {path}: ONNX {name} differs from PyTorch by {diff:.3g}", file=sys.stderr)
+                return False
     return True
 
 

@@ -26,6 +26,11 @@ from typing import Any
 PRODUCER = "yolo11_lightning"
 INPUT_DOC = "float RGB (B, 3, H, W) in [0, 1], letterboxed with fill 114/255"
 OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
+SEGMENT_OUTPUT_DOC = (
+    "output0 (B, 4 + nc + 32, A): cx, cy, w, h in input pixels, class scores, 32 mask coefficients; no NMS. "
+    "output1 (B, 32, H/4, W/4): mask prototypes; a mask is sigmoid(coefficients @ prototypes) > 0.5 in its box"
+)
+TASKS = ("detect", "segment")
 
 
 def metadata_props(
@@ -37,8 +42,9 @@ def metadata_props(
     dynamic: bool,
     opset: int,
     version: str,
+    task: str = "detect",
 ) -> dict[str, str]:
-    """Every key -> string value for an exported detector.
+    """Every key -> string value for an exported detector or segmenter.
 
     Args:
         scale: model scale (n, s, m, l, x).
@@ -48,16 +54,20 @@ def metadata_props(
         dynamic: height and width are free axes (the batch axis always is).
         opset: ONNX opset of the graph.
         version: this package's version.
+        task: ``detect`` or ``segment`` (two outputs: predictions with mask coefficients, and prototypes).
     """
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r} for ONNX metadata; choose one of {', '.join(TASKS)}")
+    kind = "detector" if task == "detect" else "instance segmenter"
     reference_names = {i: str(n) for i, n in enumerate(names)}
     reference = {
-        "description": f"yolo11_lightning YOLO11{scale} detector, {len(names)} classes",
+        "description": f"yolo11_lightning YOLO11{scale} {kind}, {len(names)} classes",
         "author": PRODUCER,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "version": version,
         "license": "Apache-2.0",
         "stride": str(int(stride)),
-        "task": "detect",
+        "task": task,
         # Images per call the reference validator uses when the shape is fixed; the batch axis is dynamic.
         "batch": "1",
         "imgsz": repr([int(size[0]), int(size[1])]),
@@ -73,14 +83,14 @@ def metadata_props(
         "image_size": json.dumps([int(size[0]), int(size[1])]),
         "class_names": json.dumps([str(n) for n in names]),
         "input": INPUT_DOC,
-        "output": OUTPUT_DOC,
+        "output": OUTPUT_DOC if task == "detect" else SEGMENT_OUTPUT_DOC,
     }
     return {**reference, **ours}
 
 
 @dataclass(frozen=True)
 class OnnxModelInfo:
-    """What a detector ONNX file says about itself.
+    """What a detector or segmenter ONNX file says about itself.
 
     ``names`` is None when the file has no class names; ``size`` is the (H, W) of its metadata (the traced
     size); ``stride`` defaults to 32 and ``task`` to ``detect`` when absent.

@@ -19,6 +19,7 @@ def non_max_suppression(
     multi_label: bool = True,
     class_agnostic: bool = False,
     max_candidates: int = 30000,
+    extra: int = 0,
 ) -> list[Tensor]:
     """Score filter + class-aware NMS, image by image.
 
@@ -31,27 +32,39 @@ def non_max_suppression(
             (as the reference validator); otherwise only its best class.
         class_agnostic: suppress across classes too.
         max_candidates: cap on boxes entering NMS, highest scores first (bounds the NMS cost).
+        extra: trailing channels after the class scores carried along per kept box, not scored (32 for the
+            segmenter's mask coefficients: predictions (B, 4 + nc + 32, A)).
 
     Returns:
-        One (n, 6) tensor per image: ``[x1, y1, x2, y2, score, class]`` in input pixels, score-sorted.
+        One (n, 6 + extra) tensor per image: ``[x1, y1, x2, y2, score, class, *extra]`` in input pixels,
+        score-sorted.
     """
-    num_classes = predictions.shape[1] - 4
-    preds = predictions.transpose(1, 2)  # (B, A, 4 + nc)
+    if extra < 0 or predictions.shape[1] - 4 - extra < 1:
+        raise ValueError(
+            f"predictions with {predictions.shape[1]} channels cannot hold 4 box values, >= 1 class score and "
+            f"{extra} extra channels"
+        )
+    num_classes = predictions.shape[1] - 4 - extra
+    preds = predictions.transpose(1, 2)  # (B, A, 4 + nc + extra)
     outputs = []
     for image_preds in preds:
         boxes = box_convert(image_preds[:, :4], "cxcywh", "xyxy")
-        scores = image_preds[:, 4:]
+        scores = image_preds[:, 4 : 4 + num_classes]
         if multi_label and num_classes > 1:
             anchor_idx, classes = (scores > conf_threshold).nonzero(as_tuple=True)
             boxes, scores = boxes[anchor_idx], scores[anchor_idx, classes]
         else:
             scores, classes = scores.max(1)
             keep = scores > conf_threshold
+            anchor_idx = keep.nonzero(as_tuple=True)[0]
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
         if scores.numel() > max_candidates:
             top = scores.topk(max_candidates).indices
-            boxes, scores, classes = boxes[top], scores[top], classes[top]
+            boxes, scores, classes, anchor_idx = boxes[top], scores[top], classes[top], anchor_idx[top]
         group = torch.zeros_like(classes) if class_agnostic else classes
         keep = batched_nms(boxes.float(), scores.float(), group, iou_threshold)[:max_detections]
-        outputs.append(torch.cat((boxes[keep], scores[keep, None], classes[keep, None].to(boxes.dtype)), 1))
+        kept = [boxes[keep], scores[keep, None], classes[keep, None].to(boxes.dtype)]
+        if extra:
+            kept.append(image_preds[anchor_idx[keep], 4 + num_classes :])
+        outputs.append(torch.cat(kept, 1))
     return outputs
