@@ -254,12 +254,20 @@ def our_fit_parts(
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
     from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.training.machine import MachineSettings
 
     data = YOLODataModule(
-        dataset=str(yaml), batch_size=batch, image_size=image_size, num_workers=workers, seed=0
+        dataset=str(yaml),
+        batch_size=batch,
+        image_size=image_size,
+        num_workers=workers,
+        seed=0,
+        close_mosaic=0,
     )
-    options = {"close_mosaic": 0, "warmup_epochs": 0.0, "log_images": 0, **(module_options or {})}
+    options = {"warmup_epochs": 0.0, "log_images": 0, **(module_options or {})}
+    machine = MachineSettings(compile=bool(options.pop("compile", False)))  # a Trainer-side setting
     module = YOLO11Module(scale=scale, num_classes=data.num_classes, class_names=data.class_names, **options)
+    defaults = [c for c in default_callbacks() if not isinstance(c, (*without, MachineSettings))]
     trainer = L.Trainer(
         **{
             "accelerator": "auto",
@@ -268,7 +276,7 @@ def our_fit_parts(
             "limit_val_batches": 0,
             "num_sanity_val_steps": 0,
             "logger": CSVLogger(str(workdir), name="ours"),
-            "callbacks": [*(c for c in default_callbacks() if not isinstance(c, without)), *callbacks],
+            "callbacks": [*defaults, machine, *callbacks],
             "default_root_dir": str(workdir),
             "enable_model_summary": False,
             **(trainer_options or {}),

@@ -80,6 +80,7 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
+    from yolo11_lightning.training.machine import MachineSettings
 
     stamps: list[float] = []
 
@@ -102,12 +103,11 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
     module = YOLO11Module(
         scale=args.scale, num_classes=data.num_classes, class_names=data.class_names,
         warmup_epochs=0.0, log_images=0, nominal_batch=args.batch, channels_last=args.channels_last,
-        compile=args.compile,
     )  # fmt: skip
     trainer = L.Trainer(
         accelerator=_device(), devices=1, precision=args.precision, max_steps=args.warmup + args.steps,
         limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_model_summary=False, callbacks=[Stamps()],
+        enable_model_summary=False, callbacks=[Stamps(), MachineSettings(compile=args.compile)],
     )  # fmt: skip
     if torch.cuda.is_available():
         torch.backends.cudnn.benchmark = True

@@ -1,6 +1,6 @@
 """Performance switches and fast paths: they must not change the numbers.
 
-channels_last and compile are YOLO11Module hyper-parameters; the EMA callback's fast update must equal the
+channels_last is a YOLO11Module hyper-parameter and compile a machine setting (training.machine); the EMA callback's fast update must equal the
 reference formula, continue its count after a resume and live on the module's device.
 """
 
@@ -14,8 +14,9 @@ import pytest
 import torch
 from torch import nn
 
-from yolo11_lightning import YOLO11Module
+from yolo11_lightning import YOLO11Module, YOLODataModule
 from yolo11_lightning.training.ema import ModelEMA, ramped_decay
+from yolo11_lightning.training.machine import MachineSettings
 
 
 def _batch(seed: int = 0, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +39,9 @@ def _loss_and_grads(module: YOLO11Module, images: torch.Tensor, targets: torch.T
 
 def test_defaults_are_nhwc_without_compile() -> None:
     module = YOLO11Module(scale="n", num_classes=3, log_images=0)
-    assert module.hparams.channels_last is True and module.hparams.compile is False
+    # compile is a machine setting now (training.machine), off by default and not a model hparam.
+    assert module.hparams.channels_last is True and "compile" not in module.hparams
+    assert MachineSettings().compile is False
     assert module.model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     assert module._model_input(_batch()[0]).is_contiguous(memory_format=torch.channels_last)
 
@@ -109,6 +112,45 @@ def test_compile_switch_compiles_the_detector_in_place(monkeypatch: pytest.Monke
     assert list(module.state_dict()) == keys  # checkpoints stay loadable without compile
     out = module.model.eval()(torch.rand(1, 3, 64, 64))
     assert out.shape == (1, 4 + 3, (8 * 8 + 4 * 4 + 2 * 2))
+
+
+def test_machine_settings_compile_after_the_ema_copy_and_stay_out_of_checkpoints(
+    monkeypatch: pytest.MonkeyPatch, tiny_dataset, tmp_path
+) -> None:
+    """``MachineSettings(compile=True)`` compiles the detector once, at fit start (after Lightning's weight
+    averaging copied the plain module), and the checkpoint's hparams do not carry it."""
+    calls = []
+
+    def fake_compile(fn, *args, **kwargs):
+        calls.append(fn)
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    module = YOLO11Module(scale="n", num_classes=3, log_images=0, warmup_epochs=0.0)
+    data = YOLODataModule(str(tiny_dataset), batch_size=8, image_size=64, num_workers=0, pin_memory=False)
+    trainer = L.Trainer(
+        accelerator="cpu", max_steps=1, limit_val_batches=0, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, callbacks=[MachineSettings(compile=True)],
+    )  # fmt: skip
+    trainer.fit(module, data)
+    assert len(calls) == 1 and module.model._compiled_call_impl is not None
+    ema = next(c for c in trainer.callbacks if type(c).__name__ == "ModelEMA")
+    assert not getattr(ema._average_model.module.model, "_compiled_call_impl", None)  # the copy is plain
+    trainer.save_checkpoint(tmp_path / "run.ckpt")
+    saved = torch.load(tmp_path / "run.ckpt", map_location="cpu", weights_only=True)
+    assert "compile" not in saved["hyper_parameters"] and "keep_host_memory" not in saved["hyper_parameters"]
+
+
+def test_checkpoints_with_the_old_machine_hparams_still_load(tmp_path) -> None:
+    module = YOLO11Module(scale="n", num_classes=3, log_images=0)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
+    trainer.strategy.connect(module)
+    trainer.save_checkpoint(tmp_path / "old.ckpt")
+    old = torch.load(tmp_path / "old.ckpt", map_location="cpu", weights_only=True)
+    old["hyper_parameters"].update(compile=False, keep_host_memory=True)  # as written before the move
+    torch.save(old, tmp_path / "old.ckpt")
+    loaded = YOLO11Module.load_from_checkpoint(tmp_path / "old.ckpt")
+    assert loaded.machine_overrides == {} and "compile" not in loaded.hparams
 
 
 # ------------------------------------------------------------------------------------------ EMA

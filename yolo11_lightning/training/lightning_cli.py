@@ -26,6 +26,7 @@ from yolo11_lightning.training.checkpointing import (
 )
 from yolo11_lightning.training.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
+from yolo11_lightning.training.machine import MachineSettings
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
@@ -38,14 +39,15 @@ TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
 def default_callbacks(last: bool = True) -> list[Any]:
     """``best.ckpt`` on validation mAP50-95, an always-current ``last.ckpt`` (unless ``last=False``: the CLI
     adds its own, configured by ``--last_checkpoint.*``), the LR monitor, and the hang watchdog (stack dumps
-    and the laggard's name when a rank stops making progress), and the throughput / data-wait meter."""
+    and the laggard's name when a rank stops making progress), and the throughput / data-wait meter. With
+    ``last=True`` (Python use), also the default machine settings (the CLI adds its own, ``--machine.*``)."""
     callbacks: list[Any] = [
         BestCheckpoint(),
         LearningRateMonitor(logging_interval="step"),
         HangWatchdog(),
         Throughput(),
     ]
-    return [*callbacks, LastCheckpoint()] if last else callbacks
+    return [*callbacks, MachineSettings(), LastCheckpoint()] if last else callbacks
 
 
 class YOLOLightningCLI(LightningCLI):
@@ -63,6 +65,8 @@ class YOLOLightningCLI(LightningCLI):
         parser.link_arguments("data.class_names", "model.class_names", apply_on="instantiate")
         # Always present, whatever a config does to trainer.callbacks: --last_checkpoint.every_n_minutes etc.
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
+        # Machine settings (compile, keep_host_memory): Trainer-side, not saved with the model.
+        parser.add_lightning_class_args(MachineSettings, "machine")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self._get(self.config_init, "trainer", default={})

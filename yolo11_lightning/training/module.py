@@ -24,6 +24,7 @@ from yolo11_lightning.training.ema import ModelEMA
 from yolo11_lightning.training.evaluation import DetectionMAP
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
+from yolo11_lightning.training.machine import MACHINE_DEFAULTS, MachineSettings, compile_in_place
 from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
@@ -72,11 +73,9 @@ class YOLO11Module(L.LightningModule):
         channels_last: keep weights and activations in NHWC memory layout (on by default: +20-30% training
             images/s on oneDNN CPUs, the layout Tensor Cores want; the numbers stay the same up to float
             rounding). Turn off to train in PyTorch's default NCHW layout.
-        compile: ``torch.compile`` the detector (``nn.Module.compile``: state-dict keys unchanged). Costs a
-            compile at the first step of each mode (train, eval); pays off on long GPU runs.
-        keep_host_memory: when running on a CPU (Linux, glibc), keep freed memory in the process instead of
-            returning it to the OS after every step (``training.host_memory``): up to 1.5x faster CPU steps
-            at 640 px. Process-wide; the process keeps its peak memory.
+        compile, keep_host_memory: deprecated, machine settings now (``training.machine.MachineSettings``,
+            ``--machine.compile`` / ``--machine.keep_host_memory``), not saved in checkpoints. When given with a
+            value other than the default, they override the run's ``MachineSettings``, with a warning.
     """
 
     def __init__(
@@ -112,13 +111,25 @@ class YOLO11Module(L.LightningModule):
         log_images: int = 4,
         max_skipped_steps: int = 10,
         channels_last: bool = True,
-        compile: bool = False,
-        keep_host_memory: bool = True,
+        compile: bool | None = None,
+        keep_host_memory: bool | None = None,
     ) -> None:
         super().__init__()
         # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
         # Lightning merges the two for the logger, so the deprecated value is kept apart.
-        self.save_hyperparameters(ignore=["close_mosaic"])
+        self.save_hyperparameters(ignore=["close_mosaic", "compile", "keep_host_memory"])
+        # Checkpoints from before the move carry the defaults: only other values are the user's intent.
+        given = {"compile": compile, "keep_host_memory": keep_host_memory}
+        self.machine_overrides = {
+            k: v for k, v in given.items() if v is not None and v != MACHINE_DEFAULTS[k]
+        }
+        if self.machine_overrides:
+            rank_zero_deprecation(
+                f"YOLO11Module({', '.join(f'{k}={v}' for k, v in self.machine_overrides.items())}) is deprecated: "
+                "compile and keep_host_memory are machine settings, not saved with the model; use "
+                "--machine.compile / --machine.keep_host_memory (training.machine.MachineSettings). This run "
+                "uses the model's values."
+            )
         self.deprecated_close_mosaic = close_mosaic
         if close_mosaic is not None:
             rank_zero_deprecation(
@@ -169,18 +180,18 @@ class YOLO11Module(L.LightningModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # The loss normaliser must be the global sum of target scores (world-size invariance).
             self.criterion.normalizer_reduce = self._sum_over_ranks
-        if self.hparams.get("compile") and not getattr(self.model, "_compiled_call_impl", None):
-            # After the callbacks' setup: the EMA copy (a deepcopy) is made from the plain module.
-            self.model.compile()
+        if self.machine_overrides.get("compile"):
+            # The deprecated argument. After the callbacks' setup: the EMA copy is made from the plain module.
+            compile_in_place(self.model)
         trainer = self._trainer  # None when setup is called by hand
         if stage == "fit" and trainer is not None and self.deprecated_close_mosaic is not None:
             self._forward_close_mosaic(trainer, int(self.deprecated_close_mosaic))
-        if (
-            self.hparams.get("keep_host_memory")
-            and trainer is not None
-            and trainer.strategy.root_device.type == "cpu"
-        ):
-            keep_freed_host_memory()
+        if trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks):
+            # A Trainer built without the machine-settings callback gets its defaults (and the deprecated
+            # arguments), as when these were model settings.
+            keep = {**MACHINE_DEFAULTS, **self.machine_overrides}["keep_host_memory"]
+            if keep and trainer.strategy.root_device.type == "cpu":
+                keep_freed_host_memory()
 
     @staticmethod
     def _forward_close_mosaic(trainer: L.Trainer, epochs: int) -> None:
