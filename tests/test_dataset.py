@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.data import image_cache as image_cache_module
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, PackedRecords, collate_detection, partner_stride
+from yolo11_lightning.data.eval_shapes import eval_resized_shape
 from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
 from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sources.records import ImageRecord
@@ -92,7 +93,8 @@ def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scal
         np.testing.assert_allclose(back, original * wh, atol=1e-3)
         # The padding is grey and the picture sits where the metadata says.
         img = sample["image"].permute(1, 2, 0).numpy()
-        inner_w, inner_h = round(rec.width * scale), round(rec.height * scale)
+        # The reference validator's short side: rounded up (data.eval_shapes), so w * scale may be off by one.
+        inner_h, inner_w, _ = eval_resized_shape(rec.height, rec.width, SIZE, scaleup)
         assert (img[: int(top)] == 114).all() and (img[:, : int(left)] == 114).all()
         assert (img[int(top) + inner_h :] == 114).all() and (img[:, int(left) + inner_w :] == 114).all()
 

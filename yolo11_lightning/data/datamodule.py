@@ -80,6 +80,9 @@ class YOLODataModule(L.LightningDataModule):
         label_cache_dir: where label caches go when the dataset folder is read-only.
         prepare_data_per_node: build label caches (and the synthetic dataset) once per node instead of
             once per job; needed only when nodes do not share the dataset's filesystem.
+        rect_val: validate and test in rectangular batches, the reference validator's default: images in
+            aspect-ratio order, each global batch letterboxed to its own shape (``data.eval_shapes``);
+            False letterboxes every image to an ``image_size`` square. Training is always square.
         max_substituted_fraction: training images that cannot be read (deleted or corrupted during the run)
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
@@ -117,6 +120,7 @@ class YOLODataModule(L.LightningDataModule):
         label_cache_dir: str | None = None,
         prepare_data_per_node: bool = False,
         max_substituted_fraction: float = 0.01,
+        rect_val: bool = True,
     ) -> None:
         super().__init__()
         if batch_size <= 0:
@@ -163,6 +167,7 @@ class YOLODataModule(L.LightningDataModule):
         if max_substituted_fraction < 0:
             raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
         self.max_substituted_fraction = max_substituted_fraction
+        self.rect_val = rect_val
         # LightningCLI links these into the model at instantiation: read only the yaml here.
         if dataset == SYNTHETIC:
             self.class_names = synthetic_class_names(synthetic_classes)
@@ -242,7 +247,11 @@ class YOLODataModule(L.LightningDataModule):
             copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
             dataset.decode_cache_size = 0  # the RAM cache replaces the per-worker one
             dataset.image_cache = ImageCache.build(
-                records, self.image_size, lambda i: dataset.load_resized(i)[0], copies=copies
+                records,
+                self.image_size,
+                lambda i: dataset.load_resized(i)[0],
+                copies=copies,
+                shapes=dataset.resized_shapes(),
             )
         return dataset
 
@@ -310,7 +319,11 @@ class YOLODataModule(L.LightningDataModule):
 
     def _eval_loader(self, key: str) -> DataLoader:
         dataset = self.datasets[key]
-        sampler = ShardedEvalSampler(dataset, num_replicas=self.world_size, rank=self.global_rank)
+        # Rectangular groups of the global batch: the same shapes on any world size (sampler docstring).
+        order = dataset.set_rect_batches(self.batch_size) if self.rect_val and key != "predict" else None
+        sampler = ShardedEvalSampler(
+            dataset, num_replicas=self.world_size, rank=self.global_rank, order=order
+        )
         return self._loader(dataset, sampler, self.per_device_batch_size)
 
     def val_dataloader(self) -> DataLoader:

@@ -22,6 +22,7 @@ from .augment import AugmentConfig, Labelled, augment_train_sample
 from .batch import collate_detection as collate_detection  # re-exported: the batch contract is data.batch
 from .batch import image_tensor
 from .batch import stack_images as stack_images
+from .eval_shapes import eval_resize, eval_resized_shape, rect_batches
 from .image_cache import ImageCache, resized_shape
 from .image_io import ImageReadError, read_image_retrying
 from .sampler import epoch_order
@@ -107,8 +108,9 @@ class DetectionDataset(Dataset):
 
     Every image is first resized so its long side is ``image_size`` (the reference loads images this way
     for training and validation alike, enlarging small ones; ``scaleup=False`` keeps small ones as they
-    are). Evaluation then pads to a fixed square ``image_size`` with grey 114: one shape for every image
-    keeps batching simple (the reference pads to per-batch rectangles, which only changes the padding).
+    are; evaluation rounds the short side as the reference validator does, ``data.eval_shapes``).
+    Evaluation then pads with grey 114 to a square ``image_size``, or, after ``set_rect_batches``, to the
+    rectangle of the image's aspect-ratio group (the reference validator's default).
 
     Training augmentation is a pure function of ``(seed, epoch, index)``, whatever the number of workers,
     ranks or nodes.
@@ -192,6 +194,32 @@ class DetectionDataset(Dataset):
         self._order_epoch: int | None = None
         self._order: np.ndarray = np.zeros(0, np.int64)
         self._position: np.ndarray = np.zeros(0, np.int64)
+        # Rectangular evaluation (set_rect_batches): the aspect-ratio order and each index's batch shape.
+        self.rect_order: np.ndarray | None = None
+        self.batch_shapes: np.ndarray | None = None
+
+    def set_rect_batches(self, batch_size: int) -> np.ndarray:
+        """Letterbox each evaluation image to the shape of its aspect-ratio group of ``batch_size``.
+
+        The sampler must then yield ``rect_order`` (``ShardedEvalSampler(order=...)``) in batches that divide
+        ``batch_size``, so every batch lies in one group. Call before the DataLoader workers start.
+        Returns ``rect_order``.
+        """
+        if self.augment:
+            raise ValueError("rectangular batches are for evaluation; training letterboxes to squares")
+        sizes = self.records._sizes
+        self.rect_order, self.batch_shapes = rect_batches(
+            sizes[:, 0], sizes[:, 1], batch_size, self.image_size
+        )
+        return self.rect_order
+
+    def resized_shapes(self) -> np.ndarray:
+        """(n, 2) int64 (h', w') of every ``load_resized`` image, without decoding (sizes an image cache)."""
+        shape = resized_shape if self.augment else eval_resized_shape
+        sizes = self.records._sizes
+        return np.array(
+            [shape(int(h), int(w), self.image_size, self.scaleup)[:2] for h, w in sizes], np.int64
+        ).reshape(-1, 2)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -205,12 +233,14 @@ class DetectionDataset(Dataset):
 
     # ------------------------------------------------------------------------------------ loading
     def load_resized(self, index: int) -> tuple[np.ndarray, float]:
-        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r)."""
+        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r).
+
+        Evaluation resizes as the reference validator (``eval_shapes.eval_resize``; r is its gain h' / h).
+        """
         if self.image_cache is not None:
             rec = self.records[index]
-            return self.image_cache[index], resized_shape(
-                rec.height, rec.width, self.image_size, self.scaleup
-            )[2]
+            shape = resized_shape if self.augment else eval_resized_shape
+            return self.image_cache[index], shape(rec.height, rec.width, self.image_size, self.scaleup)[2]
         hit = self._decoded.get(index)
         if hit is not None:
             self._decoded.move_to_end(index)
@@ -230,7 +260,10 @@ class DetectionDataset(Dataset):
         except ImageReadError as e:
             self._unreadable[index] = e.reason
             raise
-        item = resize_long_side(image, self.image_size, self.scaleup)
+        if self.augment:
+            item = resize_long_side(image, self.image_size, self.scaleup)
+        else:
+            item = eval_resize(image, self.image_size, self.scaleup)
         if self.decode_cache_size > 0:
             self._decoded[index] = item
             if len(self._decoded) > self.decode_cache_size:
@@ -335,7 +368,8 @@ class DetectionDataset(Dataset):
                 resized, r = self.load_resized(index)
             except ImageReadError as e:
                 return self._missing(index, e)
-            image, r2, (left, top) = letterbox(resized, size, scaleup=False)
+            shape = size if self.batch_shapes is None else tuple(int(v) for v in self.batch_shapes[index])
+            image, r2, (left, top) = letterbox(resized, shape, scaleup=False)
             scale, pad = r * r2, (float(left), float(top))
             # From original pixels with the one scalar scale, so (xy - pad) / scale inverts it exactly.
             boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * np.float32(scale)

@@ -196,6 +196,7 @@ class ImageCache:
         copies: int = 1,
         max_fraction: float = 0.7,
         num_threads: int | None = None,
+        shapes: np.ndarray | None = None,
     ) -> ImageCache:
         """Estimate, check against available memory, then decode every image with a thread pool.
 
@@ -206,12 +207,17 @@ class ImageCache:
             copies: processes on this node that each build such a cache (DDP ranks per node).
             max_fraction: largest share of the available memory the caches may take together.
             num_threads: decoding threads (OpenCV releases the GIL); default min(8, cpu count).
+            shapes: (n, 2) (h', w') that ``load`` returns; default ``resized_shape`` of each record
+                (evaluation rounds differently, ``DetectionDataset.resized_shapes``).
 
         Raises:
             MemoryError: with the figures, when ``copies`` caches would exceed the allowed share.
         """
-        shapes = np.array([resized_shape(r.height, r.width, size, scaleup)[:2] for r in records], np.int64)
-        shapes = shapes.reshape(-1, 2)
+        if shapes is None:
+            shapes = np.array(
+                [resized_shape(r.height, r.width, size, scaleup)[:2] for r in records], np.int64
+            )
+        shapes = np.asarray(shapes, np.int64).reshape(-1, 2)
         nbytes = 3 * shapes.prod(axis=1)
         total = int(nbytes.sum())
         available, where = memory_budget()
