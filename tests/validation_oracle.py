@@ -214,17 +214,17 @@ def match_detections(
     ours: list[dict[str, Any]],
     box_tol: float = 0.01,
     score_tol: float = 1e-4,
-) -> tuple[list[str], float, float]:
+) -> tuple[list[str], float, float, int]:
     """One-to-one match per image (same class, every coordinate within ``box_tol`` px, score within ``score_tol``).
 
     Returns (problems: one line per image whose detections do not all pair up, worst box difference,
-    worst score difference over the pairs).
+    worst score difference over the pairs, number of pairs).
     """
     by_image: dict[int, list[list[dict[str, Any]]]] = defaultdict(lambda: [[], []])
     for side, dets in enumerate((reference, ours)):
         for d in dets:
             by_image[int(d["image_id"])][side].append(d)
-    problems, worst_box, worst_score = [], 0.0, 0.0
+    problems, worst_box, worst_score, pairs = [], 0.0, 0.0, 0
     for image, (ref, mine) in sorted(by_image.items()):
         used = np.zeros(len(mine), bool)
         boxes = np.array([d["bbox"] for d in mine]).reshape(-1, 4)
@@ -244,6 +244,7 @@ def match_detections(
                 continue
             j = int(np.flatnonzero(ok)[diff[ok].argmin()])
             used[j] = True
+            pairs += 1
             worst_box, worst_score = (
                 max(worst_box, float(diff[j])),
                 max(worst_score, abs(scores[j] - d["score"])),
@@ -251,4 +252,4 @@ def match_detections(
         if unmatched or not used.all():
             problems.append(f"image {image}: {len(ref)} reference detections, {len(mine)} ours, "
                             f"{unmatched} of the reference's without a match")  # fmt: skip
-    return problems, worst_box, worst_score
+    return problems, worst_box, worst_score, pairs

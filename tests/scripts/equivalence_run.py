@@ -48,7 +48,9 @@ class NoisyOracle(YOLO11Module):
     another rectangle than in one process would change it too; ``shapes`` records each index's shape.
     """
 
-    shapes: dict[int, tuple[int, int]] = {}
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.shapes: dict[int, tuple[int, int]] = {}
 
     def validation_step(self, batch, batch_idx):
         h, w = batch["images"].shape[-2:]
@@ -99,7 +101,6 @@ def main() -> None:
         oracle = NoisyOracle(
             **{**options, "num_classes": rect_data.num_classes, "class_names": rect_data.class_names}
         )
-        oracle.shapes = {}
         rect_trainer = L.Trainer(**trainer_args)
         result["rect_metrics"] = rect_trainer.validate(oracle, rect_data, verbose=False)[0]
         gathered = [None] * rect_trainer.world_size
