@@ -4,7 +4,7 @@
     python benchmarks/val_parity.py --ours-repo /path/to/other/checkout   # "before": another revision of ours
 
 A yolo11n trained by the reference trainer (random init, ``--epochs`` at 160 px) on synthetic shapes in
-images of five aspect ratios (``non_square_yaml``), then validated at 160 px, conf 0.001, IoU 0.7, 300
+images of six sizes (five aspect ratios) (``non_square_yaml``), then validated at 160 px, conf 0.001, IoU 0.7, 300
 per image, batch 16, by
 
 - the reference validator (``YOLO(pt).val``: its defaults, Conv+BN fused), rect=True and rect=False;
@@ -31,14 +31,16 @@ import _common as C
 
 sys.path.insert(0, str(C.REPO / "tests"))  # the oracle helpers the parity tests use
 
-ASPECTS = [(120, 200), (200, 120), (160, 160), (96, 240), (240, 150)]  # (height, width)
+# (height, width): resized to long side 160 most give a fractional short side (95.2, 62.1, 99.2, 91.4),
+# where rounding to nearest and rounding up differ; one square is enlarged.
+ASPECTS = [(125, 210), (210, 125), (150, 150), (97, 250), (250, 155), (320, 183)]
 
 
 def non_square_yaml(root: Path, train_per_aspect: int = 48, val_per_aspect: int = 16) -> Path:
     """Synthetic shapes in images of ``ASPECTS`` sizes, numbered 00000.png, ... (int image ids)."""
     from yolo11_lightning.data.synthetic import make_synthetic_dataset
 
-    out = root / f"non_square_{train_per_aspect}_{val_per_aspect}"
+    out = root / f"non_square_{len(ASPECTS)}_{train_per_aspect}_{val_per_aspect}"
     if (out / "data.yaml").is_file():
         return out / "data.yaml"
     count = 0
@@ -62,8 +64,8 @@ def non_square_yaml(root: Path, train_per_aspect: int = 48, val_per_aspect: int 
 
 
 def train_reference(yaml: Path, workdir: Path, epochs: int) -> Path:
-    """The reference trainer's last.pt (reused when already trained)."""
-    run = workdir / f"ref_train_e{epochs}"
+    """The reference trainer's last.pt (reused when already trained on this dataset)."""
+    run = workdir / f"ref_train_{yaml.parent.name}_e{epochs}"
     weights = run / "weights" / "last.pt"
     if weights.is_file():
         return weights
@@ -198,7 +200,7 @@ def main() -> None:
         rows.append([side, "rect" if rect else "square", len(r["detections"]), pairs, f"{r['printed']:.4f}",
                      "-" if style != style else f"{style:.4f}", f"{coco_map(truth, r['detections']):.4f}"])  # fmt: skip
     print(f"\nyolo11n trained {args.epochs} epochs by the reference trainer at 160 px on {len(truth['images'])} val "
-          f"images of {len(ASPECTS)} aspect ratios; validation at 160 px, conf 0.001, IoU 0.7, max 300, batch 16"
+          f"images of {len(ASPECTS)} sizes; validation at 160 px, conf 0.001, IoU 0.7, max 300, batch 16"
           + (f"; ours from {args.ours_repo}" if args.ours_repo else "") + "\n")  # fmt: skip
     print(C.format_table(["validator", "batches", "detections", "pairs with the reference's",
                           "its own mAP50-95 (printed / logged)", "ours: mAP50-95_reference_style",

@@ -16,7 +16,7 @@ alternate; both mAPs are printed as a cross-check (same weights, same data: they
 
 ``--rect`` adds both sides in rectangular batches (ours: ``--data.rect_val true``, our default; the
 oracle: ``rect=True``, the default of its ``model.val``) beside the square ones; ``--non-square`` validates
-images of five aspect ratios (``val_parity.non_square_yaml``) instead of square ones, where rectangular
+images of several aspect ratios (``val_parity.non_square_yaml``) instead of square ones, where rectangular
 batches have fewer pixels to process than squares (on square images they have more: the reference's
 half-stride pad makes a 320 square 352).
 """
@@ -169,7 +169,7 @@ def main() -> None:
     )
     parser.add_argument("--switches", action="store_true", help="add ours with channels_last=False")
     parser.add_argument("--rect", action="store_true", help="add both sides with rectangular batches")
-    parser.add_argument("--non-square", action="store_true", help="images of five aspect ratios")
+    parser.add_argument("--non-square", action="store_true", help="images of several aspect ratios")
     parser.add_argument("--rect-batches", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
