@@ -8,7 +8,8 @@ images of six sizes (five aspect ratios) (``non_square_yaml``), then validated a
 per image, batch 16, by
 
 - the reference validator (``YOLO(pt).val``: its defaults, Conv+BN fused), rect=True and rect=False;
-- ours (``Trainer.validate``, defaults: channels-last), ``--data.rect_val`` true and false.
+- ours (``Trainer.validate``, defaults: channels-last), ``--data.rect_val`` true and false, and the same
+  with ``--data.eval_box_gain per_axis`` (boxes mapped back per axis, where the reference uses one gain).
 
 Each side's detections (in original pixels) are also scored by pycocotools against the same ground
 truth; the reference prints its own AP (101-point interpolation of its own PR curve, matching in
@@ -119,8 +120,13 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from yolo11_lightning import YOLO11Module, YOLODataModule
 
     print("ours from", Path(yolo11_lightning.__file__).parent, file=sys.stderr)
-    options = {"rect_val": args.rect} if "rect_val" in inspect.signature(YOLODataModule).parameters else {}
-    if args.rect and not options:
+    accepted = inspect.signature(YOLODataModule).parameters
+    options = {"rect_val": args.rect} if "rect_val" in accepted else {}
+    if args.per_axis:
+        if "eval_box_gain" not in accepted:
+            return {"printed": float("nan"), "detections": []}
+        options["eval_box_gain"] = "per_axis"
+    if args.rect and "rect_val" not in accepted:
         return {"printed": float("nan"), "detections": []}  # this revision has no rectangular validation
     data = YOLODataModule(dataset=args.yaml, batch_size=16, image_size=160, num_workers=0, **options)
     extra = (
@@ -157,6 +163,7 @@ def main() -> None:
     )
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--rect", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--per-axis", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
@@ -179,13 +186,14 @@ def main() -> None:
     truth = ground_truth(yaml)
     print(C.machine_info(args.threads), flush=True)
     results: dict[tuple[str, bool], dict[str, Any]] = {}
-    for side in ("oracle", "ours"):
+    for side in ("oracle", "ours", "ours per_axis"):
         for rect in (True, False):
-            out = workdir / f"{side}_{int(rect)}.json"
+            out = workdir / f"{side.replace(' ', '_')}_{int(rect)}.json"
             env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
-            command = [sys.executable, __file__, "--worker", side, "--yaml", str(yaml), "--weights", str(weights),
-                       "--workdir", str(workdir), "--out", str(out)] + (["--rect"] if rect else [])  # fmt: skip
-            if side == "ours" and args.ours_repo:
+            command = [sys.executable, __file__, "--worker", side.split()[0], "--yaml", str(yaml),
+                       "--weights", str(weights), "--workdir", str(workdir), "--out", str(out)]  # fmt: skip
+            command += (["--rect"] if rect else []) + (["--per-axis"] if "per_axis" in side else [])
+            if side != "oracle" and args.ours_repo:
                 command += ["--ours-repo", args.ours_repo]
             subprocess.run(command, check=True, env=env, capture_output=True, timeout=1800)
             results[side, rect] = json.loads(out.read_text())

@@ -207,3 +207,31 @@ def test_packed_records_round_trip(records):
         np.testing.assert_array_equal(got.classes, rec.classes)
         np.testing.assert_array_equal(got.boxes, rec.boxes)
     assert len(PackedRecords([])) == 0
+
+
+def test_per_axis_eval_gain_maps_boxes_back_exactly(records):
+    """eval_box_gain="per_axis": scale = (w'/w, h'/h), and the letterbox inverse undoes each axis on its own."""
+    from yolo11_lightning.ops.letterbox import letterbox_to_original
+
+    dataset = DetectionDataset(records, SIZE, augment=False, eval_box_gain="per_axis")
+    anisotropic = 0
+    for i in range(len(records) - 1):
+        sample, rec = dataset[i], records[i]
+        new_h, new_w, _ = eval_resized_shape(rec.height, rec.width, SIZE)
+        assert sample["scale"] == pytest.approx((new_w / rec.width, new_h / rec.height))
+        anisotropic += sample["scale"][0] != sample["scale"][1]
+        xywh = sample["labels"][:, 1:] * SIZE
+        xyxy = torch.cat((xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2), 1)
+        back = letterbox_to_original(
+            xyxy,
+            torch.tensor(sample["scale"]),
+            torch.tensor(sample["pad"]),
+            torch.tensor([rec.height, rec.width]),
+        )
+        original = np.concatenate(
+            [rec.boxes[:, :2] - rec.boxes[:, 2:] / 2, rec.boxes[:, :2] + rec.boxes[:, 2:] / 2], 1
+        ) * np.array([rec.width, rec.height, rec.width, rec.height])
+        np.testing.assert_allclose(back.numpy(), original.clip(0, [rec.width, rec.height] * 2), atol=1e-3)
+    assert anisotropic, "no image whose two axes were resized by different factors: the test would be vacuous"
+    with pytest.raises(ValueError, match="eval_box_gain"):
+        DetectionDataset(records, SIZE, eval_box_gain="both")

@@ -83,6 +83,8 @@ class YOLODataModule(L.LightningDataModule):
         rect_val: validate and test in rectangular batches, the reference validator's default: images in
             aspect-ratio order, each global batch letterboxed to its own shape (``data.eval_shapes``);
             False letterboxes every image to an ``image_size`` square. Training is always square.
+        eval_box_gain: ``reference`` maps evaluation boxes back with the reference's one gain for both axes
+            (its detections exactly); ``per_axis`` with each axis's own resize factor (``DetectionDataset``).
         max_substituted_fraction: training images that cannot be read (deleted or corrupted during the run)
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
@@ -121,6 +123,7 @@ class YOLODataModule(L.LightningDataModule):
         prepare_data_per_node: bool = False,
         max_substituted_fraction: float = 0.01,
         rect_val: bool = True,
+        eval_box_gain: str = "reference",
     ) -> None:
         super().__init__()
         if batch_size <= 0:
@@ -168,6 +171,7 @@ class YOLODataModule(L.LightningDataModule):
             raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
         self.max_substituted_fraction = max_substituted_fraction
         self.rect_val = rect_val
+        self.eval_box_gain = eval_box_gain
         # LightningCLI links these into the model at instantiation: read only the yaml here.
         if dataset == SYNTHETIC:
             self.class_names = synthetic_class_names(synthetic_classes)
@@ -242,6 +246,7 @@ class YOLODataModule(L.LightningDataModule):
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             global_batch_size=self.batch_size if augment else None,
+            eval_box_gain=self.eval_box_gain,
         )
         if self.cache_images:
             copies = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1

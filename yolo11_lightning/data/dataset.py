@@ -143,6 +143,12 @@ class DetectionDataset(Dataset):
             from the whole dataset. Either way they are a function of (seed, epoch, index) only.
         decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
             None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
+        eval_box_gain: how evaluation maps boxes back to original pixels. ``"reference"`` (default): one
+            gain, resized over original height, for both axes, as the reference validator does, so the
+            detections equal its own (``data.eval_shapes``); ``scale`` is then a float. ``"per_axis"``: each
+            axis by the factor it was resized by (``scale`` = (x, y)), which the reference does not do: its
+            x coordinates are off by up to one resized pixel over the image width, which costs COCO mAP at
+            the high IoU thresholds on small images (``benchmarks/val_parity.py``).
         read_attempts: reads of an image before it counts as unreadable (>= 1).
         retry_backoff_s: first pause between reads, doubled after each failure.
     """
@@ -161,6 +167,7 @@ class DetectionDataset(Dataset):
         decode_cache_size: int | None = None,
         read_attempts: int = 3,
         retry_backoff_s: float = 0.05,
+        eval_box_gain: str = "reference",
     ) -> None:
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -184,6 +191,9 @@ class DetectionDataset(Dataset):
         self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
         if read_attempts < 1:
             raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
+        if eval_box_gain not in ("reference", "per_axis"):
+            raise ValueError(f"eval_box_gain must be 'reference' or 'per_axis', got {eval_box_gain!r}")
+        self.eval_box_gain = eval_box_gain
         self.read_attempts = read_attempts
         self.retry_backoff_s = retry_backoff_s
         self._decoded: OrderedDict[int, tuple[np.ndarray, float]] = OrderedDict()
@@ -370,9 +380,15 @@ class DetectionDataset(Dataset):
                 return self._missing(index, e)
             shape = size if self.batch_shapes is None else tuple(int(v) for v in self.batch_shapes[index])
             image, r2, (left, top) = letterbox(resized, shape, scaleup=False)
-            scale, pad = r * r2, (float(left), float(top))
-            # From original pixels with the one scalar scale, so (xy - pad) / scale inverts it exactly.
-            boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * np.float32(scale)
+            pad = (float(left), float(top))
+            if self.eval_box_gain == "per_axis":  # the scale each axis was resized by
+                scale = (resized.shape[1] / rec.width * r2, resized.shape[0] / rec.height * r2)
+                gains = np.array([scale[0], scale[1], scale[0], scale[1]], np.float32)
+            else:  # the reference's one gain, h' / h, for both axes
+                scale = r * r2
+                gains = np.float32(scale)
+            # From original pixels with the batch's scale, so (xy - pad) / scale inverts it exactly.
+            boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * gains
             boxes += np.array([left, top, left, top], dtype=np.float32)
             classes = rec.classes
         labels = np.concatenate(

@@ -26,7 +26,7 @@ RESUMABLE_KEYS = frozenset(
         "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.cache_images",
         "data.label_cache_dir", "data.prepare_data_per_node", "model.compile", "model.keep_host_memory",
         "model.log_images", "model.weights", "model.weights_strict", "model.max_skipped_steps",
-        "data.rect_val", "model.reference_style_map",
+        "data.rect_val", "data.eval_box_gain", "model.reference_style_map",
     }
 )  # fmt: skip
 
