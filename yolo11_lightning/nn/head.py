@@ -116,10 +116,18 @@ class Detect(nn.Module):
         return maps if self.training else self.decode(maps)
 
     def anchors(self, maps: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
-        """Anchor centres (2, A) in grid units and strides (1, A), cached by map shapes, device, dtype."""
+        """Anchor centres (2, A) in grid units and strides (1, A), cached by map shapes, device, dtype.
+
+        Anchors made under ``torch.inference_mode`` (validation, prediction) are inference tensors, which
+        autograd refuses (ONNX export traces with gradients on): outside inference mode they are remade.
+        """
         ref = maps[0]
         key = (tuple(tuple(m.shape[-2:]) for m in maps), ref.device, ref.dtype)
-        if self._anchor_cache is None or self._anchor_cache[0] != key:
+        cache = self._anchor_cache
+        stale = cache is None or cache[0] != key
+        if not stale and cache[1].is_inference() and not torch.is_inference_mode_enabled():
+            stale = True
+        if stale:
             points, strides = make_anchors(key[0], self.strides, 0.5, dtype=ref.dtype, device=ref.device)
             self._anchor_cache = (key, points.T.contiguous(), strides.T.contiguous())
         return self._anchor_cache[1], self._anchor_cache[2]
