@@ -227,7 +227,7 @@ def test_anchors_cached_in_inference_mode_are_remade_for_autograd() -> None:
     """Validation (inference mode) then an eval forward with gradients at the same size (ONNX export traces
     so): the cached anchors must not be inference tensors there."""
     model = YOLO11(scale="n", num_classes=2).eval()
-    x = torch.rand(1, 3, 64, 64)
+    x = torch.rand(1, 3, 32, 32)
     with torch.inference_mode():
         model(x)
     model(x).sum().backward()  # raised "Inference tensors cannot be saved for backward"
