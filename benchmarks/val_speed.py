@@ -2,6 +2,7 @@
 
     python benchmarks/val_speed.py                        # yolo11n, 64 images at 320; about 2 minutes
     python benchmarks/val_speed.py --image-size 640 --images 128 --rounds 3
+    python benchmarks/val_speed.py --rect --non-square      # rectangular vs square batches, both sides
 
 Both sides validate the same synthetic images with the same weights: a reference ``DetectionModel``
 built with a fixed seed, its BatchNorm statistics measured on the images and its class biases set so
@@ -12,6 +13,12 @@ the torchmetrics/faster-coco-eval mAP); the oracle is ultralytics' ``DetectionVa
 model (it fuses Conv+BN first). Timed from the loop start to the end of the mAP computation, the same
 torch threads, 0 loader workers (the oracle forces 0 on CPU). Each run is a fresh process, rounds
 alternate; both mAPs are printed as a cross-check (same weights, same data: they should be close).
+
+``--rect`` adds both sides in rectangular batches (ours: ``--data.rect_val true``, our default; the
+oracle: ``rect=True``, the default of its ``model.val``) beside the square ones; ``--non-square`` validates
+images of several aspect ratios (``val_parity.non_square_yaml``) instead of square ones, where rectangular
+batches have fewer pixels to process than squares (on square images they have more: the reference's
+half-stride pad makes a 320 square 352).
 """
 
 from __future__ import annotations
@@ -41,7 +48,9 @@ def make_weights(
 
     from yolo11_lightning import YOLO11, YOLODataModule
 
-    data = YOLODataModule(dataset=str(yaml), batch_size=16, image_size=image_size, num_workers=0)
+    data = YOLODataModule(
+        dataset=str(yaml), batch_size=16, image_size=image_size, num_workers=0, rect_val=False
+    )
     data.setup("validate")
     images = [b["images"].float() / 255 for b in data.val_dataloader()]
     torch.manual_seed(0)
@@ -81,7 +90,13 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     from yolo11_lightning import YOLO11Module, YOLODataModule
 
     torch.set_num_threads(args.threads)
-    data = YOLODataModule(dataset=args.yaml, batch_size=args.batch, image_size=args.image_size, num_workers=0)
+    data = YOLODataModule(
+        dataset=args.yaml,
+        batch_size=args.batch,
+        image_size=args.image_size,
+        num_workers=0,
+        rect_val=args.rect_batches,
+    )
     module = YOLO11Module(
         scale=args.scale, num_classes=data.num_classes, class_names=data.class_names, weights=args.weights,
         log_images=0, channels_last=not args.nchw,
@@ -118,6 +133,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         args={
             "data": args.yaml, "imgsz": args.image_size, "batch": args.batch, "plots": False, "conf": 0.001,
             "iou": 0.7, "max_det": 300, "workers": 0, "device": device, "half": False, "save_json": False,
+            "rect": args.rect_batches,
             "project": args.workdir, "name": "oracle_val", "exist_ok": True,
         }
     )  # fmt: skip
@@ -152,6 +168,9 @@ def main() -> None:
         "--candidates", type=int, default=3000, help="(anchor, class) pairs per image above 0.001"
     )
     parser.add_argument("--switches", action="store_true", help="add ours with channels_last=False")
+    parser.add_argument("--rect", action="store_true", help="add both sides with rectangular batches")
+    parser.add_argument("--non-square", action="store_true", help="images of several aspect ratios")
+    parser.add_argument("--rect-batches", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--weights", help=argparse.SUPPRESS)
@@ -167,7 +186,14 @@ def main() -> None:
     if not C.oracle_available():
         raise SystemExit("val_speed needs the oracle package (ultralytics) to build the shared weights")
     workdir = C.default_workdir()
-    yaml = C.synthetic_yaml(workdir, num_train=8, num_val=args.images, image_size=args.image_size)
+    if args.non_square:
+        from val_parity import ASPECTS, non_square_yaml
+
+        yaml = non_square_yaml(
+            workdir, train_per_aspect=2, val_per_aspect=max(args.images // len(ASPECTS), 1)
+        )
+    else:
+        yaml = C.synthetic_yaml(workdir, num_train=8, num_val=args.images, image_size=args.image_size)
     ref_path, ours_path, bias = make_weights(workdir, args.scale, yaml, args.image_size, args.candidates)
     common = [
         "--scale", args.scale, "--image-size", str(args.image_size), "--batch", str(args.batch),
@@ -177,6 +203,8 @@ def main() -> None:
     variants = [("ours", ["ours"]), ("oracle", ["oracle"])]
     if args.switches:
         variants.insert(1, ("ours NCHW", ["ours", "--nchw"]))
+    if args.rect:
+        variants += [("ours rect", ["ours", "--rect-batches"]), ("oracle rect", ["oracle", "--rect-batches"])]
     print(C.machine_info(args.threads), flush=True)
     results: dict[str, list[dict[str, Any]]] = {name: [] for name, _ in variants}
     for r in range(args.rounds):
@@ -193,8 +221,8 @@ def main() -> None:
         rows.append([name, C.median(rates), f"{C.median(per_round):.2f}", f"{C.spread(per_round):.0f}%",
                      f"{results[name][0]['map']:.4f}"])  # fmt: skip
     print(
-        f"\nvalidation of {results['ours'][0]['images']} images, yolo11{args.scale}, {args.image_size}x"
-        f"{args.image_size}, batch {args.batch}, {args.threads} threads, NMS conf 0.001 / IoU 0.7 / 300, "
+        f"\nvalidation of {results['ours'][0]['images']} {'non-square' if args.non_square else 'square'} images, "
+        f"yolo11{args.scale}, long side {args.image_size} (square batches: {args.image_size}x{args.image_size}), batch {args.batch}, {args.threads} threads, NMS conf 0.001 / IoU 0.7 / 300, "
         f"about {args.candidates} candidates per image (class bias {bias:.2f}); median of {args.rounds} alternating rounds\n"
     )
     print(C.format_table(["side", "img/s", "vs oracle", "± (half range)", "mAP50-95"], rows))

@@ -225,3 +225,25 @@ def test_cache_images_gives_the_same_batches(synthetic):
     for name in ("train_dataloader", "val_dataloader"):
         a, b = next(iter(getattr(plain, name)())), next(iter(getattr(cached, name)()))
         assert torch.equal(a["images"], b["images"]) and torch.equal(a["targets"], b["targets"])
+
+
+def test_rect_validation_batches_same_with_0_and_2_workers_and_a_cache(tmp_path):
+    """Rectangular validation: the same images, pixels and shapes per batch whatever the worker count, and
+    from the RAM image cache (sized by the evaluation resize, which rounds the short side up)."""
+    from validation_oracle import write_dataset
+
+    yaml = write_dataset(tmp_path / "non_square")
+    batches = []
+    for workers, cache in ((0, False), (2, False), (0, True)):
+        dm = YOLODataModule(
+            dataset=str(yaml), batch_size=4, image_size=64, num_workers=workers, pin_memory=False,
+            cache_images=cache,
+        )  # fmt: skip
+        dm.setup("validate")
+        batches.append(list(dm.val_dataloader()))
+    assert len(batches[0]) == 3 and len({tuple(b["images"].shape[-2:]) for b in batches[0]}) == 3
+    for other in batches[1:]:
+        for a, b in zip(batches[0], other, strict=True):
+            assert a["paths"] == b["paths"]
+            torch.testing.assert_close(a["images"], b["images"], rtol=0, atol=0)
+            torch.testing.assert_close(a["targets"], b["targets"], rtol=0, atol=0)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.data import image_cache as image_cache_module
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, PackedRecords, collate_detection, partner_stride
+from yolo11_lightning.data.eval_shapes import eval_resized_shape
 from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
 from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sources.records import ImageRecord
@@ -92,7 +93,8 @@ def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scal
         np.testing.assert_allclose(back, original * wh, atol=1e-3)
         # The padding is grey and the picture sits where the metadata says.
         img = sample["image"].permute(1, 2, 0).numpy()
-        inner_w, inner_h = round(rec.width * scale), round(rec.height * scale)
+        # The reference validator's short side: rounded up (data.eval_shapes), so w * scale may be off by one.
+        inner_h, inner_w, _ = eval_resized_shape(rec.height, rec.width, SIZE, scaleup)
         assert (img[: int(top)] == 114).all() and (img[:, : int(left)] == 114).all()
         assert (img[int(top) + inner_h :] == 114).all() and (img[:, int(left) + inner_w :] == 114).all()
 
@@ -205,3 +207,31 @@ def test_packed_records_round_trip(records):
         np.testing.assert_array_equal(got.classes, rec.classes)
         np.testing.assert_array_equal(got.boxes, rec.boxes)
     assert len(PackedRecords([])) == 0
+
+
+def test_per_axis_eval_gain_maps_boxes_back_exactly(records):
+    """eval_box_gain="per_axis": scale = (w'/w, h'/h), and the letterbox inverse undoes each axis on its own."""
+    from yolo11_lightning.ops.letterbox import letterbox_to_original
+
+    dataset = DetectionDataset(records, SIZE, augment=False, eval_box_gain="per_axis")
+    anisotropic = 0
+    for i in range(len(records) - 1):
+        sample, rec = dataset[i], records[i]
+        new_h, new_w, _ = eval_resized_shape(rec.height, rec.width, SIZE)
+        assert sample["scale"] == pytest.approx((new_w / rec.width, new_h / rec.height))
+        anisotropic += sample["scale"][0] != sample["scale"][1]
+        xywh = sample["labels"][:, 1:] * SIZE
+        xyxy = torch.cat((xywh[:, :2] - xywh[:, 2:] / 2, xywh[:, :2] + xywh[:, 2:] / 2), 1)
+        back = letterbox_to_original(
+            xyxy,
+            torch.tensor(sample["scale"]),
+            torch.tensor(sample["pad"]),
+            torch.tensor([rec.height, rec.width]),
+        )
+        original = np.concatenate(
+            [rec.boxes[:, :2] - rec.boxes[:, 2:] / 2, rec.boxes[:, :2] + rec.boxes[:, 2:] / 2], 1
+        ) * np.array([rec.width, rec.height, rec.width, rec.height])
+        np.testing.assert_allclose(back.numpy(), original.clip(0, [rec.width, rec.height] * 2), atol=1e-3)
+    assert anisotropic, "no image whose two axes were resized by different factors: the test would be vacuous"
+    with pytest.raises(ValueError, match="eval_box_gain"):
+        DetectionDataset(records, SIZE, eval_box_gain="both")

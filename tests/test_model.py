@@ -221,3 +221,14 @@ def test_info_prints_a_table(capsys):
         with torch.device("meta"):
             assert int(layers) == sum(1 for m in YOLO11(scale).modules() if not m._modules)
     assert "2 x multiply-adds" in out
+
+
+def test_anchors_cached_in_inference_mode_are_remade_for_autograd() -> None:
+    """Validation (inference mode) then an eval forward with gradients at the same size (ONNX export traces
+    so): the cached anchors must not be inference tensors there."""
+    model = YOLO11(scale="n", num_classes=2).eval()
+    x = torch.rand(1, 3, 32, 32)
+    with torch.inference_mode():
+        model(x)
+    model(x).sum().backward()  # raised "Inference tensors cannot be saved for backward"
+    assert next(model.parameters()).grad is not None

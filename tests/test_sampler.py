@@ -137,3 +137,31 @@ def test_eval_sharding_covers_each_index_once(n):
         assert sorted(flat) == list(range(n)), f"world {world}: duplicates or gaps"
         assert [len(s) for s in shards] == [len(ShardedEvalSampler(range(n), world, r)) for r in range(world)]
         assert max(map(len, shards)) - min(map(len, shards)) <= 1
+
+
+def test_rect_eval_batches_lie_in_one_group_on_any_world_size():
+    """Groups of the global batch in aspect-ratio order: every per-device batch is inside one group."""
+    import numpy as np
+
+    from yolo11_lightning.data.eval_shapes import rect_batches
+
+    rng = np.random.default_rng(0)
+    heights, widths = rng.integers(20, 400, 29), rng.integers(20, 400, 29)
+    global_batch = 8
+    order, shapes = rect_batches(heights, widths, global_batch, 160)
+    group = {int(i): p // global_batch for p, i in enumerate(order)}
+    assert len({tuple(s) for s in shapes}) > 1
+    for world in (1, 2, 4, 8):
+        seen = []
+        for rank in range(world):
+            indices = list(ShardedEvalSampler(range(29), world, rank, order=order))
+            per_device = global_batch // world
+            for start in range(0, len(indices), per_device):
+                batch = indices[start : start + per_device]
+                assert len({group[i] for i in batch}) == 1, (
+                    f"world {world} rank {rank}: batch {batch} spans groups"
+                )
+            seen += indices
+        assert sorted(seen) == list(range(29))
+    with pytest.raises(ValueError, match="permutation"):
+        ShardedEvalSampler(range(29), order=np.zeros(29, np.int64))

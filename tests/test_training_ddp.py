@@ -13,10 +13,10 @@ import torch
 SCRIPT = Path(__file__).parent / "scripts" / "equivalence_run.py"
 
 
-def _run(dataset: Path, devices: int, out: Path) -> dict:
+def _run(dataset: Path, devices: int, out: Path, non_square: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(dataset), str(devices), str(out)],
+        [sys.executable, str(SCRIPT), str(dataset), str(devices), str(out), str(non_square)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -25,8 +25,15 @@ def _run(dataset: Path, devices: int, out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict]:
+    from validation_oracle import write_dataset
+
     tmp = tmp_path_factory.mktemp("equivalence")
-    return _run(tiny_dataset, 1, tmp / "one.pt"), _run(tiny_dataset, 2, tmp / "two.pt")
+    # 9 images of 5 aspect ratios: rectangular groups of the global batch 4 hold 4, 4 and 1 images.
+    non_square = write_dataset(tmp / "non_square")
+    return (
+        _run(tiny_dataset, 1, tmp / "one.pt", non_square),
+        _run(tiny_dataset, 2, tmp / "two.pt", non_square),
+    )
 
 
 def _assert_close_relative(a: torch.Tensor, b: torch.Tensor, rel: float, what: str) -> None:
@@ -69,3 +76,13 @@ def test_distributed_map_equals_single_process(runs: tuple[dict, dict]) -> None:
     assert 0.05 < one["metrics"]["val/mAP50-95"] < 0.95  # non-trivial, so dropped or doubled images show
     for name, value in one["metrics"].items():
         assert two["metrics"][name] == pytest.approx(value, abs=1e-6), name
+
+
+def test_rectangular_distributed_map_equals_single_process(runs: tuple[dict, dict]) -> None:
+    """Rectangular batches on 2 ranks: each image gets the shape it gets in one process, same mAP."""
+    one, two = runs
+    assert len(one["rect_shapes"]) == 9 and two["rect_shapes"] == one["rect_shapes"]
+    assert len(set(one["rect_shapes"].values())) >= 2  # several rectangles, not one square for all
+    assert 0.05 < one["rect_metrics"]["val/mAP50-95"] < 0.95
+    for name, value in one["rect_metrics"].items():
+        assert two["rect_metrics"][name] == pytest.approx(value, abs=1e-6), name

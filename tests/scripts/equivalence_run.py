@@ -1,6 +1,9 @@
 """One optimiser step and one validation on R CPU ranks; rank 0 writes what the test compares.
 
-    python tests/scripts/equivalence_run.py DATASET_YAML DEVICES OUT.pt
+    python tests/scripts/equivalence_run.py DATASET_YAML DEVICES OUT.pt [NON_SQUARE_YAML]
+
+With NON_SQUARE_YAML, a second validation runs on it in rectangular batches (global batch 4), whose
+metrics are saved as ``rect_metrics`` with the letterbox shape each image was given (``rect_shapes``).
 
 Run with 1 and with 2 devices by tests/test_training_ddp.py. BatchNorm is kept in eval mode so that
 per-rank batch statistics do not enter the comparison (ARCHITECTURE.md, world-size invariance: BN aside, or SyncBN).
@@ -55,14 +58,20 @@ class NoisyOracle(YOLO11Module):
     """Validation 'detections' = jittered ground truth + false positives, seeded by dataset index.
 
     Gives a non-trivial mAP that depends on every image, so a rank dropping or duplicating images
-    would change it.
+    would change it. The noise also depends on the batch's image shape, so an image letterboxed to
+    another rectangle than in one process would change it too; ``shapes`` records each index's shape.
     """
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.shapes: dict[int, tuple[int, int]] = {}
 
     def validation_step(self, batch, batch_idx):
         h, w = batch["images"].shape[-2:]
         detections = []
         for i, index in enumerate(batch["indices"].tolist()):
-            g = torch.Generator().manual_seed(1000 + index)
+            self.shapes[index] = (h, w)
+            g = torch.Generator().manual_seed(1000 + index + 7919 * h + w)
             t = batch["targets"][batch["targets"][:, 0] == i]
             cx, cy, bw, bh = (t[:, 2] * w, t[:, 3] * h, t[:, 4] * w, t[:, 5] * h)
             boxes = torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2), 1)
@@ -109,19 +118,23 @@ def main() -> None:
 
     oracle = NoisyOracle(**options)
     metrics = L.Trainer(**trainer_args).validate(oracle, data, verbose=False)[0]
-    if trainer.is_global_zero:
-        torch.save(
-            {
-                "initial": initial,
-                "trained": trained,
-                "gradients": recorder.gradients,
-                "metrics": metrics,
-                "carried": carried.gradients,
-                "carried_step": at_step.gradients,
-                "carry_step_epoch": at_step.epoch,
-            },
-            out,
+    result = {"initial": initial, "trained": trained, "gradients": recorder.gradients, "metrics": metrics,
+              "carried": carried.gradients, "carried_step": at_step.gradients, "carry_step_epoch": at_step.epoch}  # fmt: skip
+    if len(sys.argv) > 4:  # rectangular validation on non-square images, an odd count: unequal shards
+        rect_data = YOLODataModule(dataset=sys.argv[4], batch_size=4, image_size=64, num_workers=0)
+        oracle = NoisyOracle(
+            **{**options, "num_classes": rect_data.num_classes, "class_names": rect_data.class_names}
         )
+        rect_trainer = L.Trainer(**trainer_args)
+        result["rect_metrics"] = rect_trainer.validate(oracle, rect_data, verbose=False)[0]
+        gathered = [None] * rect_trainer.world_size
+        if rect_trainer.world_size > 1:
+            torch.distributed.all_gather_object(gathered, oracle.shapes)
+        else:
+            gathered = [oracle.shapes]
+        result["rect_shapes"] = {k: v for shard in gathered for k, v in shard.items()}
+    if trainer.is_global_zero:
+        torch.save(result, out)
 
 
 if __name__ == "__main__":

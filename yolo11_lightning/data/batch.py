@@ -4,7 +4,8 @@
 
     images      uint8   (B, 3, H, W)  RGB, channels-last memory; the model converts to float/255 on the device
     orig_sizes  int64   (B, 2)        original (h, w) in pixels
-    scales      float32 (B,)          letterbox scale r (NaN for augmented training images)
+    scales      float32 (B,)          letterbox scale r (NaN for augmented training images); (B, 2) (x, y) for
+                                      evaluation with ``eval_box_gain="per_axis"``
     pads        float32 (B, 2)        letterbox (left, top) padding in pixels (NaN for augmented training images)
     paths       list[str]             image files
 

@@ -84,6 +84,11 @@ class YOLODataModule(L.LightningDataModule):
         label_cache_dir: where label caches go when the dataset folder is read-only.
         prepare_data_per_node: build label caches (and the synthetic dataset) once per node instead of
             once per job; needed only when nodes do not share the dataset's filesystem.
+        rect_val: validate and test in rectangular batches, the reference validator's default: images in
+            aspect-ratio order, each global batch letterboxed to its own shape (``data.eval_shapes``);
+            False letterboxes every image to an ``image_size`` square. Training is always square.
+        eval_box_gain: ``reference`` maps evaluation boxes back with the reference's one gain for both axes
+            (its detections exactly); ``per_axis`` with each axis's own resize factor (``DetectionDataset``).
         max_substituted_fraction: training images that cannot be read (deleted or corrupted during the run)
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
@@ -121,6 +126,8 @@ class YOLODataModule(L.LightningDataModule):
         label_cache_dir: str | None = None,
         prepare_data_per_node: bool = False,
         max_substituted_fraction: float = 0.01,
+        rect_val: bool = True,
+        eval_box_gain: str = "reference",
     ) -> None:
         super().__init__()
         if batch_size <= 0:
@@ -169,6 +176,8 @@ class YOLODataModule(L.LightningDataModule):
         if max_substituted_fraction < 0:
             raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
         self.max_substituted_fraction = max_substituted_fraction
+        self.rect_val = rect_val
+        self.eval_box_gain = eval_box_gain
         # LightningCLI links these into the model at instantiation: read only the yaml here.
         if dataset == SYNTHETIC:
             self.class_names = synthetic_class_names(synthetic_classes)
@@ -243,6 +252,7 @@ class YOLODataModule(L.LightningDataModule):
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             global_batch_size=self.batch_size if augment else None,
+            eval_box_gain=self.eval_box_gain,
         )
         return dataset
 
@@ -330,7 +340,11 @@ class YOLODataModule(L.LightningDataModule):
 
     def _eval_loader(self, key: str) -> DataLoader:
         dataset = self.datasets[key]
-        sampler = ShardedEvalSampler(dataset, num_replicas=self.world_size, rank=self.global_rank)
+        # Rectangular groups of the global batch: the same shapes on any world size (sampler docstring).
+        order = dataset.set_rect_batches(self.batch_size) if self.rect_val and key != "predict" else None
+        sampler = ShardedEvalSampler(
+            dataset, num_replicas=self.world_size, rank=self.global_rank, order=order
+        )
         return self._loader(dataset, sampler, self.per_device_batch_size)
 
     def val_dataloader(self) -> DataLoader:

@@ -23,6 +23,7 @@ from .augment import AugmentConfig, Labelled, augment_train_sample
 from .batch import collate_detection as collate_detection  # re-exported: the batch contract is data.batch
 from .batch import image_tensor
 from .batch import stack_images as stack_images
+from .eval_shapes import eval_resize, eval_resized_shape, rect_batches
 from .image_cache import ImageCache, resized_shape
 from .image_io import ImageReadError, decode_scale, read_image_retrying
 from .sampler import epoch_order
@@ -108,8 +109,9 @@ class DetectionDataset(Dataset):
 
     Every image is first resized so its long side is ``image_size`` (the reference loads images this way
     for training and validation alike, enlarging small ones; ``scaleup=False`` keeps small ones as they
-    are). Evaluation then pads to a fixed square ``image_size`` with grey 114: one shape for every image
-    keeps batching simple (the reference pads to per-batch rectangles, which only changes the padding).
+    are; evaluation rounds the short side as the reference validator does, ``data.eval_shapes``).
+    Evaluation then pads with grey 114 to a square ``image_size``, or, after ``set_rect_batches``, to the
+    rectangle of the image's aspect-ratio group (the reference validator's default).
 
     Training augmentation is a pure function of ``(seed, epoch, index)``, whatever the number of workers,
     ranks or nodes.
@@ -142,6 +144,12 @@ class DetectionDataset(Dataset):
             from the whole dataset. Either way they are a function of (seed, epoch, index) only.
         decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
             None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
+        eval_box_gain: how evaluation maps boxes back to original pixels. ``"reference"`` (default): one
+            gain, resized over original height, for both axes, as the reference validator does, so the
+            detections equal its own (``data.eval_shapes``); ``scale`` is then a float. ``"per_axis"``: each
+            axis by the factor it was resized by (``scale`` = (x, y)), which the reference does not do: its
+            x coordinates are off by up to one resized pixel over the image width, which costs COCO mAP at
+            the high IoU thresholds on small images (``benchmarks/val_parity.py``).
         read_attempts: reads of an image before it counts as unreadable (>= 1).
         retry_backoff_s: first pause between reads, doubled after each failure.
         reduced_decode: in training, decode a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
@@ -163,6 +171,7 @@ class DetectionDataset(Dataset):
         read_attempts: int = 3,
         retry_backoff_s: float = 0.05,
         reduced_decode: bool = True,
+        eval_box_gain: str = "reference",
     ) -> None:
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -186,6 +195,9 @@ class DetectionDataset(Dataset):
         self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
         if read_attempts < 1:
             raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
+        if eval_box_gain not in ("reference", "per_axis"):
+            raise ValueError(f"eval_box_gain must be 'reference' or 'per_axis', got {eval_box_gain!r}")
+        self.eval_box_gain = eval_box_gain
         self.read_attempts = read_attempts
         self.retry_backoff_s = retry_backoff_s
         self.reduced_decode = reduced_decode
@@ -197,6 +209,32 @@ class DetectionDataset(Dataset):
         self._order_epoch: int | None = None
         self._order: np.ndarray = np.zeros(0, np.int64)
         self._position: np.ndarray = np.zeros(0, np.int64)
+        # Rectangular evaluation (set_rect_batches): the aspect-ratio order and each index's batch shape.
+        self.rect_order: np.ndarray | None = None
+        self.batch_shapes: np.ndarray | None = None
+
+    def set_rect_batches(self, batch_size: int) -> np.ndarray:
+        """Letterbox each evaluation image to the shape of its aspect-ratio group of ``batch_size``.
+
+        The sampler must then yield ``rect_order`` (``ShardedEvalSampler(order=...)``) in batches that divide
+        ``batch_size``, so every batch lies in one group. Call before the DataLoader workers start.
+        Returns ``rect_order``.
+        """
+        if self.augment:
+            raise ValueError("rectangular batches are for evaluation; training letterboxes to squares")
+        sizes = self.records._sizes
+        self.rect_order, self.batch_shapes = rect_batches(
+            sizes[:, 0], sizes[:, 1], batch_size, self.image_size
+        )
+        return self.rect_order
+
+    def resized_shapes(self) -> np.ndarray:
+        """(n, 2) int64 (h', w') of every ``load_resized`` image, without decoding (sizes an image cache)."""
+        shape = resized_shape if self.augment else eval_resized_shape
+        sizes = self.records._sizes
+        return np.array(
+            [shape(int(h), int(w), self.image_size, self.scaleup)[:2] for h, w in sizes], np.int64
+        ).reshape(-1, 2)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -210,12 +248,14 @@ class DetectionDataset(Dataset):
 
     # ------------------------------------------------------------------------------------ loading
     def load_resized(self, index: int) -> tuple[np.ndarray, float]:
-        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r)."""
+        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r).
+
+        Evaluation resizes as the reference validator (``eval_shapes.eval_resize``; r is its gain h' / h).
+        """
         if self.image_cache is not None:
             rec = self.records[index]
-            return self.image_cache[index], resized_shape(
-                rec.height, rec.width, self.image_size, self.scaleup
-            )[2]
+            shape = resized_shape if self.augment else eval_resized_shape
+            return self.image_cache[index], shape(rec.height, rec.width, self.image_size, self.scaleup)[2]
         hit = self._decoded.get(index)
         if hit is not None:
             self._decoded.move_to_end(index)
@@ -235,7 +275,10 @@ class DetectionDataset(Dataset):
         except ImageReadError as e:
             self._unreadable[index] = e.reason
             raise
-        item = self._resize(image, rec.height, rec.width, f)
+        if self.augment:  # a reduced decode (f > 1) only happens in training
+            item = self._resize(image, rec.height, rec.width, f)
+        else:
+            item = eval_resize(image, self.image_size, self.scaleup)
         if self.decode_cache_size > 0:
             self._decoded[index] = item
             if len(self._decoded) > self.decode_cache_size:
@@ -369,10 +412,17 @@ class DetectionDataset(Dataset):
                 resized, r = self.load_resized(index)
             except ImageReadError as e:
                 return self._missing(index, e)
-            image, r2, (left, top) = letterbox(resized, size, scaleup=False)
-            scale, pad = r * r2, (float(left), float(top))
-            # From original pixels with the one scalar scale, so (xy - pad) / scale inverts it exactly.
-            boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * np.float32(scale)
+            shape = size if self.batch_shapes is None else tuple(int(v) for v in self.batch_shapes[index])
+            image, r2, (left, top) = letterbox(resized, shape, scaleup=False)
+            pad = (float(left), float(top))
+            if self.eval_box_gain == "per_axis":  # the scale each axis was resized by
+                scale = (resized.shape[1] / rec.width * r2, resized.shape[0] / rec.height * r2)
+                gains = np.array([scale[0], scale[1], scale[0], scale[1]], np.float32)
+            else:  # the reference's one gain, h' / h, for both axes
+                scale = r * r2
+                gains = np.float32(scale)
+            # From original pixels with the batch's scale, so (xy - pad) / scale inverts it exactly.
+            boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * gains
             boxes += np.array([left, top, left, top], dtype=np.float32)
             classes = rec.classes
         labels = np.concatenate(

@@ -278,6 +278,7 @@ class ImageCache:
         copies: int = 1,
         max_fraction: float = 0.7,
         num_threads: int | None = None,
+        shapes: np.ndarray | None = None,
     ) -> ImageCache:
         """This process's own cache: estimate, check against available memory, then decode every image.
 
@@ -290,11 +291,14 @@ class ImageCache:
             copies: processes on this node that each build such a cache (DDP ranks per node).
             max_fraction: largest share of the available memory the caches may take together.
             num_threads: decoding threads (OpenCV releases the GIL); default min(8, cpu count).
+            shapes: (n, 2) (h', w') that ``load`` returns; default ``resized_shape`` of each record
+                (evaluation rounds differently, ``DetectionDataset.resized_shapes``).
 
         Raises:
             MemoryError: with the figures, when ``copies`` caches would exceed the allowed share.
         """
-        shapes = cls.shapes_of(records, size, scaleup)
+        shapes = cls.shapes_of(records, size, scaleup) if shapes is None else np.asarray(shapes, np.int64)
+        shapes = shapes.reshape(-1, 2)
         offsets, total = cache_layout(shapes)
         check_cache_memory(len(records), size, total, copies, max_fraction)
         log.info("caching %d images in RAM: %.2f GiB", len(records), total / GIB)

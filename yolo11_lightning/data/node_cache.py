@@ -122,6 +122,8 @@ class CacheSource(Protocol):
 
     def load_resized(self, index: int) -> tuple[np.ndarray, float]: ...
 
+    def resized_shapes(self) -> np.ndarray: ...
+
 
 @dataclass(frozen=True)
 class _Layout:
@@ -142,8 +144,8 @@ class _Layout:
 def _layout(sources: Sequence[CacheSource]) -> _Layout:
     shapes, offsets, starts, lengths, at = [], [], [], [], 0
     for source in sources:
-        records = [source.records[i] for i in range(len(source))]
-        s = ImageCache.shapes_of(records, source.image_size, source.scaleup)
+        # The dataset's own (h', w') of every image: evaluation rounds differently from training.
+        s = np.asarray(source.resized_shapes(), np.int64).reshape(-1, 2)
         o, length = cache_layout(s)
         shapes.append(s), offsets.append(o), starts.append(at), lengths.append(length)
         at = -(-(at + length) // _PART_ALIGN) * _PART_ALIGN

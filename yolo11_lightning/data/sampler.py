@@ -6,8 +6,9 @@ batch B / R, the ranks' i-th batches together are exactly positions [i*B, (i+1)*
 for every R. A resume therefore only needs "how many global samples of this epoch were consumed", and
 may happen on another world size: no sample skipped, none repeated.
 
-Eval (``ShardedEvalSampler``): rank r takes indices r, r + R, ... without padding duplicates, so the
-union over ranks is every index exactly once and distributed mAP equals single-process mAP.
+Eval (``ShardedEvalSampler``): rank r takes positions r, r + R, ... of the evaluation order (the indices
+in turn, or the aspect-ratio order of rectangular batches) without padding duplicates, so the union over
+ranks is every index exactly once and distributed mAP equals single-process mAP.
 
 Both subclass ``torch.utils.data.DistributedSampler`` so Lightning leaves them in place instead of
 injecting its own; ``num_replicas`` and ``rank`` are passed explicitly, no process group is needed.
@@ -161,19 +162,32 @@ class ElasticDistributedSampler(DistributedSampler):
 
 
 class ShardedEvalSampler(DistributedSampler):
-    """Evaluation sampler: rank r takes indices r, r + R, ...; no padding, so ranks may differ by one.
+    """Evaluation sampler: rank r takes positions r, r + R, ... of ``order``; no padding, so ranks may differ by one.
 
-    Yields plain ints in increasing order. Unequal lengths are safe as long as the evaluation step runs
-    no collective per batch (metrics sync once at the end).
+    ``order`` (default: 0, 1, ..., n - 1) is a permutation of the dataset's indices. For rectangular
+    batches it is the aspect-ratio order whose consecutive groups of the GLOBAL batch B share one shape
+    (``DetectionDataset.set_rect_batches``): with R dividing B, rank r's per-device batches of B / R are
+    exactly its positions in one group each, so every batch has a single shape on any world size and
+    each image gets the same shape, hence the same detections, as in one process. Unequal lengths are
+    safe as long as the evaluation step runs no collective per batch (metrics sync once at the end).
     """
 
-    def __init__(self, dataset: Sized, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self, dataset: Sized, num_replicas: int = 1, rank: int = 0, order: np.ndarray | None = None
+    ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False)
-        self.num_samples = len(range(rank, len(dataset), num_replicas))
-        self.total_size = len(dataset)
+        n = len(dataset)
+        if order is not None and (len(order) != n or not np.array_equal(np.sort(order), np.arange(n))):
+            raise ValueError(f"the evaluation order must be a permutation of the {n} dataset indices")
+        self.order = None if order is None else np.asarray(order, np.int64)
+        self.num_samples = len(range(rank, n, num_replicas))
+        self.total_size = n
 
     def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, len(self.dataset), self.num_replicas))
+        positions = range(self.rank, len(self.dataset), self.num_replicas)
+        if self.order is None:
+            return iter(positions)
+        return iter(self.order[self.rank :: self.num_replicas].tolist())
 
     def __len__(self) -> int:
         return self.num_samples

@@ -121,14 +121,20 @@ class Detect(nn.Module):
         """Anchor centres (2, A) in grid units and strides (1, A), cached by map shapes, device, dtype.
 
         Not cached while tracing (ONNX export): the grid must be built in the graph from the traced shapes,
-        so that an export with free height and width computes it for each input size.
+        so that an export with free height and width computes it for each input size. Anchors made under
+        ``torch.inference_mode`` (validation, prediction) are inference tensors, which autograd refuses:
+        outside inference mode they are remade.
         """
         ref = maps[0]
         key = (tuple(tuple(m.shape[-2:]) for m in maps), ref.device, ref.dtype)
         if torch.jit.is_tracing():
             points, strides = make_anchors(key[0], self.strides, 0.5, dtype=ref.dtype, device=ref.device)
             return points.T.contiguous(), strides.T.contiguous()
-        if self._anchor_cache is None or self._anchor_cache[0] != key:
+        cache = self._anchor_cache
+        stale = cache is None or cache[0] != key
+        if not stale and cache[1].is_inference() and not torch.is_inference_mode_enabled():
+            stale = True
+        if stale:
             points, strides = make_anchors(key[0], self.strides, 0.5, dtype=ref.dtype, device=ref.device)
             self._anchor_cache = (key, points.T.contiguous(), strides.T.contiguous())
         return self._anchor_cache[1], self._anchor_cache[2]

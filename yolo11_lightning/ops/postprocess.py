@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torchvision.ops import batched_nms, box_convert
+from torchvision.ops import box_convert, nms
 
 from yolo11_lightning.ops.letterbox import letterbox_to_original
 
@@ -20,8 +20,17 @@ def non_max_suppression(
     class_agnostic: bool = False,
     max_candidates: int = 30000,
     extra: int = 0,
+    class_offset: float = 7680.0,
 ) -> list[Tensor]:
-    """Score filter + class-aware NMS, image by image.
+    """Score filter + class-aware NMS, image by image, step for step the reference validator's.
+
+    Per image: candidates are (box, class) pairs scoring above ``conf_threshold`` (every class of a box
+    with ``multi_label``, else its best class), at most ``max_candidates`` of the highest scores; boxes are shifted by ``class * class_offset`` pixels so that
+    one NMS over all of them only suppresses within a class; the ``max_detections`` best survivors are
+    kept. Deliberate differences: the NMS runs in float32 even on a half-precision model (the reference
+    runs it in the model's dtype, where an offset of 7680 px leaves a few pixels of resolution), and there
+    is no wall-clock limit (the reference stops NMS after 2 s + 50 ms per image, which would make results
+    depend on the machine's speed).
 
     Args:
         predictions: (B, 4 + nc, A) eval output of ``YOLO11``: xywh boxes in input pixels, then class scores.
@@ -34,6 +43,9 @@ def non_max_suppression(
         max_candidates: cap on boxes entering NMS, highest scores first (bounds the NMS cost).
         extra: trailing channels after the class scores carried along per kept box, not scored (32 for the
             segmenter's mask coefficients: predictions (B, 4 + nc + 32, A)).
+        class_offset: shift in pixels between classes, the reference's 7680 (boxes must be smaller). Its value
+            sets the float rounding of the IoUs, so a box at the IoU threshold is kept or dropped as there;
+            torchvision's ``batched_nms`` (offset = largest coordinate + 1) rounds differently.
 
     Returns:
         One (n, 6 + extra) tensor per image: ``[x1, y1, x2, y2, score, class, *extra]`` in input pixels,
@@ -59,12 +71,13 @@ def non_max_suppression(
             anchor_idx = keep.nonzero(as_tuple=True)[0]
             boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
         if scores.numel() > max_candidates:
-            top = scores.topk(max_candidates).indices
+            top = scores.argsort(descending=True)[:max_candidates]
             boxes, scores, classes, anchor_idx = boxes[top], scores[top], classes[top], anchor_idx[top]
-        group = torch.zeros_like(classes) if class_agnostic else classes
-        keep = batched_nms(boxes.float(), scores.float(), group, iou_threshold)[:max_detections]
-        kept = [boxes[keep], scores[keep, None], classes[keep, None].to(boxes.dtype)]
+        boxes, scores = boxes.float(), scores.float()
+        shift = classes[:, None].float() * (0.0 if class_agnostic else class_offset)
+        keep = nms(boxes + shift, scores, iou_threshold)[:max_detections]
+        kept = [boxes[keep], scores[keep, None], classes[keep, None].float()]
         if extra:
-            kept.append(image_preds[anchor_idx[keep], 4 + num_classes :])
+            kept.append(image_preds[anchor_idx[keep], 4 + num_classes :].float())
         outputs.append(torch.cat(kept, 1))
     return outputs

@@ -66,6 +66,8 @@ class YOLO11Module(L.LightningModule):
         close_mosaic: deprecated, a data setting now (``--data.close_mosaic``). When given (old configs and
             checkpoints), it overrides the DataModule's value, with a deprecation warning.
         conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
+        reference_style_map: also log ``val/mAP50-95_reference_style`` (and ``test/``), the mAP by the
+            reference validator's rules, beside the COCO one (``training.reference_ap``).
         grad_clip_norm: gradient norm clip (0 disables).
         log_images: validation images drawn with predictions each epoch (0 disables).
         max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
@@ -113,6 +115,7 @@ class YOLO11Module(L.LightningModule):
         channels_last: bool = True,
         compile: bool | None = None,
         keep_host_memory: bool | None = None,
+        reference_style_map: bool = False,
     ) -> None:
         super().__init__()
         # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
@@ -153,8 +156,8 @@ class YOLO11Module(L.LightningModule):
             cos_lr=cos_lr, lr_scaling=lr_scaling, lr_reference_batch=lr_reference_batch,
             nominal_batch=nominal_batch,
         )  # fmt: skip
-        self.val_map = DetectionMAP(class_names)
-        self.test_map = DetectionMAP(class_names)
+        self.val_map = DetectionMAP(class_names, reference_style=reference_style_map)
+        self.test_map = DetectionMAP(class_names, reference_style=reference_style_map)
         self.resolved_recipe: OptimizerRecipe | None = None  # set at fit start, or restored from a checkpoint
         # Warmup, accumulation ramp and loss scale: the reference's loop, driven from a callback (recipe.py).
         self.loop_recipe = ReferenceRecipe()

@@ -19,12 +19,14 @@ import torch
 from yolo11_lightning.nn import torch_file
 
 # Model/data keys that may differ between a checkpoint and the run resuming it: loader and machine settings,
-# what to draw, where pretrained weights came from (a resume reads its weights from the checkpoint).
+# what to draw, where pretrained weights came from (a resume reads its weights from the checkpoint), and how
+# validation batches and scores (training is the same either way; older checkpoints lack these keys).
 RESUMABLE_KEYS = frozenset(
     {
         "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.cache_images",
         "data.label_cache_dir", "data.prepare_data_per_node", "model.compile", "model.keep_host_memory",
         "model.log_images", "model.weights", "model.weights_strict", "model.max_skipped_steps",
+        "data.rect_val", "data.eval_box_gain", "model.reference_style_map",
     }
 )  # fmt: skip
 
