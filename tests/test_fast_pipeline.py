@@ -112,9 +112,9 @@ def test_training_images_keep_the_full_decode_shapes_and_scales(tmp_path: Path):
         path.write_bytes(jpeg_with_orientation(smooth(h, w, seed=k), 1))
         records.append(ImageRecord(str(path), h, w, np.zeros(0, np.int64), np.zeros((0, 4), np.float32)))
     train = DetectionDataset(records, 64, augment=True)
-    val = DetectionDataset(records, 64, augment=False)  # full decode, then resize
+    full = DetectionDataset(records, 64, augment=True, reduced_decode=False)  # full decode, then resize
     for k, record in enumerate(records):
-        (a, ra), (b, rb) = train.load_resized(k), val.load_resized(k)
+        (a, ra), (b, rb) = train.load_resized(k), full.load_resized(k)
         assert a.shape == b.shape and ra == rb
         # The same picture: close to the full decode shrunk with area averaging (no shift, no stretch).
         ideal = cv2.resize(read_image(record.path), a.shape[1::-1], interpolation=cv2.INTER_AREA)

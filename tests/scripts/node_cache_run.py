@@ -85,6 +85,7 @@ class Inspect(Callback):
             aug=cached.aug, seed=cached.seed, mosaic_until_epoch=cached.mosaic_until_epoch,
             global_batch_size=cached.global_batch_size,
         )  # fmt: skip
+        plain.batch_shapes = cached.batch_shapes  # rectangular validation: the same letterbox shapes
         items = [(epoch, i) if cached.augment else i for i in batch["indices"].tolist()]
         expected = collate_detection([plain[item] for item in items])
         return torch.equal(expected["images"], batch["images"]) and torch.equal(
