@@ -9,6 +9,7 @@ and box-only annotations) into masks.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import cv2
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from yolo11_lightning.data.agreement import first_difference, record_digests, split_hash
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
@@ -216,7 +218,7 @@ def _rle_counts(mask: np.ndarray) -> list[int]:
     return [0, *runs] if flat[0] else runs
 
 
-def test_coco_polygon_rle_and_box_annotations_become_masks(tmp_path: Path) -> None:
+def test_coco_polygon_rle_and_box_annotations_become_masks(tmp_path: Path, caplog) -> None:
     h = w = SIZE
     image = np.zeros((h, w, 3), np.uint8)
     cv2.imwrite(str(tmp_path / "a.png"), image)
@@ -244,7 +246,10 @@ def test_coco_polygon_rle_and_box_annotations_become_masks(tmp_path: Path) -> No
             task="segment", mask_overlap=overlap,
         )  # fmt: skip
         dm.prepare_data()
-        dm.setup("validate")
+        with caplog.at_level(logging.WARNING, logger="yolo11_lightning.data.dataset"):
+            dm.setup("validate")
+        assert "1 of 3 instances have no polygon" in caplog.text
+        caplog.clear()
         (batch,) = list(dm.val_dataloader())
         classes = batch["targets"][:, 1].long().tolist()
         assert sorted(classes) == [0, 1, 2]
@@ -252,3 +257,20 @@ def test_coco_polygon_rle_and_box_annotations_become_masks(tmp_path: Path) -> No
             mask = (batch["masks"][0] == row + 1) if overlap else batch["masks"][row].bool()
             truth = torch.from_numpy(cv2.resize(expected[c], (w // 4, h // 4))).bool()
             assert (mask & truth).sum() / (mask | truth).sum() >= 0.9, c
+
+
+def test_rank_agreement_hash_covers_the_polygons(painted) -> None:
+    moved = [
+        ImageRecord(r.path, r.height, r.width, r.classes, r.boxes, r.segments.copy(), r.segment_sizes)
+        for r in painted
+    ]
+    moved[3].segments[2] += np.float32(0.01)  # one vertex of one image
+    seg_a, seg_b = (DetectionDataset(r, SIZE, task="segment") for r in (painted, moved))
+    assert split_hash(seg_a) != split_hash(seg_b)
+    differs = [a != b for a, b in zip(record_digests(seg_a), record_digests(seg_b))]
+    assert differs == [i == 3 for i in range(len(painted))]
+    assert first_difference([record_digests(seg_a), record_digests(seg_b)]).startswith("the labels")
+    # Detection keeps no polygons: its hash is that of the boxes alone, as before.
+    assert split_hash(DetectionDataset(painted, SIZE)) == split_hash(DetectionDataset(moved, SIZE))
+    assert DetectionDataset(painted, SIZE).records[0].num_polygons == 0
+    assert seg_a.records[3].num_polygons == 3

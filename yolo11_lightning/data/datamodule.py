@@ -22,7 +22,7 @@ from torch.utils.data import DataLoader
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .batch import collate_detection, collate_segmentation
-from .dataset import TASKS, DetectionDataset
+from .dataset import TASKS, DetectionDataset, warn_missing_polygons
 from .disk_cache import attach_disk_caches
 from .node_cache import RankGroup, attach_image_caches
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
@@ -256,6 +256,8 @@ class YOLODataModule(L.LightningDataModule):
         if not config.splits.get(split):
             raise DatasetError(f"{config.source}: split `{split}` is not defined")
         records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
+        if self.task == "segment" and self.global_rank == 0:
+            warn_missing_polygons(records, f"{config.source} `{split}`")
         dataset = DetectionDataset(
             records,
             self.image_size,

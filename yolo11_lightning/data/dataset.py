@@ -14,7 +14,7 @@ boxes of augmented samples are re-derived from the warped polygons.
 
 Instances without a polygon in a segment dataset (box rows of a YOLO-seg file, COCO annotations without
 ``segmentation``, polygons dropped by the checks) get their box's rectangle as outline
-(``polygons.with_box_outlines``), and the dataset logs a warning with their count. The reference instead
+(``polygons.with_box_outlines``); the DataModule logs their count (``warn_missing_polygons``). The reference instead
 warns and removes every polygon of the dataset when box and polygon counts differ (``YOLODataset.
 get_labels``); its mask formatting then drops every label of every image (``Format._format_segments``
 indexes the instances by the order of zero masks), so a mixed dataset would train on nothing. Boxes as
@@ -231,8 +231,6 @@ class DetectionDataset(Dataset):
         self.task = task
         self.mask_overlap = mask_overlap
         self.records = PackedRecords(records, polygons=task == "segment")
-        if task == "segment":
-            _warn_missing_polygons(records)
         self.image_size = image_size
         self.augment = augment
         self.aug = aug if aug is not None else AugmentConfig()
@@ -532,14 +530,19 @@ class DetectionDataset(Dataset):
         }
 
 
-def _warn_missing_polygons(records: Sequence[ImageRecord]) -> None:
-    """Log how many instances of a segment dataset have no polygon (they get their box as outline)."""
+def warn_missing_polygons(records: Sequence[ImageRecord], where: str) -> int:
+    """Log how many instances of a segment dataset have no polygon (their masks are their boxes).
+
+    Returns that count. ``where`` names the data in the message (a split of a dataset yaml).
+    """
     instances = sum(len(r.classes) for r in records)
     missing = instances - sum(r.num_polygons for r in records)
     if missing:
         log.warning(
-            "%d of %d instances have no polygon (box rows, annotations without segmentation, or polygons "
-            "dropped by the checks): their masks are their boxes' rectangles",
+            "%s: %d of %d instances have no polygon (box rows, annotations without segmentation, or "
+            "polygons dropped by the checks): their masks are their boxes' rectangles",
+            where,
             missing,
             instances,
         )
+    return missing
