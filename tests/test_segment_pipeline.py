@@ -143,13 +143,21 @@ def test_augmented_masks_match_the_painted_ground_truth(painted, geometry: str, 
     assert inter / union >= 0.9, (geometry, inter / union)
 
 
-def test_validation_masks_are_letterboxed_like_the_image(painted) -> None:
-    dataset = DetectionDataset(painted, PAINTED_SIZE, task="segment")
+@pytest.mark.parametrize("rect", [False, True])
+@pytest.mark.parametrize("gain", ["reference", "per_axis"])
+def test_validation_masks_are_letterboxed_like_the_image(painted, rect: bool, gain: str) -> None:
+    dataset = DetectionDataset(painted, PAINTED_SIZE, task="segment", eval_box_gain=gain)
+    if rect:
+        dataset.set_rect_batches(2)
+    shapes = set()
     for index in range(len(painted)):
         sample = dataset[index]
         truth, predicted = _painted_truth(sample["image"]), _class_masks(sample, True)
         assert (predicted & truth).sum() / (predicted | truth).sum() >= 0.9
         assert sample["labels"].shape == (NUM_CLASSES, 5)
+        assert sample["masks"].shape == tuple(side // 4 for side in sample["image"].shape[1:])
+        shapes.add(tuple(sample["image"].shape))
+    assert len(shapes) > 1 if rect else shapes == {(3, PAINTED_SIZE, PAINTED_SIZE)}
 
 
 # ------------------------------------------------------------------------------------------ DataModule
@@ -185,15 +193,16 @@ def test_segment_batches_are_identical_with_0_and_2_workers(seg_yaml: Path, over
     train2, val2 = _batches(seg_yaml, "segment", 2, mask_overlap=overlap)
     _assert_same(train0, train2)
     _assert_same(val0, val2)
-    for batch in train0 + val0:
+    for batch in train0 + val0:  # validation batches are rectangles (here 96 px: the reference's padding)
         assert batch["mask_overlap"] is overlap
+        quarter = tuple(side // 4 for side in batch["images"].shape[-2:])
         if overlap:
-            assert batch["masks"].shape == (len(batch["images"]), SIZE // 4, SIZE // 4)
+            assert batch["masks"].shape == (len(batch["images"]), *quarter)
             for i in range(len(batch["images"])):  # index k of image i is its k-th target row
                 rows = int((batch["targets"][:, 0] == i).sum())
                 assert int(batch["masks"][i].max()) <= rows
         else:
-            assert batch["masks"].shape == (len(batch["targets"]), SIZE // 4, SIZE // 4)
+            assert batch["masks"].shape == (len(batch["targets"]), *quarter)
     assert sum(int(b["masks"].bool().sum()) for b in train0) > 0
 
 
@@ -255,7 +264,10 @@ def test_coco_polygon_rle_and_box_annotations_become_masks(tmp_path: Path, caplo
         assert sorted(classes) == [0, 1, 2]
         for row, c in enumerate(classes):
             mask = (batch["masks"][0] == row + 1) if overlap else batch["masks"][row].bool()
-            truth = torch.from_numpy(cv2.resize(expected[c], (w // 4, h // 4))).bool()
+            canvas = np.zeros(batch["images"].shape[-2:], np.uint8)  # a rectangle batch: padded, scale 1
+            left, top = (int(v) for v in batch["pads"][0])
+            canvas[top : top + h, left : left + w] = expected[c]
+            truth = torch.from_numpy(cv2.resize(canvas, (canvas.shape[1] // 4, canvas.shape[0] // 4))).bool()
             assert (mask & truth).sum() / (mask | truth).sum() >= 0.9, c
 
 
