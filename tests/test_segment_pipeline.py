@@ -298,3 +298,17 @@ def test_checkpoints_from_before_the_task_keys_are_the_same_detection_run(seg_ya
     assert differences(identity({}, old, 0), identity({}, segment, 0)) == [
         "data.task: 'detect' in the checkpoint, 'segment' now"
     ]
+
+
+def test_synthetic_segment_task_generates_the_polygon_set(tmp_path: Path) -> None:
+    dm = YOLODataModule(
+        "synthetic", synthetic_dir=str(tmp_path), synthetic_train=4, synthetic_val=2, synthetic_image_size=SIZE,
+        image_size=SIZE, batch_size=2, num_workers=0, pin_memory=False, task="segment",
+    )  # fmt: skip
+    dm.prepare_data()
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    assert all(train.records[i].num_polygons == len(train.records[i].classes) > 0 for i in range(len(train)))
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["mask_overlap"] and batch["masks"].shape == (2, SIZE // 4, SIZE // 4)
+    assert int(batch["masks"].max()) >= 1
