@@ -3,13 +3,15 @@
 Masks of augmented samples are checked against the image itself: every instance is painted in its class
 colour, so the warped image shows where the transformed ground truth is, independently of the polygon
 maths. Then determinism over workers, the detection task left as it was, and a COCO json (polygon, RLE
-and box-only annotations) into masks.
+and box-only annotations) into masks. Validation masks are checked against the reference's datasets
+(``ultralytics``, an oracle only): pixel for pixel, rows in the same order.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 import cv2
@@ -21,8 +23,11 @@ from yolo11_lightning.data.agreement import first_difference, record_digests, sp
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.sources import load_dataset_config, load_split
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.synthetic import make_synthetic_dataset
+
+os.environ.setdefault("YOLO_OFFLINE", "1")  # the reference datasets (oracle) stay offline
 
 SIZE = 64
 PAINTED_SIZE = 128  # the painted-truth tests: objects large against the rasteriser's outline pixels
@@ -312,3 +317,29 @@ def test_synthetic_segment_task_generates_the_polygon_set(tmp_path: Path) -> Non
     batch = next(iter(dm.train_dataloader()))
     assert batch["mask_overlap"] and batch["masks"].shape == (2, SIZE // 4, SIZE // 4)
     assert int(batch["masks"].max()) >= 1
+
+
+@pytest.mark.parametrize("rect", [False, True])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_validation_masks_equal_the_reference_datasets(tmp_path: Path, rect: bool, overlap: bool) -> None:
+    from ultralytics.cfg import get_cfg
+    from ultralytics.data.dataset import YOLODataset
+
+    yaml_path = make_synthetic_dataset(tmp_path, num_train=1, num_val=8, image_size=(48, 80), task="segment")
+    records, _ = load_split(load_dataset_config(yaml_path), "val")
+    ours = DetectionDataset(records, SIZE, task="segment", mask_overlap=overlap)
+    if rect:
+        ours.set_rect_batches(4)
+    reference = YOLODataset(
+        img_path=str(tmp_path / "images" / "val"), imgsz=SIZE, augment=False, rect=rect, batch_size=4,
+        stride=32, pad=0.5 if rect else 0.0, task="segment",
+        hyp=get_cfg(overrides={"imgsz": SIZE, "overlap_mask": overlap}),
+        data={"names": {0: "a", 1: "b", 2: "c"}, "nc": 3, "channels": 3},
+    )  # fmt: skip
+    expected = {s["im_file"]: s for s in (reference[i] for i in range(len(reference)))}
+    for i, record in enumerate(records):
+        sample, ref = ours[i], expected[record.path]
+        assert torch.equal(sample["image"], ref["img"])
+        assert torch.equal(sample["labels"][:, 0], ref["cls"].view(-1))  # the rows in the masks' order
+        ref_masks = ref["masks"][0] if overlap else ref["masks"]
+        assert torch.equal(sample["masks"], ref_masks.to(sample["masks"].dtype))
