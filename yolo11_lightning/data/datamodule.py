@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader
 
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
-from .batch import collate_detection
-from .dataset import DetectionDataset
+from .batch import collate_detection, collate_segmentation
+from .dataset import TASKS, DetectionDataset, warn_missing_polygons
 from .disk_cache import attach_disk_caches
 from .node_cache import RankGroup, attach_image_caches
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
@@ -93,6 +93,10 @@ class YOLODataModule(L.LightningDataModule):
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
             1 disables the limit.
+        task: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
+            resolution from the polygons; "synthetic" then generates the segmentation set).
+        mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
+            False, one 0/1 mask per instance.
     """
 
     def __init__(
@@ -128,8 +132,12 @@ class YOLODataModule(L.LightningDataModule):
         max_substituted_fraction: float = 0.01,
         rect_val: bool = True,
         eval_box_gain: str = "reference",
+        task: Literal["detect", "segment"] = "detect",
+        mask_overlap: bool = True,
     ) -> None:
         super().__init__()
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if image_size <= 0 or image_size % 32:
@@ -165,12 +173,16 @@ class YOLODataModule(L.LightningDataModule):
             hsv_v=hsv_v,
         )
         self.synthetic_dir = synthetic_dir
+        self.task = task
+        self.mask_overlap = mask_overlap
         self.synthetic_options = {
             "num_train": synthetic_train,
             "num_val": synthetic_val,
             "image_size": synthetic_image_size,
             "num_classes": synthetic_classes,
         }
+        if task != "detect":  # a detection set's options stay as they were (its folder is reused as is)
+            self.synthetic_options["task"] = task
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         if max_substituted_fraction < 0:
@@ -244,6 +256,8 @@ class YOLODataModule(L.LightningDataModule):
         if not config.splits.get(split):
             raise DatasetError(f"{config.source}: split `{split}` is not defined")
         records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
+        if self.task == "segment" and self.global_rank == 0:
+            warn_missing_polygons(records, f"{config.source} `{split}`")
         dataset = DetectionDataset(
             records,
             self.image_size,
@@ -253,6 +267,8 @@ class YOLODataModule(L.LightningDataModule):
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             global_batch_size=self.batch_size if augment else None,
             eval_box_gain=self.eval_box_gain,
+            task=self.task,
+            mask_overlap=self.mask_overlap,
         )
         return dataset
 
@@ -319,7 +335,7 @@ class YOLODataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
-            collate_fn=collate_detection,
+            collate_fn=collate_segmentation if self.task == "segment" else collate_detection,
             # Stop signals are the training process's to handle (it saves, then the workers end with it).
             worker_init_fn=ignore_stop_signals_in_worker if self.num_workers > 0 else None,
         )

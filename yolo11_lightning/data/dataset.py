@@ -5,10 +5,25 @@
 unreadable-image fields); ``data.batch.collate_detection`` stacks samples into the batch contract
 (``data.batch.DetectionBatch``, shapes and units there). ``collate_detection``, ``image_tensor`` and
 ``stack_images`` are re-exported here for code that imports them from this module.
+
+With ``task="segment"`` a sample also carries ``masks`` (``data.masks.rasterize`` at 1/4 of the image
+side: an (H/4, W/4) index map, or (n, H/4, W/4) per instance) and its ``labels`` rows are in the order
+the masks refer to; ``data.batch.collate_segmentation`` stacks them. Polygons travel through the same
+augmentation as the boxes (``augment``), resampled to ``polygons.RESAMPLE_POINTS`` points first, and the
+boxes of augmented samples are re-derived from the warped polygons.
+
+Instances without a polygon in a segment dataset (box rows of a YOLO-seg file, COCO annotations without
+``segmentation``, polygons dropped by the checks) get their box's rectangle as outline
+(``polygons.with_box_outlines``); the DataModule logs their count (``warn_missing_polygons``). The reference instead
+warns and removes every polygon of the dataset when box and polygon counts differ (``YOLODataset.
+get_labels``); its mask formatting then drops every label of every image (``Format._format_segments``
+indexes the instances by the order of zero masks), so a mixed dataset would train on nothing. Boxes as
+masks keep all boxes and every real polygon.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -26,6 +41,8 @@ from .batch import stack_images as stack_images
 from .eval_shapes import eval_resize, eval_resized_shape, rect_batches
 from .image_cache import ImageCache, resized_shape
 from .image_io import ImageReadError, decode_scale, read_image_retrying
+from .masks import rasterize
+from .polygons import RESAMPLE_POINTS, letterbox_polygons, resample_all, to_pixels, with_box_outlines
 from .sampler import epoch_order
 from .sources.records import ImageRecord
 from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
@@ -40,6 +57,9 @@ MAX_SUBSTITUTE_TRIES = 16
 BLANK_SUBSTITUTE = -2
 # Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
 MIN_PARTNER_POOL = 16
+TASKS = ("detect", "segment")
+
+log = logging.getLogger(__name__)
 
 
 class PackedRecords:
@@ -48,9 +68,12 @@ class PackedRecords:
     A list of Python objects in a forked DataLoader worker gets its memory pages copied as soon as the
     worker touches their reference counts, so each worker slowly duplicates the whole list (per rank, per
     worker: gigabytes for COCO-sized datasets). Flat arrays have no per-record objects to touch.
+
+    ``polygons=False`` leaves the polygons out (records come back without any): detection never reads
+    them, and COCO's outlines are about 160 MB.
     """
 
-    def __init__(self, records: Sequence[ImageRecord]) -> None:
+    def __init__(self, records: Sequence[ImageRecord], polygons: bool = True) -> None:
         encoded = [r.path.encode("utf-8") for r in records]
         self._paths = np.frombuffer(b"".join(encoded), np.uint8) if encoded else np.zeros(0, np.uint8)
         self._path_ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
@@ -58,6 +81,12 @@ class PackedRecords:
         self._label_ends = np.cumsum([len(r.classes) for r in records], dtype=np.int64)
         self._classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
         self._boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
+        self.has_polygons = polygons
+        kept = records if polygons else []
+        # Per label row its vertex count (as the label cache stores it), per record the end of its vertices.
+        self._segment_sizes = np.concatenate([r.segment_sizes for r in kept] + [np.zeros(0, np.int64)])
+        self._segments = np.concatenate([r.segments for r in kept] + [np.zeros((0, 2), np.float32)])
+        self._point_ends = np.cumsum([len(r.segments) for r in kept], dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -68,7 +97,18 @@ class PackedRecords:
         l1 = self._label_ends[index]
         h, w = self._sizes[index]
         path = self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
-        return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
+        if not self.has_polygons:
+            return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
+        s0 = self._point_ends[index - 1] if index > 0 else 0
+        return ImageRecord(
+            path,
+            int(h),
+            int(w),
+            self._classes[l0:l1],
+            self._boxes[l0:l1],
+            self._segments[s0 : self._point_ends[index]],
+            self._segment_sizes[l0:l1],
+        )
 
 
 def partner_stride(global_batch_size: int) -> int:
@@ -154,6 +194,9 @@ class DetectionDataset(Dataset):
         retry_backoff_s: first pause between reads, doubled after each failure.
         reduced_decode: in training, decode a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
             (see ``_read``); False always decodes fully, as evaluation does.
+        task: "detect", or "segment" for samples with instance masks (module docstring).
+        mask_overlap: segment task: one index map per image (True, the reference's default) or one 0/1
+            mask per instance (False).
     """
 
     def __init__(
@@ -172,7 +215,11 @@ class DetectionDataset(Dataset):
         retry_backoff_s: float = 0.05,
         reduced_decode: bool = True,
         eval_box_gain: str = "reference",
+        task: str = "detect",
+        mask_overlap: bool = True,
     ) -> None:
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
         if seed < 0:
@@ -181,7 +228,9 @@ class DetectionDataset(Dataset):
             raise ValueError(
                 f"image cache holds {len(image_cache)} images but there are {len(records)} records"
             )
-        self.records = PackedRecords(records)
+        self.task = task
+        self.mask_overlap = mask_overlap
+        self.records = PackedRecords(records, polygons=task == "segment")
         self.image_size = image_size
         self.augment = augment
         self.aug = aug if aug is not None else AugmentConfig()
@@ -318,7 +367,16 @@ class DetectionDataset(Dataset):
         image, r = self.load_resized(index)
         rec = self.records[index]
         boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
-        return Labelled(image, boxes, rec.classes)
+        if self.task != "segment":
+            return Labelled(image, boxes, rec.classes)
+        return Labelled(image, boxes, rec.classes, self._pixel_polygons(rec, rec.width * r, rec.height * r))
+
+    @staticmethod
+    def _pixel_polygons(rec: ImageRecord, width: float, height: float) -> np.ndarray:
+        """The record's outlines in pixels of a width x height image, box rectangles for missing ones,
+        resampled: (n, M, 2) float32, M = ``RESAMPLE_POINTS`` (more for longer outlines)."""
+        boxes = xywhn_to_xyxy(rec.boxes, width, height)
+        return resample_all(with_box_outlines(to_pixels(rec.polygons, width, height), boxes), RESAMPLE_POINTS)
 
     def _substituting_loader(
         self, epoch: int, substitutes: dict[int, int], unreadable: list[tuple[str, str]]
@@ -351,7 +409,8 @@ class DetectionDataset(Dataset):
             rec = self.records[index]
             height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
             blank = np.full((height, width, 3), 114, np.uint8)
-            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64))
+            polygons = np.zeros((0, RESAMPLE_POINTS, 2), np.float32) if self.task == "segment" else None
+            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), polygons)
 
         return load
 
@@ -405,7 +464,7 @@ class DetectionDataset(Dataset):
             rng = sample_rng(self.seed, epoch, index)
             load = self._substituting_loader(epoch, substitutes, unreadable)
             out = augment_train_sample(index, load, self._picker(epoch, index), rng, self.aug, size, mix)
-            image, boxes, classes = out
+            image, boxes, classes, polygons = out
             scale, pad = math.nan, (math.nan, math.nan)  # no single scale/pad maps an augmented image back
         else:
             try:
@@ -425,11 +484,19 @@ class DetectionDataset(Dataset):
             boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * gains
             boxes += np.array([left, top, left, top], dtype=np.float32)
             classes = rec.classes
+            if self.task == "segment":  # on the image's own pixels: each axis by its resize factor, the pad
+                # (the reference validator's masks; boxes keep the mapping ``eval_box_gain`` chose)
+                polygons = self._pixel_polygons(rec, resized.shape[1] * r2, resized.shape[0] * r2)
+                polygons = letterbox_polygons(polygons, 1.0, pad)
+        masks = None
+        if self.task == "segment":
+            masks, order = rasterize(polygons, image.shape[0], image.shape[1], overlap=self.mask_overlap)
+            boxes, classes = boxes[order], classes[order]
         labels = np.concatenate(
             [classes.astype(np.float32)[:, None], xyxy_to_xywhn(boxes, image.shape[1], image.shape[0])],
             axis=1,
         )
-        return {
+        sample = {
             "image": image_tensor(image),
             "labels": torch.from_numpy(labels),
             "index": index,
@@ -441,6 +508,9 @@ class DetectionDataset(Dataset):
             "unreadable": unreadable,
             "missing": False,
         }
+        if masks is not None:
+            sample["masks"] = torch.from_numpy(masks)
+        return sample
 
     def _missing(self, index: int, error: ImageReadError) -> dict[str, Any]:
         """The placeholder of an unreadable evaluation image: ``collate_detection`` drops it."""
@@ -456,4 +526,23 @@ class DetectionDataset(Dataset):
             "substitute": -1,
             "unreadable": [(error.path, error.reason)],
             "missing": True,
+            **({"masks": torch.zeros(0, 0, dtype=torch.uint8)} if self.task == "segment" else {}),
         }
+
+
+def warn_missing_polygons(records: Sequence[ImageRecord], where: str) -> int:
+    """Log how many instances of a segment dataset have no polygon (their masks are their boxes).
+
+    Returns that count. ``where`` names the data in the message (a split of a dataset yaml).
+    """
+    instances = sum(len(r.classes) for r in records)
+    missing = instances - sum(r.num_polygons for r in records)
+    if missing:
+        log.warning(
+            "%s: %d of %d instances have no polygon (box rows, annotations without segmentation, or "
+            "polygons dropped by the checks): their masks are their boxes' rectangles",
+            where,
+            missing,
+            instances,
+        )
+    return missing

@@ -29,6 +29,9 @@ RESUMABLE_KEYS = frozenset(
         "data.rect_val", "data.eval_box_gain", "model.reference_style_map",
     }
 )  # fmt: skip
+# Keys added after checkpoints were written, with the value an older checkpoint trained with: a checkpoint
+# without one is the same run as a current run at that default.
+ADDED_DEFAULTS: dict[str, Any] = {"data.task": "detect", "data.mask_overlap": True}
 
 
 def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], seed: Any) -> dict[str, Any]:
@@ -44,6 +47,8 @@ def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], 
     flat = {f"model.{k}": v for k, v in model_hparams.items()}
     flat.update({f"data.{k}": v for k, v in data_hparams.items()})
     flat["seed_everything"] = None if seed is None else int(seed)
+    for key, default in ADDED_DEFAULTS.items():
+        flat.setdefault(key, default)
     return {k: v for k, v in flat.items() if k not in RESUMABLE_KEYS}
 
 
