@@ -81,11 +81,14 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
     """Our dataset with timed stages; returns fetch(keys) -> number of images."""
     import yolo11_lightning.data.augment as augment
     import yolo11_lightning.data.dataset as dataset
+    import yolo11_lightning.data.image_loading as image_loading
     import yolo11_lightning.data.transforms as transforms
 
     for owner, name, stage in [
+        (image_loading, "read_image_retrying", "decode"),  # the loading moved out of data.dataset
         (dataset, "read_image_retrying", "decode"),
         (dataset, "read_image_reduced", "decode"),
+        (image_loading, "resize_long_side", "resize to long side"),
         (dataset, "resize_long_side", "resize to long side"),
         (augment, "mosaic4", "mosaic placement"),  # before warp_tiles: the whole canvas
         (transforms, "place_tiles", "mosaic placement"),
@@ -95,6 +98,7 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
         (augment, "apply_affine", "label transforms"),
         (augment, "tile_boxes", "label transforms"),
         (augment, "affine_boxes", "label transforms"),
+        (image_loading, "xywhn_to_xyxy", "label transforms"),
         (dataset, "xywhn_to_xyxy", "label transforms"),
         (dataset, "xyxy_to_xywhn", "label transforms"),
         (augment, "augment_hsv", "HSV"),

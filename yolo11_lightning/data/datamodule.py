@@ -4,18 +4,17 @@ Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each
 ``batch_size`` is the GLOBAL batch over all devices and nodes; each device loads
 ``batch_size / world_size`` (checked in ``setup``). The train order is defined globally by
 ``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
-resume mid-epoch on any number of devices.
+resume mid-epoch on any number of devices (``data.sampler_checkpoint``). The DataLoader workers are set up
+by ``data.loader_workers`` (``ignore_stop_signals_in_worker`` is re-exported here).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
 import warnings
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import cv2
 import lightning as L
 from torch.utils.data import DataLoader
 
@@ -24,8 +23,11 @@ from .augment import AugmentConfig
 from .batch import collate_detection, collate_segmentation
 from .dataset import TASKS, DetectionDataset, warn_missing_polygons
 from .disk_cache import attach_disk_caches
+from .loader_workers import ignore_stop_signals_in_worker as ignore_stop_signals_in_worker  # re-exported
+from .loader_workers import single_threaded_opencv
 from .node_cache import RankGroup, attach_image_caches
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
+from .sampler_checkpoint import TrainSamplerCheckpoint
 from .sources.config import DatasetConfig, DatasetError, load_dataset_config
 from .sources.split import build_label_cache, label_cache_locations, load_split
 from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
@@ -35,28 +37,7 @@ log = logging.getLogger(__name__)
 SYNTHETIC = "synthetic"
 
 
-def ignore_stop_signals_in_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1 to the training process.
-
-    PyTorch's workers die on a SIGTERM that does not come from their parent, so a signal to the whole process
-    group would fail the next batch ("DataLoader worker ... is killed by signal") before the training process
-    could save (``training.preemption``). Ignored here, they end with their parent, as PyTorch watches it.
-    """
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(signum, signal.SIG_IGN)
-
-
-def _single_threaded_opencv() -> None:
-    """One DataLoader worker = one core: OpenCV's own threads would oversubscribe the CPUs.
-
-    Set in the parent before the workers fork: calling ``cv2.setNumThreads`` inside a forked worker can
-    deadlock on the thread pool state copied from the parent (seen in our tests), while a parent with a
-    one-thread pool forks cleanly. The reference sets it for the whole process the same way.
-    """
-    cv2.setNumThreads(1)
-
-
-class YOLODataModule(L.LightningDataModule):
+class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     """Detection data for Lightning.
 
     Args:
@@ -327,7 +308,7 @@ class YOLODataModule(L.LightningDataModule):
     # ------------------------------------------------------------------------------------ loaders
     def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
         if self.num_workers > 0:
-            _single_threaded_opencv()
+            single_threaded_opencv()
         return DataLoader(
             dataset,
             batch_size=batch_size,
@@ -393,45 +374,3 @@ class YOLODataModule(L.LightningDataModule):
                 "workers keep their own copy of the dataset and will not see it. Call it in setup/on_fit_start.",
                 stacklevel=2,
             )
-
-    # ------------------------------------------------------------------------------------ checkpoints
-    def _fit_progress_samples(self) -> int | None:
-        """Global samples of the current epoch that training has finished, from the Trainer's loop."""
-        trainer = self.trainer
-        if trainer is None or getattr(getattr(trainer, "state", None), "fn", None) != "fit":
-            return None
-        try:
-            ready = int(trainer.fit_loop.epoch_loop.batch_progress.current.ready)
-            epoch_batches = trainer.num_training_batches
-        except AttributeError:
-            return None
-        if ready >= epoch_batches:  # the epoch is over (also when limit_train_batches cut it short)
-            return self._train_sampler.total_size if self._train_sampler is not None else None
-        # A checkpoint is written once a batch is done (on_train_batch_end or after validation), when
-        # `ready` already counts it; every batch is one global batch of samples.
-        return ready * self.batch_size
-
-    def state_dict(self) -> dict[str, Any]:
-        """The train sampler's position: ``{"train_sampler": {"epoch", "consumed_samples", "seed"}}``."""
-        sampler = self._train_sampler
-        if sampler is None:
-            return (
-                {}
-                if self._pending_sampler_state is None
-                else {"train_sampler": dict(self._pending_sampler_state)}
-            )
-        state = sampler.state_dict()
-        consumed = self._fit_progress_samples()
-        if consumed is not None:
-            state["consumed_samples"] = min(consumed, sampler.total_size)
-        return {"train_sampler": state}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the sampler position now, or when the train sampler gets created."""
-        state = state_dict.get("train_sampler")
-        if state is None:
-            return
-        if self._train_sampler is not None:
-            self._train_sampler.load_state_dict(state)
-        else:
-            self._pending_sampler_state = dict(state)

@@ -4,7 +4,10 @@
 (n, 5) ``[class, cx, cy, w, h]`` normalised, ``index``, ``orig_size``, ``scale``, ``pad``, ``path`` and the
 unreadable-image fields); ``data.batch.collate_detection`` stacks samples into the batch contract
 (``data.batch.DetectionBatch``, shapes and units there). ``collate_detection``, ``image_tensor`` and
-``stack_images`` are re-exported here for code that imports them from this module.
+``stack_images`` are re-exported here for code that imports them from this module, as are the names moved
+out of it: ``PackedRecords`` (``data.packed_records``), ``partner_stride`` / ``sample_rng`` /
+``substitute_index`` and their stream constants (``data.sample_seeds``), and the substitution constants of
+``data.image_loading``, whose ``RecordImageLoader`` holds the dataset's image loading (``load_resized``).
 
 With ``task="segment"`` a sample also carries ``masks`` (``data.masks.rasterize`` at 1/4 of the image
 side: an (H/4, W/4) index map, or (n, H/4, W/4) per instance) and its ``labels`` rows are in the order
@@ -29,118 +32,38 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .augment import AugmentConfig, Labelled, augment_train_sample
+from .augment import AugmentConfig, augment_train_sample
 from .batch import collate_detection as collate_detection  # re-exported: the batch contract is data.batch
 from .batch import image_tensor
 from .batch import stack_images as stack_images
-from .eval_shapes import eval_resize, eval_resized_shape, rect_batches
+from .eval_shapes import eval_resized_shape, rect_batches
 from .image_cache import ImageCache, resized_shape
-from .image_io import ImageReadError, decode_scale, read_image_retrying
+from .image_io import ImageReadError
+from .image_loading import BLANK_SUBSTITUTE as BLANK_SUBSTITUTE  # re-exported: moved to data.image_loading
+from .image_loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
+from .image_loading import RecordImageLoader
 from .masks import rasterize
-from .polygons import RESAMPLE_POINTS, letterbox_polygons, resample_all, to_pixels, with_box_outlines
+from .packed_records import PackedRecords as PackedRecords  # re-exported: moved to data.packed_records
+from .polygons import letterbox_polygons
+from .sample_seeds import MIN_PARTNER_POOL as MIN_PARTNER_POOL  # re-exported: moved to data.sample_seeds
+from .sample_seeds import SAMPLE_STREAM as SAMPLE_STREAM
+from .sample_seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
+from .sample_seeds import partner_stride, sample_rng
+from .sample_seeds import substitute_index as substitute_index
 from .sampler import epoch_order
 from .sources.records import ImageRecord
-from .transforms import letterbox, resize_long_side, xywhn_to_xyxy, xyxy_to_xywhn
+from .transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
 
-# First entropy word of the per-sample generators; the sampler's epoch order uses another one.
-SAMPLE_STREAM = 1
-# First entropy word of the generator choosing the substitute of an unreadable training image.
-SUBSTITUTE_STREAM = 2
-# Candidates tried in turn for an unreadable training image before a blank image stands in.
-MAX_SUBSTITUTE_TRIES = 16
-# ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
-BLANK_SUBSTITUTE = -2
-# Fewest samples a mosaic partner pool holds when the global batch allows (diversity of the mosaics).
-MIN_PARTNER_POOL = 16
 TASKS = ("detect", "segment")
 
 log = logging.getLogger(__name__)
 
 
-class PackedRecords:
-    """``ImageRecord``s stored in a few flat numpy arrays, indexable like the list they came from.
-
-    A list of Python objects in a forked DataLoader worker gets its memory pages copied as soon as the
-    worker touches their reference counts, so each worker slowly duplicates the whole list (per rank, per
-    worker: gigabytes for COCO-sized datasets). Flat arrays have no per-record objects to touch.
-
-    ``polygons=False`` leaves the polygons out (records come back without any): detection never reads
-    them, and COCO's outlines are about 160 MB.
-    """
-
-    def __init__(self, records: Sequence[ImageRecord], polygons: bool = True) -> None:
-        encoded = [r.path.encode("utf-8") for r in records]
-        self._paths = np.frombuffer(b"".join(encoded), np.uint8) if encoded else np.zeros(0, np.uint8)
-        self._path_ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
-        self._sizes = np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2)
-        self._label_ends = np.cumsum([len(r.classes) for r in records], dtype=np.int64)
-        self._classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
-        self._boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
-        self.has_polygons = polygons
-        kept = records if polygons else []
-        # Per label row its vertex count (as the label cache stores it), per record the end of its vertices.
-        self._segment_sizes = np.concatenate([r.segment_sizes for r in kept] + [np.zeros(0, np.int64)])
-        self._segments = np.concatenate([r.segments for r in kept] + [np.zeros((0, 2), np.float32)])
-        self._point_ends = np.cumsum([len(r.segments) for r in kept], dtype=np.int64)
-
-    def __len__(self) -> int:
-        return len(self._sizes)
-
-    def __getitem__(self, index: int) -> ImageRecord:
-        p0 = self._path_ends[index - 1] if index > 0 else 0
-        l0 = self._label_ends[index - 1] if index > 0 else 0
-        l1 = self._label_ends[index]
-        h, w = self._sizes[index]
-        path = self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
-        if not self.has_polygons:
-            return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
-        s0 = self._point_ends[index - 1] if index > 0 else 0
-        return ImageRecord(
-            path,
-            int(h),
-            int(w),
-            self._classes[l0:l1],
-            self._boxes[l0:l1],
-            self._segments[s0 : self._point_ends[index]],
-            self._segment_sizes[l0:l1],
-        )
-
-
-def partner_stride(global_batch_size: int) -> int:
-    """The largest power of two S with at least ``MIN_PARTNER_POOL`` samples per pool (B / S), or 1.
-
-    Rank r holds positions r (mod R); a pool of positions congruent modulo S is on one rank whenever R
-    divides S. Global batches are usually R x (16 or more) with R a power of two, so S is a multiple of R.
-    """
-    stride = 1
-    while global_batch_size // (2 * stride) >= MIN_PARTNER_POOL:
-        stride *= 2
-    return stride
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator of one sample's augmentation: a function of (seed, epoch, index) only."""
-    return np.random.default_rng([SAMPLE_STREAM, seed, epoch, index])
-
-
-def substitute_index(seed: int, epoch: int, index: int, attempt: int, num_images: int) -> int:
-    """Candidate ``attempt`` (0, 1, ...) to stand in for unreadable image ``index`` in ``epoch``.
-
-    A function of its arguments only, never ``index`` itself: every worker, rank and resumed run picks
-    the same substitute as long as the same files are unreadable.
-    """
-    if num_images < 2:
-        raise ValueError("a dataset of one image has no substitute for it")
-    j = int(np.random.default_rng([SUBSTITUTE_STREAM, seed, epoch, index, attempt]).integers(num_images - 1))
-    return j + (j >= index)
-
-
-class DetectionDataset(Dataset):
+class DetectionDataset(RecordImageLoader, Dataset):
     """Images and boxes from ``ImageRecord``s, augmented for training or letterboxed for evaluation.
 
     ``dataset[(epoch, index)]`` (what ``ElasticDistributedSampler`` yields) or ``dataset[index]`` (epoch 0)
@@ -294,125 +217,6 @@ class DetectionDataset(Dataset):
         state["_decoded"] = OrderedDict()
         state["_order_epoch"] = None
         return state
-
-    # ------------------------------------------------------------------------------------ loading
-    def load_resized(self, index: int) -> tuple[np.ndarray, float]:
-        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r).
-
-        Evaluation resizes as the reference validator (``eval_shapes.eval_resize``; r is its gain h' / h).
-        """
-        if self.image_cache is not None:
-            rec = self.records[index]
-            shape = resized_shape if self.augment else eval_resized_shape
-            return self.image_cache[index], shape(rec.height, rec.width, self.image_size, self.scaleup)[2]
-        hit = self._decoded.get(index)
-        if hit is not None:
-            self._decoded.move_to_end(index)
-            return hit
-        rec = self.records[index]
-        known = self._unreadable.get(index) if self.augment else None  # evaluation: always read again
-        if known is not None:
-            raise ImageReadError(rec.path, known)
-        try:
-            image, f = self._read(rec.path, rec.height, rec.width)
-            if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
-                raise ImageReadError(
-                    rec.path,
-                    f"decoded size {image.shape[:2]} differs from the record's ({rec.height}, {rec.width}); "
-                    "the file changed since the label cache was built",
-                )
-        except ImageReadError as e:
-            self._unreadable[index] = e.reason
-            raise
-        if self.augment:  # a reduced decode (f > 1) only happens in training
-            item = self._resize(image, rec.height, rec.width, f)
-        else:
-            item = eval_resize(image, self.image_size, self.scaleup)
-        if self.decode_cache_size > 0:
-            self._decoded[index] = item
-            if len(self._decoded) > self.decode_cache_size:
-                self._decoded.popitem(last=False)
-        return item
-
-    def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
-        """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
-
-        Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
-        (``image_io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
-        check then expects ceil(height / f) x ceil(width / f).
-        """
-        if not (self.augment and self.reduced_decode):
-            return read_image_retrying(path, self.read_attempts, self.retry_backoff_s), 1
-        image = read_image_retrying(path, self.read_attempts, self.retry_backoff_s, self.image_size)
-        return image, 1 if image.shape[:2] == (height, width) else decode_scale(
-            height, width, self.image_size
-        )
-
-    def _resize(self, image: np.ndarray, height: int, width: int, f: int) -> tuple[np.ndarray, float]:
-        """The record's (height, width) image, decoded at 1/f scale: resized to long side ``image_size``.
-
-        Shape and scale r are those of ``resize_long_side`` on the full image (``resized_shape``). Pixel i
-        of a 1/f decode covers full pixels [f i, f i + f) (the last one cut at the edge), so the resize
-        factors are those of the full image times f, not the reduced shape's ratio to the target.
-        """
-        if f == 1:
-            return resize_long_side(image, self.image_size, self.scaleup)
-        new_h, new_w, r = resized_shape(height, width, self.image_size, self.scaleup)
-        fx, fy = new_w * f / width, new_h * f / height
-        if fx != 1.0 or fy != 1.0:
-            image = cv2.resize(image, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
-        return image[:new_h, :new_w], r
-
-    def _load_labelled(self, index: int) -> Labelled:
-        image, r = self.load_resized(index)
-        rec = self.records[index]
-        boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
-        if self.task != "segment":
-            return Labelled(image, boxes, rec.classes)
-        return Labelled(image, boxes, rec.classes, self._pixel_polygons(rec, rec.width * r, rec.height * r))
-
-    @staticmethod
-    def _pixel_polygons(rec: ImageRecord, width: float, height: float) -> np.ndarray:
-        """The record's outlines in pixels of a width x height image, box rectangles for missing ones,
-        resampled: (n, M, 2) float32, M = ``RESAMPLE_POINTS`` (more for longer outlines)."""
-        boxes = xywhn_to_xyxy(rec.boxes, width, height)
-        return resample_all(with_box_outlines(to_pixels(rec.polygons, width, height), boxes), RESAMPLE_POINTS)
-
-    def _substituting_loader(
-        self, epoch: int, substitutes: dict[int, int], unreadable: list[tuple[str, str]]
-    ):
-        """``_load_labelled`` that replaces an unreadable image by its first readable substitute.
-
-        Records ``substitutes[index] = substitute`` and ``(path, reason)`` of every image it could not read.
-        When ``MAX_SUBSTITUTE_TRIES`` candidates fail too, a blank image without labels stands in
-        (``BLANK_SUBSTITUTE``).
-        """
-
-        def load(index: int) -> Labelled:
-            try:
-                return self._load_labelled(index)
-            except ImageReadError as e:
-                unreadable.append((e.path, e.reason))
-            for attempt in range(MAX_SUBSTITUTE_TRIES):
-                candidate = substitute_index(self.seed, epoch, index, attempt, len(self))
-                try:
-                    sample = self._load_labelled(candidate)
-                except ImageReadError as e:
-                    unreadable.append((e.path, e.reason))
-                    continue
-                substitutes[index] = candidate
-                return sample
-            # Most of the data is gone. Raising here would end this rank alone (the others would wait in
-            # their next collective): a blank sample instead, counted like a substitute, lets the
-            # substitution limit stop every rank together.
-            substitutes[index] = BLANK_SUBSTITUTE
-            rec = self.records[index]
-            height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
-            blank = np.full((height, width, 3), 114, np.uint8)
-            polygons = np.zeros((0, RESAMPLE_POINTS, 2), np.float32) if self.task == "segment" else None
-            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), polygons)
-
-        return load
 
     # ------------------------------------------------------------------------------------ partners
     def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
