@@ -7,6 +7,8 @@ imported inside the functions that need it, never by the ``yolo11_lightning`` pa
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import json
 import os
 import platform
@@ -14,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,11 @@ def machine_info(threads: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def print_machine_info(threads: int | None = None) -> None:
+    """The header every benchmark prints first (``machine_info``), flushed before the measuring starts."""
+    print(machine_info(threads), flush=True)
+
+
 def load_average() -> str:
     """The 1-minute load average, to show how busy the machine was while measuring."""
     return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "-"
@@ -104,6 +111,16 @@ def alternate(
     return times
 
 
+def rounds(items: Sequence[Any], count: int) -> Iterator[tuple[int, Any]]:
+    """``(round, item)`` for ``count`` rounds over ``items``: in order on even rounds, reversed on odd ones.
+
+    The same alternation as ``alternate``, for runs that are whole worker processes.
+    """
+    for r in range(count):
+        for item in items if r % 2 == 0 else items[::-1]:
+            yield r, item
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -138,6 +155,49 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(
         [line(headers), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|", *map(line, text)]
     )
+
+
+def print_table(caption: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """``caption`` between blank lines, then the table (``format_table``)."""
+    print(f"\n{caption}\n")
+    print(format_table(headers, rows))
+
+
+# ------------------------------------------------------------------------------------ command line
+def parser(
+    description: str | None, worker: bool | Sequence[str] = False, hidden: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script.
+
+    ``description`` (usually the module docstring) is shown in ``--help`` as written. ``worker``: the script
+    starts itself as worker subprocesses (``run_worker``), which get the hidden ``--worker`` option, a flag
+    (``True``) or one of the given kinds; ``hidden``: further hidden string options the parent passes its
+    workers (for example ``"--yaml"``, ``"--workdir"``).
+    """
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if worker is True:
+        ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    elif worker:
+        ap.add_argument("--worker", choices=tuple(worker), help=argparse.SUPPRESS)
+    for option in hidden:
+        ap.add_argument(option, help=argparse.SUPPRESS)
+    return ap
+
+
+def run_as_worker(
+    args: argparse.Namespace, work: Callable[[argparse.Namespace], Any] | dict[str, Callable[..., Any]]
+) -> bool:
+    """In a worker process (``--worker`` given): run ``work`` (or ``work[args.worker]``), emit the dict it
+    returns (a worker that emits itself returns None), and return True; in the parent return False."""
+    if not args.worker:
+        return False
+    fn = work[args.worker] if isinstance(work, dict) else work
+    result = fn(args)
+    if result is not None:
+        emit(result)
+    return True
 
 
 # ------------------------------------------------------------------------------------ data
@@ -225,6 +285,33 @@ def oracle_available() -> bool:
 
 class StopTraining(Exception):
     """Raised from an oracle callback to end its training loop after the measured steps."""
+
+
+def train_oracle_until(trainer: Any, done: Callable[[Any], bool]) -> None:
+    """Run the oracle trainer's loop until ``done(trainer)``, called after every training batch, is True."""
+
+    def on_batch_end(tr: Any) -> None:
+        if done(tr):
+            raise StopTraining
+
+    trainer.add_callback("on_train_batch_end", on_batch_end)
+    with contextlib.suppress(StopTraining):
+        trainer.train()
+
+
+def batch_end_stamps() -> tuple[Any, list[float]]:
+    """A Lightning callback and the list it fills: ``time.perf_counter()`` after every training batch, once
+    the batch's device work is done (the stamps ``steady_rate`` takes)."""
+    import lightning as L
+
+    stamps: list[float] = []
+
+    class Stamps(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
+            sync(pl_module.device)
+            stamps.append(time.perf_counter())
+
+    return Stamps(), stamps
 
 
 # ------------------------------------------------------------------------------------ training runs

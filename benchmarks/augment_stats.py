@@ -14,7 +14,6 @@ and the affine leave, so it follows their geometry) and the box centre quantiles
 
 from __future__ import annotations
 
-import argparse
 import random
 
 import _common as C
@@ -120,7 +119,7 @@ def oracle(yaml: str, image_size: int, samples: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--yaml", default=None, help="dataset yaml (default: the hard set of convergence.py)")

@@ -112,12 +112,12 @@ def main_easy(args: argparse.Namespace) -> None:
     common = ["--mode", "easy", "--yaml", str(yaml), "--epochs", str(args.epochs),
               "--image-size", str(args.image_size), "--threads", str(args.threads),
               "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
-    print(C.machine_info(args.threads))
+    C.print_machine_info(args.threads)
     results = {side: C.run_worker(__file__, ["--side", side, *common], args.threads, timeout=3600)
                for side in ("ours", "oracle")}  # fmt: skip
     ours, oracle = results["ours"], results["oracle"]
-    print(f"\nyolo11n from scratch, {args.epochs} epochs, {args.train} train / {args.val} val synthetic images, "
-          f"{args.image_size} px, batch {BATCH}\n")  # fmt: skip
+    caption = (f"yolo11n from scratch, {args.epochs} epochs, {args.train} train / {args.val} val synthetic images, "
+               f"{args.image_size} px, batch {BATCH}")  # fmt: skip
     rows = [
         ["mAP50-95, same evaluator (ours)", ours["same_evaluator_map"], oracle["same_evaluator_map"],
          C.ratio(ours["same_evaluator_map"], oracle["same_evaluator_map"])],
@@ -125,7 +125,7 @@ def main_easy(args: argparse.Namespace) -> None:
         ["seconds per epoch (train + val)", ours["seconds_per_epoch"], oracle["seconds_per_epoch"],
          C.ratio(ours["seconds_per_epoch"], oracle["seconds_per_epoch"])],
     ]  # fmt: skip
-    print(C.format_table(["figure", "ours", "oracle", "ours/oracle"], rows))
+    C.print_table(caption, ["figure", "ours", "oracle", "ours/oracle"], rows)
 
 
 # ------------------------------------------------------------------------------------ hard mode: workers
@@ -363,7 +363,7 @@ def main_hard(args: argparse.Namespace) -> None:
     png = Path(args.png) if args.png else Path(args.workdir) / "convergence_curves.png"
     if not args.report:
         yaml = hard_yaml(args)
-        print(C.machine_info(args.threads), flush=True)
+        C.print_machine_info(args.threads)
         jobs = [(side, setting, epochs, seed, variant)
                 for epochs in args.horizons for setting in args.settings for seed in args.seeds
                 for side in args.sides for variant in args.variants
@@ -374,7 +374,7 @@ def main_hard(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0], worker=True, hidden=("--yaml",))
     parser.add_argument("--mode", choices=("easy", "hard"), default="hard")
     parser.add_argument("--epochs", type=int, default=20, help="easy mode (and a worker's horizon)")
     parser.add_argument("--train", type=int, default=None, help="training images (easy 256, hard 400)")
@@ -393,13 +393,11 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the table / write the PNG")
     parser.add_argument("--png", default=None, help="curves PNG (default: WORKDIR/convergence_curves.png)")
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--setting", default="defaults", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="base", help=argparse.SUPPRESS)
     parser.add_argument("--name", default="run", help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
     args = parser.parse_args()
     easy = args.mode == "easy"
     defaults = {
@@ -414,11 +412,8 @@ def main() -> None:
             setattr(args, key, e if easy else h)
     if args.workdir is None:
         args.workdir = str(C.default_workdir() / ("convergence" if easy else "convergence_hard"))
-    if args.worker:
-        if easy:
-            C.emit(worker_easy_ours(args) if args.side == "ours" else worker_easy_oracle(args))
-        else:
-            C.emit(worker_hard_ours(args) if args.side == "ours" else worker_hard_oracle(args))
+    ours, oracle = (worker_easy_ours, worker_easy_oracle) if easy else (worker_hard_ours, worker_hard_oracle)
+    if C.run_as_worker(args, lambda a: (ours if a.side == "ours" else oracle)(a)):
         return
     main_easy(args) if easy else main_hard(args)
 
