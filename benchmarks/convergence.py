@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
@@ -95,7 +96,7 @@ def worker_easy_ours(args: argparse.Namespace) -> dict:
 
 
 def worker_easy_oracle(args: argparse.Namespace) -> dict:
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, "n", args.image_size, BATCH, args.workers, args.threads, Path(args.workdir),
         epochs=args.epochs, val=True, optimizer="SGD", name="oracle_convergence", **RECIPE,
     )  # fmt: skip

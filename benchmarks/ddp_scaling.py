@@ -19,6 +19,7 @@ import argparse
 import time
 
 import _common as C
+import _fit as F
 import torch
 
 
@@ -40,7 +41,7 @@ def run_ours(args: argparse.Namespace) -> None:
     strategy = DDPStrategy(
         process_group_backend="gloo", find_unused_parameters=False, gradient_as_bucket_view=True
     ) if args.devices > 1 else "auto"  # fmt: skip
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, global_batch, 0, args.skip + args.steps, args.workdir,
         callbacks=[Stamps()], module_options={"nominal_batch": global_batch},
         trainer_options={

@@ -29,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 THROUGHPUT_VARIANTS = (
@@ -81,7 +82,7 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
     from yolo11_lightning import YOLO11Module, YOLODataModule
     from yolo11_lightning.training.machine import MachineSettings
 
-    stamps_callback, stamps = C.batch_end_stamps()
+    stamps_callback, stamps = F.batch_end_stamps()
     if args.real_data:
         data = YOLODataModule(
             dataset=args.yaml,
@@ -113,7 +114,7 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     """The oracle trainer with AMP on the real data pipeline (section 2)."""
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, torch.get_num_threads(),
         args.workdir, amp=torch.cuda.is_available(), nbs=args.batch,
     )  # fmt: skip
@@ -124,7 +125,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         stamps.append(time.perf_counter())
         return len(stamps) >= args.warmup + args.steps
 
-    C.train_oracle_until(trainer, stamp)
+    F.train_oracle_until(trainer, stamp)
     return {"rate": C.steady_rate(stamps, args.batch, skip=args.warmup), "peak_gib": float("nan")}
 
 

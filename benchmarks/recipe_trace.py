@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 SETTINGS: dict[str, tuple[int, dict[str, Any]]] = {  # name -> (epochs, recipe overrides)
@@ -127,7 +128,7 @@ def trace_oracle(args: argparse.Namespace, epochs: int, recipe: dict[str, Any]) 
         })  # fmt: skip
         return len(rows) >= args.iterations
 
-    C.train_oracle_until(trainer, record)
+    F.train_oracle_until(trainer, record)
     return rows[: args.iterations]
 
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 CATEGORIES = (
@@ -138,7 +139,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.nchw:  # the floor runs in the layout of the module measured
                     model = model.to(memory_format=torch.channels_last)
                 floor_model.append(bare_step(model, args.batch, args.image_size, not args.nchw))
-            worker_cpu.append(C.children_cpu_seconds())
+            worker_cpu.append(F.children_cpu_seconds())
             recorder.start("#floor")
             C.sync(pl_module.device)
             floor_model[0]()
@@ -147,7 +148,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     from yolo11_lightning.training.throughput import Throughput
 
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,
         callbacks=[Floor()], trainer_options={"profiler": recorder},
         module_options={"channels_last": not args.nchw, "compile": args.compile},
@@ -230,7 +231,7 @@ def our_steps(events: list[tuple[float, bool, str]]) -> tuple[list[dict[str, flo
 # ------------------------------------------------------------------------------------ oracle
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
     )
     from ultralytics.nn.tasks import DetectionModel
@@ -278,7 +279,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         step["logging+loop"] = step["step"] - sum(step.get(c, 0.0) for c in CATEGORIES[:-1])
         steps.append(step)
         if len(steps) % tr.accumulate == 0:
-            worker_cpu.append(C.children_cpu_seconds())
+            worker_cpu.append(F.children_cpu_seconds())
             floors.append(C.time_call(state["floor"], tr.device))
         if len(steps) >= args.steps:
             return True
@@ -288,7 +289,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     trainer.add_callback("on_train_start", on_start)
     trainer.add_callback("on_train_batch_start", on_batch_start)
     try:
-        C.train_oracle_until(trainer, on_batch_end)
+        F.train_oracle_until(trainer, on_batch_end)
     finally:
         torch.Tensor.backward = original_backward
     return {"steps": steps, "floors": floors, "worker_cpu": worker_cpu, "accumulate": trainer.accumulate}

@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 
@@ -32,9 +33,9 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     accumulate, batches = _settings(args)
-    stamps_callback, stamps = C.batch_end_stamps()
+    stamps_callback, stamps = F.batch_end_stamps()
     options = {"channels_last": not args.nchw, "compile": args.compile}
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, batches // accumulate, args.workdir,
         callbacks=[stamps_callback], module_options=options,
     )  # fmt: skip
@@ -45,7 +46,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     _, batches = _settings(args)
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
     )
     stamps: list[float] = []
@@ -55,7 +56,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         stamps.append(time.perf_counter())
         return len(stamps) >= batches
 
-    C.train_oracle_until(trainer, stamp)
+    F.train_oracle_until(trainer, stamp)
     return {"stamps": stamps, "accumulate": trainer.accumulate}
 
 
