@@ -136,6 +136,15 @@ def _oracle_ema_state(trainer: Any) -> dict:
     }
 
 
+def _hard_result(seconds: float, curve: list[float], same: float, optimizer: Any) -> dict:
+    """What a hard-mode worker reports: time, per-epoch curve, final mAP by both evaluators, optimiser."""
+    return {
+        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
+        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
+        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
+    }  # fmt: skip
+
+
 def worker_hard_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
@@ -175,11 +184,7 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     optimizer = trainer.optimizers[0]
     same = _validate(module, args.yaml, args.image_size, workdir)  # the EMA weights (swapped in at fit end)
-    return {
-        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
-        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
-        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
-    }  # fmt: skip
+    return _hard_result(seconds, curve, same, optimizer)
 
 
 def worker_hard_oracle(args: argparse.Namespace) -> dict:
@@ -213,11 +218,7 @@ def worker_hard_oracle(args: argparse.Namespace) -> dict:
     optimizer = trainer.optimizer
     curve = curve[: args.epochs]  # its final validation of best.pt calls on_fit_epoch_end once more
     same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, workdir / args.name)
-    return {
-        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
-        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
-        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
-    }  # fmt: skip
+    return _hard_result(seconds, curve, same, optimizer)
 
 
 # ------------------------------------------------------------------------------------ hard mode: driver
