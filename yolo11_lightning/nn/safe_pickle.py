@@ -40,6 +40,10 @@ Storages come from a ``records`` callback (the archive reader in ``torch_file``)
 storage claims against the record's real size before reading it. The approach follows
 ``torch/_weights_only_unpickler.py``; unlike it, allowed globals are wrappers, the codec is fixed, and
 claimed sizes are checked (``torch_file.load`` runs this one as a check before torch's own loader).
+
+This module is the public face; the code is in ``unpickler`` (the main loop, the allow-list of globals,
+storages and tensors, the opcodes that call or write), ``pickle_opcodes`` (container and length-claiming
+opcodes, the opcode table) and ``pickle_values`` (errors, limits, stand-ins, checked constructors).
 """
 
 from __future__ import annotations
