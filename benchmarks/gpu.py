@@ -66,6 +66,7 @@ def memory_datamodule(args: argparse.Namespace) -> Any:
         batch_size = args.batch
         num_classes = source.num_classes
         class_names = source.class_names
+        num_train_samples = source.num_train_samples  # optimizer 'auto' decides from it, as on real data
 
         def train_dataloader(self) -> DataLoader:
             batches = [held[i % len(held)] for i in range(steps)]
