@@ -1,4 +1,5 @@
-"""Shared pieces of the benchmarks: machine description, alternating timing, tables, workers, datasets.
+"""Shared pieces of the benchmarks: machine description, alternating timing, tables, command line, workers,
+datasets (the measured training runs of both sides are in ``_fit``).
 
 Benchmarks run as scripts (``python benchmarks/x.py``), so this module is imported as ``_common`` from
 the script's own folder. The reference package (ultralytics, AGPL) is an oracle here only: it is
@@ -7,6 +8,7 @@ imported inside the functions that need it, never by the ``yolo11_lightning`` pa
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -14,7 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +66,11 @@ def machine_info(threads: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def print_machine_info(threads: int | None = None) -> None:
+    """The header every benchmark prints first (``machine_info``), flushed before the measuring starts."""
+    print(machine_info(threads), flush=True)
+
+
 def load_average() -> str:
     """The 1-minute load average, to show how busy the machine was while measuring."""
     return f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "-"
@@ -104,6 +111,16 @@ def alternate(
     return times
 
 
+def rounds(items: Sequence[Any], count: int) -> Iterator[tuple[int, Any]]:
+    """``(round, item)`` for ``count`` rounds over ``items``: in order on even rounds, reversed on odd ones.
+
+    The same alternation as ``alternate``, for runs that are whole worker processes.
+    """
+    for r in range(count):
+        for item in items if r % 2 == 0 else items[::-1]:
+            yield r, item
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
@@ -138,6 +155,49 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(
         [line(headers), "|" + "|".join("-" * (w + 1) + ":" for w in widths) + "|", *map(line, text)]
     )
+
+
+def print_table(caption: str, headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """``caption`` between blank lines, then the table (``format_table``)."""
+    print(f"\n{caption}\n")
+    print(format_table(headers, rows))
+
+
+# ------------------------------------------------------------------------------------ command line
+def parser(
+    description: str | None, worker: bool | Sequence[str] = False, hidden: Sequence[str] = ()
+) -> argparse.ArgumentParser:
+    """The argument parser of a benchmark script.
+
+    ``description`` (usually the module docstring) is shown in ``--help`` as written. ``worker``: the script
+    starts itself as worker subprocesses (``run_worker``), which get the hidden ``--worker`` option, a flag
+    (``True``) or one of the given kinds; ``hidden``: further hidden string options the parent passes its
+    workers (for example ``"--yaml"``, ``"--workdir"``).
+    """
+    ap = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    if worker is True:
+        ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    elif worker:
+        ap.add_argument("--worker", choices=tuple(worker), help=argparse.SUPPRESS)
+    for option in hidden:
+        ap.add_argument(option, help=argparse.SUPPRESS)
+    return ap
+
+
+def run_as_worker(
+    args: argparse.Namespace, work: Callable[[argparse.Namespace], Any] | dict[str, Callable[..., Any]]
+) -> bool:
+    """In a worker process (``--worker`` given): run ``work`` (or ``work[args.worker]``), emit the dict it
+    returns (a worker that emits itself returns None), and return True; in the parent return False."""
+    if not args.worker:
+        return False
+    fn = work[args.worker] if isinstance(work, dict) else work
+    result = fn(args)
+    if result is not None:
+        emit(result)
+    return True
 
 
 # ------------------------------------------------------------------------------------ data
@@ -221,119 +281,3 @@ def oracle_available() -> bool:
     except ImportError:
         return False
     return True
-
-
-class StopTraining(Exception):
-    """Raised from an oracle callback to end its training loop after the measured steps."""
-
-
-# ------------------------------------------------------------------------------------ training runs
-def our_fit_parts(
-    yaml: str | Path,
-    scale: str,
-    image_size: int,
-    batch: int,
-    workers: int,
-    max_steps: int,
-    workdir: str | Path,
-    callbacks: Sequence[Any] = (),
-    module_options: dict[str, Any] | None = None,
-    trainer_options: dict[str, Any] | None = None,
-    without: tuple[type, ...] = (),
-) -> tuple[Any, Any, Any]:
-    """(Trainer, YOLO11Module, YOLODataModule) for a measured ``fit`` with the project's defaults.
-
-    The CLI's default callbacks (checkpointing, LR monitor), a CSV logger and the progress bar stay on:
-    the loop measured is the one users run. Benchmarks turn off what the oracle run turns off too:
-    validation, close-mosaic (so mosaic stays on) and warmup (the oracle ramps its accumulation during
-    warmup, which would give it a different number of optimiser steps). ``without``: default callback
-    classes to leave out (to measure what one of them costs).
-    """
-    import lightning as L
-    from lightning.pytorch.loggers import CSVLogger
-
-    from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.lightning_cli import default_callbacks
-    from yolo11_lightning.training.machine import MachineSettings
-
-    data = YOLODataModule(
-        dataset=str(yaml),
-        batch_size=batch,
-        image_size=image_size,
-        num_workers=workers,
-        seed=0,
-        close_mosaic=0,
-    )
-    options = {"warmup_epochs": 0.0, "log_images": 0, **(module_options or {})}
-    machine = MachineSettings(compile=bool(options.pop("compile", False)))  # a Trainer-side setting
-    module = YOLO11Module(scale=scale, num_classes=data.num_classes, class_names=data.class_names, **options)
-    defaults = [c for c in default_callbacks() if not isinstance(c, (*without, MachineSettings))]
-    trainer = L.Trainer(
-        **{
-            "accelerator": "auto",
-            "devices": 1,
-            "max_steps": max_steps,
-            "limit_val_batches": 0,
-            "num_sanity_val_steps": 0,
-            "logger": CSVLogger(str(workdir), name="ours"),
-            "callbacks": [*defaults, machine, *callbacks],
-            "default_root_dir": str(workdir),
-            "enable_model_summary": False,
-            **(trainer_options or {}),
-        }
-    )
-    return trainer, module, data
-
-
-def oracle_trainer(
-    yaml: str | Path,
-    scale: str,
-    image_size: int,
-    batch: int,
-    workers: int,
-    threads: int,
-    workdir: str | Path,
-    **overrides: Any,
-) -> Any:
-    """The oracle's ``DetectionTrainer`` on the same data and settings as ``our_fit_parts``.
-
-    Plots, the AMP check (a download), validation, saving and warmup are off; determinism off (ours is not
-    forced either).
-    On CPU the oracle forces 0 workers and ``cores - 1`` threads; both are set back to the values asked for,
-    so the two sides compare at equal resources.
-    """
-    import torch as _torch
-    import ultralytics.engine.trainer as oracle_engine
-    from ultralytics.models.yolo.detect import DetectionTrainer
-
-    # Its AMP check loads yolo11n.pt (a download): skip it, AMP is what we ask for.
-    oracle_engine.check_amp = lambda *args, **kwargs: True
-
-    args = {
-        "model": f"yolo11{scale}.yaml", "data": str(yaml), "imgsz": image_size, "batch": batch,
-        "epochs": 1, "workers": workers, "device": "0" if _torch.cuda.is_available() else "cpu",
-        "amp": False, "plots": False, "val": False, "save": False, "deterministic": False,
-        "close_mosaic": 0, "warmup_epochs": 0, "project": str(workdir), "name": "oracle",
-        "exist_ok": True, "verbose": False, "seed": 0, **overrides,
-    }  # fmt: skip
-    trainer = DetectionTrainer(overrides=args)
-    trainer.args.workers = workers  # undo the CPU override: same loader workers as ours
-    trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(threads))
-    trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(threads))
-    return trainer
-
-
-def children_cpu_seconds() -> float:
-    """CPU seconds (user + system) used so far by this process's live children (DataLoader workers)."""
-    try:
-        import psutil
-    except ImportError:
-        return float("nan")
-    total = 0.0
-    for child in psutil.Process().children(recursive=True):
-        try:
-            times = child.cpu_times()
-            total += times.user + times.system
-        except psutil.Error:  # exited meanwhile
-            pass
-    return total

@@ -14,8 +14,8 @@ and the affine leave, so it follows their geometry) and the box centre quantiles
 
 from __future__ import annotations
 
-import argparse
 import random
+from collections.abc import Iterator
 
 import _common as C
 import numpy as np
@@ -73,6 +73,17 @@ def coco_like_yaml(num_images: int) -> str:
     return str(path)
 
 
+def _order(n: int, samples: int) -> Iterator[tuple[int, int]]:
+    """``(epoch, index)`` of the first ``samples`` training samples: each epoch a seeded permutation of ``n``."""
+    count = 0
+    for epoch in range(samples // n + 1):
+        for index in np.random.default_rng(epoch).permutation(n):
+            if count == samples:
+                return
+            yield epoch, int(index)
+            count += 1
+
+
 def ours(yaml: str, image_size: int, samples: int) -> dict:
     from yolo11_lightning import YOLODataModule
 
@@ -82,14 +93,9 @@ def ours(yaml: str, image_size: int, samples: int) -> dict:
     n = len(dataset)
 
     def items():
-        count = 0
-        for epoch in range(samples // n + 1):
-            for index in np.random.default_rng(epoch).permutation(n):
-                if count == samples:
-                    return
-                item = dataset[(epoch, int(index))]
-                yield item["image"].numpy(), item["labels"][:, 1:].numpy()
-                count += 1
+        for key in _order(n, samples):
+            item = dataset[key]
+            yield item["image"].numpy(), item["labels"][:, 1:].numpy()
 
     return _accumulate(items())
 
@@ -107,20 +113,15 @@ def oracle(yaml: str, image_size: int, samples: int) -> dict:
     n = len(dataset)
 
     def items():
-        count = 0
-        for epoch in range(samples // n + 1):
-            for index in np.random.default_rng(epoch).permutation(n):
-                if count == samples:
-                    return
-                item = dataset[int(index)]
-                yield item["img"].numpy(), item["bboxes"].numpy().reshape(-1, 4)
-                count += 1
+        for _, index in _order(n, samples):
+            item = dataset[index]
+            yield item["img"].numpy(), item["bboxes"].numpy().reshape(-1, 4)
 
     return _accumulate(items())
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, default=2000)
     parser.add_argument("--image-size", type=int, default=224)
     parser.add_argument("--yaml", default=None, help="dataset yaml (default: the hard set of convergence.py)")

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
@@ -95,7 +96,7 @@ def worker_easy_ours(args: argparse.Namespace) -> dict:
 
 
 def worker_easy_oracle(args: argparse.Namespace) -> dict:
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, "n", args.image_size, BATCH, args.workers, args.threads, Path(args.workdir),
         epochs=args.epochs, val=True, optimizer="SGD", name="oracle_convergence", **RECIPE,
     )  # fmt: skip
@@ -112,12 +113,12 @@ def main_easy(args: argparse.Namespace) -> None:
     common = ["--mode", "easy", "--yaml", str(yaml), "--epochs", str(args.epochs),
               "--image-size", str(args.image_size), "--threads", str(args.threads),
               "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
-    print(C.machine_info(args.threads))
+    C.print_machine_info(args.threads)
     results = {side: C.run_worker(__file__, ["--side", side, *common], args.threads, timeout=3600)
                for side in ("ours", "oracle")}  # fmt: skip
     ours, oracle = results["ours"], results["oracle"]
-    print(f"\nyolo11n from scratch, {args.epochs} epochs, {args.train} train / {args.val} val synthetic images, "
-          f"{args.image_size} px, batch {BATCH}\n")  # fmt: skip
+    caption = (f"yolo11n from scratch, {args.epochs} epochs, {args.train} train / {args.val} val synthetic images, "
+               f"{args.image_size} px, batch {BATCH}")  # fmt: skip
     rows = [
         ["mAP50-95, same evaluator (ours)", ours["same_evaluator_map"], oracle["same_evaluator_map"],
          C.ratio(ours["same_evaluator_map"], oracle["same_evaluator_map"])],
@@ -125,7 +126,7 @@ def main_easy(args: argparse.Namespace) -> None:
         ["seconds per epoch (train + val)", ours["seconds_per_epoch"], oracle["seconds_per_epoch"],
          C.ratio(ours["seconds_per_epoch"], oracle["seconds_per_epoch"])],
     ]  # fmt: skip
-    print(C.format_table(["figure", "ours", "oracle", "ours/oracle"], rows))
+    C.print_table(caption, ["figure", "ours", "oracle", "ours/oracle"], rows)
 
 
 # ------------------------------------------------------------------------------------ hard mode: workers
@@ -133,6 +134,15 @@ def _oracle_ema_state(trainer: Any) -> dict:
     return {
         f"model.{k}" if not k.startswith("model.") else k: v for k, v in trainer.ema.ema.state_dict().items()
     }
+
+
+def _hard_result(seconds: float, curve: list[float], same: float, optimizer: Any) -> dict:
+    """What a hard-mode worker reports: time, per-epoch curve, final mAP by both evaluators, optimiser."""
+    return {
+        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
+        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
+        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
+    }  # fmt: skip
 
 
 def worker_hard_ours(args: argparse.Namespace) -> dict:
@@ -174,11 +184,7 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     seconds = time.perf_counter() - start
     optimizer = trainer.optimizers[0]
     same = _validate(module, args.yaml, args.image_size, workdir)  # the EMA weights (swapped in at fit end)
-    return {
-        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
-        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
-        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
-    }  # fmt: skip
+    return _hard_result(seconds, curve, same, optimizer)
 
 
 def worker_hard_oracle(args: argparse.Namespace) -> dict:
@@ -212,11 +218,7 @@ def worker_hard_oracle(args: argparse.Namespace) -> dict:
     optimizer = trainer.optimizer
     curve = curve[: args.epochs]  # its final validation of best.pt calls on_fit_epoch_end once more
     same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, workdir / args.name)
-    return {
-        "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
-        "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
-        "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
-    }  # fmt: skip
+    return _hard_result(seconds, curve, same, optimizer)
 
 
 # ------------------------------------------------------------------------------------ hard mode: driver
@@ -363,7 +365,7 @@ def main_hard(args: argparse.Namespace) -> None:
     png = Path(args.png) if args.png else Path(args.workdir) / "convergence_curves.png"
     if not args.report:
         yaml = hard_yaml(args)
-        print(C.machine_info(args.threads), flush=True)
+        C.print_machine_info(args.threads)
         jobs = [(side, setting, epochs, seed, variant)
                 for epochs in args.horizons for setting in args.settings for seed in args.seeds
                 for side in args.sides for variant in args.variants
@@ -374,7 +376,7 @@ def main_hard(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0], worker=True, hidden=("--yaml",))
     parser.add_argument("--mode", choices=("easy", "hard"), default="hard")
     parser.add_argument("--epochs", type=int, default=20, help="easy mode (and a worker's horizon)")
     parser.add_argument("--train", type=int, default=None, help="training images (easy 256, hard 400)")
@@ -393,13 +395,11 @@ def main() -> None:
     parser.add_argument("--report", action="store_true", help="only print the table / write the PNG")
     parser.add_argument("--png", default=None, help="curves PNG (default: WORKDIR/convergence_curves.png)")
     parser.add_argument("--workdir", default=None)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=("ours", "oracle"), help=argparse.SUPPRESS)
     parser.add_argument("--setting", default="defaults", help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="base", help=argparse.SUPPRESS)
     parser.add_argument("--name", default="run", help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
     args = parser.parse_args()
     easy = args.mode == "easy"
     defaults = {
@@ -414,11 +414,8 @@ def main() -> None:
             setattr(args, key, e if easy else h)
     if args.workdir is None:
         args.workdir = str(C.default_workdir() / ("convergence" if easy else "convergence_hard"))
-    if args.worker:
-        if easy:
-            C.emit(worker_easy_ours(args) if args.side == "ours" else worker_easy_oracle(args))
-        else:
-            C.emit(worker_hard_ours(args) if args.side == "ours" else worker_hard_oracle(args))
+    ours, oracle = (worker_easy_ours, worker_easy_oracle) if easy else (worker_hard_ours, worker_hard_oracle)
+    if C.run_as_worker(args, lambda a: (ours if a.side == "ours" else oracle)(a)):
         return
     main_easy(args) if easy else main_hard(args)
 

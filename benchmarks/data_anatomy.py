@@ -14,7 +14,6 @@ The reference package (ultralytics, AGPL) is only imported here, as an oracle.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -144,9 +143,7 @@ def reference_pipeline(root: Path, size: int, batch: int, timer: StageTimer) -> 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__)
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--image-size", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16)
@@ -156,7 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
-    print(C.machine_info(), flush=True)
+    C.print_machine_info()
     records = make_dataset(args.out, args.images)
     for r in records:  # warm the page cache: we time decoding, not the disk
         Path(r.path).read_bytes()
@@ -188,9 +185,9 @@ def main() -> None:
             for stage in STAGES:
                 ms[side][stage].append(per.get(stage, 0.0))
             ms[side]["total"].append(total)
-    print(
-        f"\n{args.images} JPEGs (COCO-like sizes), {size} px, mosaic on, batch {batch}; ms per sample, "
-        f"median of {args.rounds} rounds x {args.batches} batches; load {C.load_average()}\n"
+    caption = (
+        f"{args.images} JPEGs (COCO-like sizes), {size} px, mosaic on, batch {batch}; ms per sample, "
+        f"median of {args.rounds} rounds x {args.batches} batches; load {C.load_average()}"
     )
     med = {side: {k: statistics.median(v) for k, v in d.items()} for side, d in ms.items()}
     header = ["stage", "ours ms", "share"] + (
@@ -216,7 +213,7 @@ def main() -> None:
             f"{med['reference']['total'] / med['ours']['total']:.2f}",
         ]
     rows.append(["**img/s**", *ips])
-    print(C.format_table(header, rows))
+    C.print_table(caption, header, rows)
 
 
 if __name__ == "__main__":

@@ -13,13 +13,13 @@ side by side, measured in this one run:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
+import _common as C
 import cv2
 
 from yolo11_lightning.data.image_io import probe_image, read_image
@@ -61,10 +61,11 @@ def _clear_caches(root: Path) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--images", type=int, default=300)
-    ap.add_argument("--size", type=int, nargs=2, default=[480, 640], metavar=("H", "W"))
-    args = ap.parse_args()
+    parser = C.parser(__doc__)
+    parser.add_argument("--images", type=int, default=300)
+    parser.add_argument("--size", type=int, nargs=2, default=[480, 640], metavar=("H", "W"))
+    args = parser.parse_args()
+    C.print_machine_info()
     tmp = Path(tempfile.mkdtemp(prefix="bench_sources_"))
     try:
         yaml_path = _jpeg_dataset(tmp, args.images, tuple(args.size))

@@ -20,7 +20,6 @@ The reference package (ultralytics, AGPL) is only imported here, as an oracle; i
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -96,9 +95,7 @@ def time_batches(fetch, batches: list[list]) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__)
     parser.add_argument("--images", type=int, default=300)
     parser.add_argument("--image-size", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16, help="per-device batch")
@@ -112,7 +109,7 @@ def main() -> None:
 
     cv2.setNumThreads(1)  # one DataLoader worker = one core; the reference sets the same on import
     torch.set_num_threads(1)
-    print(C.machine_info(), flush=True)
+    C.print_machine_info()
     tmp = None
     if args.out is None:
         tmp = tempfile.TemporaryDirectory()

@@ -19,6 +19,7 @@ import argparse
 import time
 
 import _common as C
+import _fit as F
 import torch
 
 
@@ -40,7 +41,7 @@ def run_ours(args: argparse.Namespace) -> None:
     strategy = DDPStrategy(
         process_group_backend="gloo", find_unused_parameters=False, gradient_as_bucket_view=True
     ) if args.devices > 1 else "auto"  # fmt: skip
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, global_batch, 0, args.skip + args.steps, args.workdir,
         callbacks=[Stamps()], module_options={"nominal_batch": global_batch},
         trainer_options={
@@ -64,26 +65,23 @@ def run_ours(args: argparse.Namespace) -> None:
 def compare_stop_check(args: argparse.Namespace, yaml, workdir) -> None:
     """2 ranks with and without the stop-signal agreement, alternating; an optimiser step every batch (worst case)."""
     rates: dict[bool, list[float]] = {True: [], False: []}
-    for r in range(args.rounds):
-        for with_check in (True, False) if r % 2 == 0 else (False, True):
-            out = C.run_worker(__file__, [
-                "--devices", "2", "--scale", args.scale, "--image-size", str(args.image_size),
-                "--per-rank-batch", str(args.per_rank_batch), "--steps", str(args.steps), "--skip", str(args.skip),
-                "--yaml", str(yaml), "--workdir", str(workdir / "ddp-stop"),
-                *([] if with_check else ["--without-stop-check"]),
-            ], threads=1)  # fmt: skip
-            rates[with_check].append(out["rate"])
-            print(f"  round {r + 1}, stop check {'on' if with_check else 'off'}: {out['rate']:.2f} img/s "
-                  f"(load {C.load_average()})", flush=True)  # fmt: skip
+    for r, with_check in C.rounds((True, False), args.rounds):
+        out = C.run_worker(__file__, [
+            "--devices", "2", "--scale", args.scale, "--image-size", str(args.image_size),
+            "--per-rank-batch", str(args.per_rank_batch), "--steps", str(args.steps), "--skip", str(args.skip),
+            "--yaml", str(yaml), "--workdir", str(workdir / "ddp-stop"),
+            *([] if with_check else ["--without-stop-check"]),
+        ], threads=1)  # fmt: skip
+        rates[with_check].append(out["rate"])
+        print(f"  round {r + 1}, stop check {'on' if with_check else 'off'}: {out['rate']:.2f} img/s "
+              f"(load {C.load_average()})", flush=True)  # fmt: skip
     on, off = C.median(rates[True]), C.median(rates[False])
     rows = [["stop check on", on, f"{on / off:.3f}"], ["stop check off", off, "1.000"]]
     print(C.format_table(["2 gloo ranks", "img/s", "ratio"], rows))
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__, worker=True, hidden=("--yaml", "--workdir"))
     parser.add_argument("--scale", default="n")
     parser.add_argument("--image-size", type=int, default=320)
     parser.add_argument(
@@ -100,46 +98,41 @@ def main() -> None:
         help="instead of 1 vs 2 ranks: 2 ranks with vs without LastCheckpoint's per-step stop-signal agreement",
     )  # fmt: skip
     parser.add_argument("--without-stop-check", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--devices", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.worker:
-        run_ours(args)
+    if C.run_as_worker(args, run_ours):
         return
 
     workdir = C.default_workdir()
     images = (args.skip + args.steps + 1) * args.per_rank_batch * 2
     yaml = C.synthetic_yaml(workdir, num_train=max(images, 64), num_val=8, image_size=args.image_size)
-    print(C.machine_info(1), flush=True)
+    C.print_machine_info(1)
     if args.stop_check:
         compare_stop_check(args, yaml, workdir)
         return
     rates: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
-    for r in range(args.rounds):
-        for devices in (1, 2) if r % 2 == 0 else (2, 1):
-            out = C.run_worker(
-                __file__,
-                [
-                    "--devices", str(devices), "--scale", args.scale, "--image-size", str(args.image_size),
-                    "--per-rank-batch", str(args.per_rank_batch), "--steps", str(args.steps), "--skip",
-                    str(args.skip), "--yaml", str(yaml), "--workdir", str(workdir / f"ddp{devices}"),
-                ],
-                threads=1,
-            )  # fmt: skip
-            rates[devices].append(out["rate"])
-            cpu[devices].append(out["cpu_per_step"])
-            print(f"  round {r + 1}, {devices} rank(s): {out['rate']:.2f} img/s, rank 0 CPU {out['cpu_per_step']:.2f} "
-                  f"s/step (load {C.load_average()})", flush=True)  # fmt: skip
+    for r, devices in C.rounds((1, 2), args.rounds):
+        out = C.run_worker(
+            __file__,
+            [
+                "--devices", str(devices), "--scale", args.scale, "--image-size", str(args.image_size),
+                "--per-rank-batch", str(args.per_rank_batch), "--steps", str(args.steps), "--skip",
+                str(args.skip), "--yaml", str(yaml), "--workdir", str(workdir / f"ddp{devices}"),
+            ],
+            threads=1,
+        )  # fmt: skip
+        rates[devices].append(out["rate"])
+        cpu[devices].append(out["cpu_per_step"])
+        print(f"  round {r + 1}, {devices} rank(s): {out['rate']:.2f} img/s, rank 0 CPU {out['cpu_per_step']:.2f} "
+              f"s/step (load {C.load_average()})", flush=True)  # fmt: skip
     one, two = C.median(rates[1]), C.median(rates[2])
     per_round = [b / (2 * a) for a, b in zip(rates[1], rates[2])]
-    print(
-        f"\nyolo11{args.scale}, {args.image_size}x{args.image_size}, {args.per_rank_batch} images per rank, gloo, "
+    caption = (
+        f"yolo11{args.scale}, {args.image_size}x{args.image_size}, {args.per_rank_batch} images per rank, gloo, "
         f"1 thread per rank, 0 workers, an optimiser step (gradient all-reduce) every batch; "
-        f"median of {args.rounds} alternating rounds\n"
+        f"median of {args.rounds} alternating rounds"
     )
     cpu_one, cpu_two = C.median(cpu[1]), C.median(cpu[2])
     rows = [
@@ -156,7 +149,7 @@ def main() -> None:
         "CPU s/step (rank 0)",
         "CPU efficiency",
     ]
-    print(C.format_table(headers, rows))
+    C.print_table(caption, headers, rows)
     print(
         "\nCPU efficiency = CPU seconds per step on 1 rank / on rank 0 of 2 ranks (same work per rank): the "
         "work DDP adds (gloo all-reduces, bucketing), blind to time lost waiting for a core, which the "

@@ -22,7 +22,6 @@ Not run by the test suite; prints "no CUDA" and exits when there is no GPU (unle
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 import traceback
 import warnings
@@ -30,6 +29,7 @@ from collections import Counter
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 THROUGHPUT_VARIANTS = (
@@ -66,6 +66,7 @@ def memory_datamodule(args: argparse.Namespace) -> Any:
         batch_size = args.batch
         num_classes = source.num_classes
         class_names = source.class_names
+        num_train_samples = source.num_train_samples  # optimizer 'auto' decides from it, as on real data
 
         def train_dataloader(self) -> DataLoader:
             batches = [held[i % len(held)] for i in range(steps)]
@@ -82,13 +83,7 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
     from yolo11_lightning import YOLO11Module, YOLODataModule
     from yolo11_lightning.training.machine import MachineSettings
 
-    stamps: list[float] = []
-
-    class Stamps(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            C.sync(pl_module.device)
-            stamps.append(time.perf_counter())
-
+    stamps_callback, stamps = F.batch_end_stamps()
     if args.real_data:
         data = YOLODataModule(
             dataset=args.yaml,
@@ -107,7 +102,7 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
     trainer = L.Trainer(
         accelerator=_device(), devices=1, precision=args.precision, max_steps=args.warmup + args.steps,
         limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_model_summary=False, callbacks=[Stamps(), MachineSettings(compile=args.compile)],
+        enable_model_summary=False, callbacks=[stamps_callback, MachineSettings(compile=args.compile)],
     )  # fmt: skip
     if torch.cuda.is_available():
         torch.backends.cudnn.benchmark = True
@@ -120,21 +115,18 @@ def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
 
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     """The oracle trainer with AMP on the real data pipeline (section 2)."""
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, torch.get_num_threads(),
         args.workdir, amp=torch.cuda.is_available(), nbs=args.batch,
     )  # fmt: skip
     stamps: list[float] = []
 
-    def on_batch_end(tr: Any) -> None:
+    def stamp(tr: Any) -> bool:
         C.sync(tr.device)
         stamps.append(time.perf_counter())
-        if len(stamps) >= args.warmup + args.steps:
-            raise C.StopTraining
+        return len(stamps) >= args.warmup + args.steps
 
-    trainer.add_callback("on_train_batch_end", on_batch_end)
-    with contextlib.suppress(C.StopTraining):
-        trainer.train()
+    F.train_oracle_until(trainer, stamp)
     return {"rate": C.steady_rate(stamps, args.batch, skip=args.warmup), "peak_gib": float("nan")}
 
 
@@ -232,9 +224,7 @@ def run_sync_audit(args: argparse.Namespace) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ parent
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__, worker=("step", "oracle", "memory", "sync"), hidden=("--yaml", "--workdir"))
     parser.add_argument("--scale", default="n")
     parser.add_argument("--image-size", type=int, default=640)
     parser.add_argument("--batch", type=int, default=64)
@@ -246,18 +236,14 @@ def main() -> None:
     parser.add_argument("--memory-batches", default="16,32,64")
     parser.add_argument("--sections", default="1,2,3,4")
     parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU at toy sizes")
-    parser.add_argument("--worker", choices=("step", "oracle", "memory", "sync"), help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="32-true", help=argparse.SUPPRESS)
     parser.add_argument("--channels-last", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--real-data", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.worker:
-        run = {"step": run_step_variant, "oracle": run_oracle, "memory": run_memory, "sync": run_sync_audit}
-        C.emit(run[args.worker](args))
+    run = {"step": run_step_variant, "oracle": run_oracle, "memory": run_memory, "sync": run_sync_audit}
+    if C.run_as_worker(args, run):
         return
 
     if not torch.cuda.is_available() and not args.cpu_smoke:
@@ -277,7 +263,7 @@ def main() -> None:
         "--memory-scales", args.memory_scales, "--memory-batches", args.memory_batches,
     ]  # fmt: skip
     sections = set(args.sections.split(","))
-    print(C.machine_info(threads), flush=True)
+    C.print_machine_info(threads)
 
     def worker(kind: str, *flags: str) -> dict[str, Any]:
         return C.run_worker(__file__, [kind, *common, *flags], threads, timeout=1800)
@@ -294,9 +280,9 @@ def main() -> None:
             base = base or out["rate"]
             rows.append([name, out["rate"], f"{out['rate'] / base:.2f}", out["peak_gib"]])
             print(f"  {name}: {out['rate']:.1f} img/s", flush=True)
-        print(f"\n1. yolo11{args.scale} training step through fit, {args.image_size}x{args.image_size}, batch "
-              f"{args.batch}, batches held in memory; images/s over {args.steps} steps after {args.warmup}\n")  # fmt: skip
-        print(C.format_table(["variant", "img/s", "vs fp32", "peak GiB"], rows))
+        C.print_table(f"1. yolo11{args.scale} training step through fit, {args.image_size}x{args.image_size}, batch "
+                      f"{args.batch}, batches held in memory; images/s over {args.steps} steps after {args.warmup}",
+                      ["variant", "img/s", "vs fp32", "peak GiB"], rows)  # fmt: skip
 
     if "2" in sections:
         precision = "16-mixed" if torch.cuda.is_available() else "32-true"
@@ -306,26 +292,28 @@ def main() -> None:
             ref = worker("oracle")
             rows[0][2] = C.ratio(ours["rate"], ref["rate"])
             rows.append([f"oracle (AMP {'on' if torch.cuda.is_available() else 'off'})", ref["rate"], "1.00"])
-        print(
-            f"\n2. real data pipeline (mosaic, {args.workers} workers), yolo11{args.scale}, batch {args.batch}\n"
+        C.print_table(
+            f"2. real data pipeline (mosaic, {args.workers} workers), yolo11{args.scale}, batch {args.batch}",
+            ["side", "img/s", "ours/oracle"],
+            rows,
         )
-        print(C.format_table(["side", "img/s", "ours/oracle"], rows))
 
     if "3" in sections:
         memory = worker("memory")["memory"]
         scales = args.memory_scales.split(",")
         batches = args.memory_batches.split(",")
         rows = [[f"yolo11{s}", *(memory[f"{s},{b}"] for b in batches)] for s in scales]
-        print(
-            f"\n3. peak GPU memory (GiB) of a bf16-mixed training step at {args.image_size}x{args.image_size}\n"
+        C.print_table(
+            f"3. peak GPU memory (GiB) of a bf16-mixed training step at {args.image_size}x{args.image_size}",
+            ["scale", *(f"batch {b}" for b in batches)],
+            rows,
         )
-        print(C.format_table(["scale", *(f"batch {b}" for b in batches)], rows))
 
     if "4" in sections:
         audit = worker("sync")
-        print(f"\n4. host syncs per training step (bf16-mixed, {audit['steps']} steps audited)\n")
         rows = [[site, f"{count:.2f}"] for site, count in audit["sites"].items()] or [["none", "0"]]
-        print(C.format_table(["asked for by", "per step"], rows))
+        caption = f"4. host syncs per training step (bf16-mixed, {audit['steps']} steps audited)"
+        C.print_table(caption, ["asked for by", "per step"], rows)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ by the package.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import types
@@ -78,7 +77,7 @@ def time_pair(ours, reference, feats, targets, repeats: int, device: str) -> tup
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--boxes", type=int, nargs="+", default=[10, 100])
@@ -89,7 +88,7 @@ def main() -> None:
 
     ours = DetectionLoss(args.classes).to(args.device)
     reference = reference_loss(args.classes, args.device)
-    print(C.machine_info())
+    C.print_machine_info()
     print(
         f"loss forward+backward, batch {args.batch}, {args.imgsz}x{args.imgsz}, {args.classes} classes, "
         f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"

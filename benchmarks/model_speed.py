@@ -16,7 +16,6 @@ The reference package (ultralytics, AGPL) is imported here only, as an oracle.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import os
 from collections.abc import Callable
@@ -56,7 +55,7 @@ def compare(
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = C.parser(__doc__.split("\n")[0])
     parser.add_argument("--scales", default="n,s")
     parser.add_argument("--all", action="store_true", help="every scale n,s,m,l,x")
     parser.add_argument("--sizes", default="320,640")
@@ -78,7 +77,7 @@ def main() -> None:
     modes = args.modes.split(",")
     if cuda:
         torch.backends.cudnn.benchmark = True
-    print(C.machine_info())
+    C.print_machine_info()
     print(f"batch {batch}; best of {reps} alternating rounds; ms per image")
     print(f"{'scale':<6}{'size':>5}  {'mode':<11}{'ours':>9}{'reference':>11}{'ours/ref':>10}")
 

@@ -103,29 +103,24 @@ def measure(args: argparse.Namespace, yaml: Path, ranks: int, shared: bool) -> d
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__, worker=True, hidden=("--yaml",))
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--size", type=int, default=640)
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     parser.add_argument(
         "--threads", type=int, help="decoding threads per rank (default: cores / ranks, <= 8)"
     )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--world", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        run_rank(args)
+    if C.run_as_worker(args, run_rank):
         return
     yaml = C.synthetic_yaml(C.default_workdir(), num_train=args.images, num_val=8, image_size=args.size)
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import build_label_cache
 
     build_label_cache(load_dataset_config(yaml), ["train"])
-    print(C.machine_info(), flush=True)
+    C.print_machine_info()
     rows = []
     for ranks in args.ranks:
         for shared in (True, False):
@@ -135,8 +130,8 @@ def main() -> None:
                 f"{m['pss'] / MIB:.0f}", f"{m['pss'] / m['bytes']:.2f}",
             ])  # fmt: skip
             print(f"  {rows[-1]} (load {C.load_average()})", flush=True)
-    print(f"\n{args.images} images at long side {args.size} ({m['bytes'] / MIB:.0f} MiB decoded)\n")
-    print(C.format_table(["ranks", "cache", "build s", "PSS MiB (all ranks)", "copies"], rows))
+    caption = f"{args.images} images at long side {args.size} ({m['bytes'] / MIB:.0f} MiB decoded)"
+    C.print_table(caption, ["ranks", "cache", "build s", "PSS MiB (all ranks)", "copies"], rows)
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ def checkpoint_cost(scale: str, yaml: Path, image_size: int) -> tuple[float, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0])
     parser.add_argument("--scales", default="n,s")
     parser.add_argument("--image-size", type=int, default=160)
     parser.add_argument("--batch", type=int, default=8)
@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--signal-after", type=int, default=5, help="batches trained before the signal")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
-    print(C.machine_info(args.threads))
+    C.print_machine_info(args.threads)
     yaml = C.synthetic_yaml(C.default_workdir(), args.train, 16, args.image_size, num_classes=3)
     rows = []
     for scale in args.scales.split(","):
@@ -124,8 +124,8 @@ def main() -> None:
             r = kill_run(args, scale, kind, yaml)
             rows.append([f"yolo11{scale}", kind, r["exit"], r["batches_done"], r["batches_lost"],
                          f"{r['seconds_to_exit']:.2f}", f"{size:.1f}", f"{seconds:.3f}"])  # fmt: skip
-    print(f"\n{args.image_size} px, global batch {args.batch} (accumulation {max(round(64 / args.batch), 1)} "
-          f"after warmup), signal after {args.signal_after} batches\n")  # fmt: skip
+    caption = (f"{args.image_size} px, global batch {args.batch} (accumulation {max(round(64 / args.batch), 1)} "
+               f"after warmup), signal after {args.signal_after} batches")  # fmt: skip
     headers = [
         "model",
         "signal",
@@ -136,7 +136,7 @@ def main() -> None:
         "ckpt MB",
         "ckpt write s",
     ]
-    print(C.format_table(headers, rows))
+    C.print_table(caption, headers, rows)
 
 
 if __name__ == "__main__":

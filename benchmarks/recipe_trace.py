@@ -19,7 +19,6 @@ The report lists, per quantity, the first iteration where the sides differ and t
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import statistics
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 SETTINGS: dict[str, tuple[int, dict[str, Any]]] = {  # name -> (epochs, recipe overrides)
@@ -118,7 +118,7 @@ def trace_oracle(args: argparse.Namespace, epochs: int, recipe: dict[str, Any]) 
 
     trainer.optimizer_step = optimizer_step
 
-    def on_batch_end(tr) -> None:
+    def record(tr: Any) -> bool:
         updates = tr.ema.updates
         rows.append({
             "iteration": len(rows), "epoch": tr.epoch, "steps": updates, "groups": _groups(tr.optimizer),
@@ -126,12 +126,9 @@ def trace_oracle(args: argparse.Namespace, epochs: int, recipe: dict[str, Any]) 
             "grad_norm": pending.pop("grad_norm", None), "accumulate": tr.accumulate,
             "optimizer": type(tr.optimizer).__name__,
         })  # fmt: skip
-        if len(rows) >= args.iterations:
-            raise C.StopTraining
+        return len(rows) >= args.iterations
 
-    trainer.add_callback("on_train_batch_end", on_batch_end)
-    with contextlib.suppress(C.StopTraining):
-        trainer.train()
+    F.train_oracle_until(trainer, record)
     return rows[: args.iterations]
 
 
@@ -177,8 +174,15 @@ def compare(ours: list[dict], oracle: list[dict]) -> list[list[Any]]:
     return table
 
 
+def worker(args: argparse.Namespace) -> dict:
+    """One side's trace of one setting (a worker process)."""
+    epochs, recipe = SETTINGS[args.setting]
+    fn = trace_ours if args.side == "ours" else trace_oracle
+    return {"rows": fn(args, epochs, recipe)}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = C.parser(__doc__.splitlines()[0], worker=True, hidden=("--side", "--setting", "--yaml"))
     parser.add_argument("--iterations", type=int, default=500)
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--train", type=int, default=160)
@@ -186,15 +190,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--workdir", default=str(C.default_workdir() / "recipe_trace"))
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--side", help=argparse.SUPPRESS)
-    parser.add_argument("--setting", help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.worker:
-        epochs, recipe = SETTINGS[args.setting]
-        fn = trace_ours if args.side == "ours" else trace_oracle
-        C.emit({"rows": fn(args, epochs, recipe)})
+    if C.run_as_worker(args, worker):
         return
     from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
 

@@ -33,6 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 CATEGORIES = (
@@ -138,7 +139,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
                 if not args.nchw:  # the floor runs in the layout of the module measured
                     model = model.to(memory_format=torch.channels_last)
                 floor_model.append(bare_step(model, args.batch, args.image_size, not args.nchw))
-            worker_cpu.append(C.children_cpu_seconds())
+            worker_cpu.append(F.children_cpu_seconds())
             recorder.start("#floor")
             C.sync(pl_module.device)
             floor_model[0]()
@@ -147,7 +148,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     from yolo11_lightning.training.throughput import Throughput
 
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,
         callbacks=[Floor()], trainer_options={"profiler": recorder},
         module_options={"channels_last": not args.nchw, "compile": args.compile},
@@ -230,7 +231,7 @@ def our_steps(events: list[tuple[float, bool, str]]) -> tuple[list[dict[str, flo
 # ------------------------------------------------------------------------------------ oracle
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
     )
     from ultralytics.nn.tasks import DetectionModel
@@ -270,7 +271,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         state["start"] = time.perf_counter()
         clock["data wait"] = state["start"] - state["end"]
 
-    def on_batch_end(tr: Any) -> None:
+    def on_batch_end(tr: Any) -> bool:
         end = time.perf_counter()
         step = dict(clock)
         step["loss+assigner"] = step.pop("#loss-with-forward", 0.0) - step.get("forward", 0.0)
@@ -278,19 +279,17 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         step["logging+loop"] = step["step"] - sum(step.get(c, 0.0) for c in CATEGORIES[:-1])
         steps.append(step)
         if len(steps) % tr.accumulate == 0:
-            worker_cpu.append(C.children_cpu_seconds())
+            worker_cpu.append(F.children_cpu_seconds())
             floors.append(C.time_call(state["floor"], tr.device))
         if len(steps) >= args.steps:
-            raise C.StopTraining
+            return True
         state["end"] = time.perf_counter()
+        return False
 
     trainer.add_callback("on_train_start", on_start)
     trainer.add_callback("on_train_batch_start", on_batch_start)
-    trainer.add_callback("on_train_batch_end", on_batch_end)
     try:
-        trainer.train()
-    except C.StopTraining:
-        pass
+        F.train_oracle_until(trainer, on_batch_end)
     finally:
         torch.Tensor.backward = original_backward
     return {"steps": steps, "floors": floors, "worker_cpu": worker_cpu, "accumulate": trainer.accumulate}
@@ -298,9 +297,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------ parent
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__, worker=("ours", "oracle"), hidden=("--yaml", "--workdir"))
     parser.add_argument("--scale", default="n")
     parser.add_argument("--image-size", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
@@ -316,15 +313,10 @@ def main() -> None:
         help="ours with the Throughput callback (a default callback), without it, or both as two sides",
     )  # fmt: skip
     parser.add_argument("--no-throughput", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.worker:
-        result = (run_ours if args.worker == "ours" else run_oracle)(args)
-        C.emit(result)
+    if C.run_as_worker(args, {"ours": run_ours, "oracle": run_oracle}):
         return
 
     accumulate = max(round(64 / args.batch), 1)
@@ -348,24 +340,19 @@ def main() -> None:
         sides = ["ours", "ours-off"]
     elif args.throughput == "off":
         ours_flags.append("--no-throughput")
-    print(C.machine_info(args.threads), flush=True)
+    C.print_machine_info(args.threads)
     results: dict[str, list[dict[str, float]]] = {s: [] for s in sides}
-    for r in range(args.rounds):
-        for side in sides if r % 2 == 0 else sides[::-1]:
-            flags = (
-                ours_flags
-                if side == "ours"
-                else [*ours_flags, "--no-throughput"]
-                if side == "ours-off"
-                else []
-            )
-            worker = "ours" if side.startswith("ours") else side
-            out = C.run_worker(__file__, [worker, *common, *flags], args.threads)
-            runs = cycles(out["steps"], out["floors"], out["worker_cpu"], skip, out["accumulate"])
-            results[side] += runs
-            step, floor = C.median([c["step"] for c in runs]), C.median([c["floor"] for c in runs])
-            print(f"  round {r + 1} {side}: {step * 1e3:.0f} ms/step, floor {floor * 1e3:.0f} ms "
-                  f"(load {C.load_average()})", flush=True)  # fmt: skip
+    for r, side in C.rounds(sides, args.rounds):
+        flags = (
+            ours_flags if side == "ours" else [*ours_flags, "--no-throughput"] if side == "ours-off" else []
+        )
+        worker = "ours" if side.startswith("ours") else side
+        out = C.run_worker(__file__, [worker, *common, *flags], args.threads)
+        runs = cycles(out["steps"], out["floors"], out["worker_cpu"], skip, out["accumulate"])
+        results[side] += runs
+        step, floor = C.median([c["step"] for c in runs]), C.median([c["floor"] for c in runs])
+        print(f"  round {r + 1} {side}: {step * 1e3:.0f} ms/step, floor {floor * 1e3:.0f} ms "
+              f"(load {C.load_average()})", flush=True)  # fmt: skip
     print_report(args, results, accumulate)
 
 
@@ -386,11 +373,11 @@ def print_report(
         return 100 * C.median(ratios)
 
     switches = [s for s, on in (("NCHW", args.nchw), ("compile", args.compile)) if on]
-    print(
-        f"\nyolo11{args.scale}, {args.image_size}x{args.image_size}, batch {args.batch} (accumulate {accumulate}), "
+    caption = (
+        f"yolo11{args.scale}, {args.image_size}x{args.image_size}, batch {args.batch} (accumulate {accumulate}), "
         f"{args.threads} threads, {args.workers} workers{', ours with ' + ' + '.join(switches) if switches else ''}; "
         f"ms per step (mean over an accumulation cycle), median of {len(results['ours'])} cycles from "
-        f"{args.rounds} runs per side\n"
+        f"{args.rounds} runs per side"
     )
     rows = []
     ours_step, ref_step = figure("ours", "step"), figure("oracle", "step")
@@ -406,7 +393,7 @@ def print_report(
     wo, wt = figure("ours", "worker cpu"), figure("oracle", "worker cpu")
     rows.append(["worker CPU per step", 1e3 * wo, "", 1e3 * wt, C.ratio(wo, wt)])
     right = "without Throughput" if other == "ours-off" else "oracle"
-    print(C.format_table(["", "ours ms", "share", f"{right} ms", f"ours/{right}"], rows))
+    C.print_table(caption, ["", "ours ms", "share", f"{right} ms", f"ours/{right}"], rows)
     noise = {s: C.spread([c["step"] / c["floor"] for c in results[s]]) for s in results}
     print(
         "\nspread of step/floor over cycles (half range / median): "

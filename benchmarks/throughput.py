@@ -16,11 +16,11 @@ The oracle (ultralytics ``DetectionTrainer``, AGPL) is imported in its worker pr
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 from typing import Any
 
 import _common as C
+import _fit as F
 import torch
 
 
@@ -30,21 +30,14 @@ def _settings(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def run_ours(args: argparse.Namespace) -> dict[str, Any]:
-    import lightning as L
 
     torch.set_num_threads(args.threads)
     accumulate, batches = _settings(args)
-    stamps: list[float] = []
-
-    class Stamps(L.Callback):
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            C.sync(pl_module.device)
-            stamps.append(time.perf_counter())
-
+    stamps_callback, stamps = F.batch_end_stamps()
     options = {"channels_last": not args.nchw, "compile": args.compile}
-    trainer, module, data = C.our_fit_parts(
+    trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, batches // accumulate, args.workdir,
-        callbacks=[Stamps()], module_options=options,
+        callbacks=[stamps_callback], module_options=options,
     )  # fmt: skip
     trainer.fit(module, data)
     return {"stamps": stamps, "accumulate": accumulate}  # the module rewrites Lightning's per batch
@@ -53,27 +46,22 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     _, batches = _settings(args)
-    trainer = C.oracle_trainer(
+    trainer = F.oracle_trainer(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
     )
     stamps: list[float] = []
 
-    def on_batch_end(tr: Any) -> None:
+    def stamp(tr: Any) -> bool:
         C.sync(tr.device)
         stamps.append(time.perf_counter())
-        if len(stamps) >= batches:
-            raise C.StopTraining
+        return len(stamps) >= batches
 
-    trainer.add_callback("on_train_batch_end", on_batch_end)
-    with contextlib.suppress(C.StopTraining):
-        trainer.train()
+    F.train_oracle_until(trainer, stamp)
     return {"stamps": stamps, "accumulate": trainer.accumulate}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = C.parser(__doc__, worker=("ours", "oracle"), hidden=("--scale", "--yaml", "--workdir"))
     parser.add_argument("--scales", default="n")
     parser.add_argument("--sizes", default="320")
     parser.add_argument("--full", action="store_true", help="scales n,s and sizes 320,640")
@@ -84,16 +72,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--switches", action="store_true", help="add ours with channels_last=False")
     parser.add_argument("--compile", action="store_true", help="add ours with compile=True")
-    parser.add_argument("--worker", choices=("ours", "oracle"), help=argparse.SUPPRESS)
-    parser.add_argument("--scale", help=argparse.SUPPRESS)
     parser.add_argument("--image-size", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--nchw", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--yaml", help=argparse.SUPPRESS)
-    parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
 
-    if args.worker:
-        C.emit((run_ours if args.worker == "ours" else run_oracle)(args))
+    if C.run_as_worker(args, {"ours": run_ours, "oracle": run_oracle}):
         return
 
     scales = ["n", "s"] if args.full else args.scales.split(",")
@@ -107,7 +90,7 @@ def main() -> None:
         variants.append(("ours compile", ["--compile"]))
     if C.oracle_available():
         variants.append(("oracle", []))
-    print(C.machine_info(args.threads), flush=True)
+    C.print_machine_info(args.threads)
     rows = []
     for scale in scales:
         for size in sizes:
@@ -115,21 +98,20 @@ def main() -> None:
                 workdir, num_train=max(batches * args.batch, 64), num_val=8, image_size=size
             )
             rates: dict[str, list[float]] = {name: [] for name, _ in variants}
-            for r in range(args.rounds):
-                for name, flags in variants if r % 2 == 0 else variants[::-1]:
-                    side = "oracle" if name == "oracle" else "ours"
-                    worker_args = [
-                        side, "--scale", scale, "--image-size", str(size), "--batch", str(args.batch),
-                        "--threads", str(args.threads), "--workers", str(args.workers), "--cycles",
-                        str(args.cycles), "--yaml", str(yaml), "--workdir", str(workdir / "throughput"), *flags,
-                    ]  # fmt: skip
-                    out = C.run_worker(__file__, worker_args, args.threads)
-                    rate = C.steady_rate(
-                        out["stamps"], args.batch, skip=out["accumulate"], cycle=out["accumulate"]
-                    )
-                    rates[name].append(rate)
-                    print(f"  yolo11{scale} {size} round {r + 1} {name}: {rate:.2f} img/s (load {C.load_average()})",
-                          flush=True)  # fmt: skip
+            for r, (name, flags) in C.rounds(variants, args.rounds):
+                side = "oracle" if name == "oracle" else "ours"
+                worker_args = [
+                    side, "--scale", scale, "--image-size", str(size), "--batch", str(args.batch),
+                    "--threads", str(args.threads), "--workers", str(args.workers), "--cycles",
+                    str(args.cycles), "--yaml", str(yaml), "--workdir", str(workdir / "throughput"), *flags,
+                ]  # fmt: skip
+                out = C.run_worker(__file__, worker_args, args.threads)
+                rate = C.steady_rate(
+                    out["stamps"], args.batch, skip=out["accumulate"], cycle=out["accumulate"]
+                )
+                rates[name].append(rate)
+                print(f"  yolo11{scale} {size} round {r + 1} {name}: {rate:.2f} img/s (load {C.load_average()})",
+                      flush=True)  # fmt: skip
             oracle = rates.get("oracle", [])
             for name, _ in variants:
                 if name == "oracle":
@@ -139,12 +121,12 @@ def main() -> None:
                     f"yolo11{scale}", size, name, C.median(rates[name]), C.median(oracle) if oracle else float("nan"),
                     f"{C.median(per_round):.2f}" if per_round else "-", f"{C.spread(per_round):.0f}%" if per_round else "-",
                 ])  # fmt: skip
-    print(
-        f"\nimages/s of training (batch {args.batch}, accumulate {accumulate}, {args.threads} threads, "
-        f"{args.workers} workers, mosaic on), median of {args.rounds} alternating rounds\n"
+    caption = (
+        f"images/s of training (batch {args.batch}, accumulate {accumulate}, {args.threads} threads, "
+        f"{args.workers} workers, mosaic on), median of {args.rounds} alternating rounds"
     )
     headers = ["model", "size", "variant", "ours img/s", "oracle img/s", "ours/oracle", "± (half range)"]
-    print(C.format_table(headers, rows))
+    C.print_table(caption, headers, rows)
     print(f"\nload average at the end: {C.load_average()}")
 
 
