@@ -323,3 +323,45 @@ def test_cli_parses_model_task(tiny_dataset: Path, capsys: pytest.CaptureFixture
         main(["fit", "--model.task", "segment", "--data.dataset", str(tiny_dataset), "--print_config"])
     assert stop.value.code in (0, None)
     assert "task: segment" in capsys.readouterr().out
+
+
+def _data_has_task() -> bool:
+    import inspect
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+
+    return "task" in inspect.signature(YOLODataModule).parameters
+
+
+@pytest.mark.skipif(not _data_has_task(), reason="the DataModule has no segment task yet")
+def test_segment_fit_on_two_gloo_ranks_logs_mask_map_equal_to_one_process(tmp_path: Path) -> None:
+    """``--model.task segment`` through the CLI on 2 gloo ranks (7 validation images: unpadded shards of 4 and
+    3): exit 0, checkpoints, val/mask_mAP50-95 logged and equal to a one-process validation of the same
+    weights."""
+    import csv
+
+    from cli_runs import TINY_FIT, ddp, run_cli, tail
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+    from yolo11_lightning.training.lightning_cli import run_lightning_cli
+
+    dataset = make_synthetic_dataset(tmp_path / "seg", num_train=8, num_val=7, image_size=64, task="segment")
+    root = tmp_path / "run"
+    args = ["fit", "--config", str(TINY_FIT), "--data.dataset", str(dataset), "--model.task", "segment",
+            "--data.task", "segment", "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root),
+            *ddp()]  # fmt: skip
+    proc = run_cli(args, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, tail(proc)
+    (metrics_csv,) = root.rglob("metrics.csv")
+    logged = [row for row in csv.DictReader(metrics_csv.open()) if row.get("val/mask_mAP50-95")]
+    assert logged, "val/mask_mAP50-95 not logged"
+    checkpoint = next(root.rglob("last.ckpt"))
+    data = YOLODataModule(dataset=str(dataset), task="segment", batch_size=4, image_size=64, num_workers=0)
+    single = trainer(tmp_path).validate(YOLO11Module.load_from_checkpoint(checkpoint), data, verbose=False)[0]
+    for name in ("mAP50-95", "mask_mAP50-95", "mask_mAP50"):
+        assert float(logged[-1][f"val/{name}"]) == pytest.approx(single[f"val/{name}"], abs=1e-6), name
+
+    one_rank = args[: -len(ddp())]
+    with pytest.raises(ValueError, match=r"model.task='segment' but data.task='detect'"):
+        run_lightning_cli([*one_rank, "--data.task", "detect"])
