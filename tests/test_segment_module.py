@@ -338,7 +338,7 @@ def _data_has_task() -> bool:
 
 
 @pytest.mark.skipif(not _data_has_task(), reason="the DataModule has no segment task yet")
-def test_segment_fit_on_two_gloo_ranks_logs_mask_map_equal_to_one_process(tmp_path: Path) -> None:
+def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> None:
     """``--model.task segment`` through the CLI on 2 gloo ranks (7 validation images: unpadded shards of 4 and
     3): exit 0, box and mask mAP logged, checkpoints written; a model/data task mismatch is refused. (After one
     epoch the mAP is ~0: the exact distributed equality is tested on non-trivial values above.)"""
