@@ -20,9 +20,9 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.batch import collate_segmentation
 from yolo11_lightning.nn.weights import load_model
-from yolo11_lightning.training.evaluation import SegmentationMAP, decode_runs, mask_runs
 from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.training.module import YOLO11Module
+from yolo11_lightning.training.segment_evaluation import SegmentationMAP, decode_runs, mask_runs
 
 SIZE = 64
 NUM_CLASSES = 3

@@ -378,7 +378,12 @@ class YOLO11Module(L.LightningModule):
         # compute() gathers every rank's detections, so each rank logs the same global value.
         for name, value in metric.compute().items():
             # Already global: the "sync" is a mean of equal values, which keeps every rank's logger in step.
-            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50", "mask_mAP50-95"), sync_dist=True)
+            self.log(
+                f"{prefix}/{name}",
+                value,
+                prog_bar=name in ("mAP50-95", "mAP50", "mask_mAP50-95"),
+                sync_dist=True,
+            )
         metric.reset()
 
     def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Any]:
