@@ -366,3 +366,11 @@ def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> 
                 "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "mismatch")]  # fmt: skip
     with pytest.raises(ValueError, match=r"model.task='segment' but data.task='detect'"):
         run_lightning_cli(mismatch)
+
+
+def test_an_image_without_instances_rasterises_to_an_empty_index_map() -> None:
+    """Augmentation can leave no polygon in an image (mosaic crops, affine): training must go on."""
+    from yolo11_lightning.data.masks import rasterize
+
+    index_map, order = rasterize([], 64, 48, overlap=True)
+    assert index_map.shape == (16, 12) and not index_map.any() and len(order) == 0
