@@ -1,4 +1,4 @@
-"""``yolo11-lightning predict --source PATH``: detections on images, folders and videos.
+"""``yolo11-lightning predict --source PATH``: detections (or instance masks) on images, folders and videos.
 
     yolo11-lightning predict --ckpt_path best.ckpt --source photos/ --out runs/predict --conf 0.25
 
@@ -13,7 +13,9 @@ Runs ``lightning.Trainer.predict`` (progress bar, accelerator choice) with ``YOL
 * ``predictions.json``: the same rows as COCO results, written at the end (atomically), one
   ``{"image_id", "category_id", "bbox": [x, y, w, h], "score"}`` per detection in original pixels, plus
   ``file_name`` (and ``frame`` for videos) and ``category_name``. ``category_id`` is the 0-based class
-  index; ``image_id`` is unique per file and frame (``ImageIds``).
+  index; ``image_id`` is unique per file and frame (``ImageIds``). A segmentation model's rows also hold
+  ``segmentation``, the instance mask in original pixels as COCO compressed RLE (``{"size": [h, w], "counts"}``),
+  and its annotated copies show the masks under the boxes.
 
 Unreadable files in a folder, and videos that end before their frame count, are reported with a warning
 and in the summary, and the command then exits with 2 (1: nothing could be read, or a missing or unusable
@@ -43,6 +45,7 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.nn.weights import load_model
 from yolo11_lightning.onnx_runner import OnnxDetector, is_onnx_file
+from yolo11_lightning.ops.masks import encode_rle
 from yolo11_lightning.predict_data import (
     VIDEO_EXTENSIONS,
     PredictionSource,
@@ -52,7 +55,7 @@ from yolo11_lightning.predict_data import (
     list_sources,
 )
 from yolo11_lightning.training.module import YOLO11Module
-from yolo11_lightning.visualize import draw_boxes, save_rgb
+from yolo11_lightning.visualize import draw_boxes, draw_masks, save_rgb
 
 RESULTS_JSON = "predictions.json"
 RESULTS_JSONL = "predictions.jsonl"
@@ -175,8 +178,10 @@ class PredictionWriter(BasePredictionWriter):
         """Record that input ``path`` failed (the first reason is kept)."""
         self.failures.setdefault(path, reason)
 
-    def _draw(self, original: np.ndarray, det: np.ndarray) -> np.ndarray:
+    def _draw(self, original: np.ndarray, det: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
         thickness = max(1, round(sum(original.shape[:2]) / 600))
+        if masks is not None and len(masks):
+            original = draw_masks(original, masks, det[:, 5])
         return draw_boxes(original, det[:, :4], det[:, 5], det[:, 4], self.names, thickness=thickness)
 
     def _write_video_frame(self, path: str, fps: float, frame: np.ndarray) -> None:
@@ -212,6 +217,9 @@ class PredictionWriter(BasePredictionWriter):
             self.fail(path, reason)
         lines = []
         for i, det in enumerate(prediction):
+            masks = None
+            if isinstance(det, dict):  # segmentation: {"detections": (n, 6), "masks": (n, h0, w0) bool}
+                det, masks = det["detections"], det["masks"].detach().cpu().numpy()
             det = det.detach().float().cpu().numpy()
             path, frame = batch["paths"][i], batch["frames"][i]
             image_id = self.image_id(path, frame)
@@ -220,7 +228,7 @@ class PredictionWriter(BasePredictionWriter):
                 self.num_images += 1
             else:
                 self.num_frames += 1
-            for x1, y1, x2, y2, score, cls in det.tolist():
+            for k, (x1, y1, x2, y2, score, cls) in enumerate(det.tolist()):
                 row = {
                     "image_id": image_id,
                     "category_id": int(cls),
@@ -232,11 +240,13 @@ class PredictionWriter(BasePredictionWriter):
                     row["category_name"] = self.names[int(cls)]
                 if frame >= 0:
                     row["frame"] = frame
+                if masks is not None:
+                    row["segmentation"] = encode_rle(masks[k])
                 self.results.append(row)
                 lines.append(json.dumps(row))
             original = batch["originals"][i]
             if self.save_media and original is not None:
-                self._save(path, frame, batch["fps"][i], self._draw(original, det))
+                self._save(path, frame, batch["fps"][i], self._draw(original, det, masks))
         if self._jsonl is not None and lines:
             self._jsonl.write("\n".join(lines) + "\n")
             self._jsonl.flush()
@@ -275,18 +285,19 @@ def _trainer_device(device: str) -> tuple[str, Any]:
 
 
 def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
-    """A ``YOLO11Module`` around a detector or any model file (``nn.weights.load_model``; an ``.onnx`` file
-    runs through ``onnx_runner.OnnxDetector``), with the given post-processing."""
+    """A ``YOLO11Module`` around a detector or segmenter, or any model file (``nn.weights.load_model``; an
+    ``.onnx`` file runs through ``onnx_runner.OnnxDetector``), with the given post-processing; the module's
+    task is the model's."""
     if isinstance(model, YOLO11):  # the caller's model (e.g. in a notebook): used in its own memory layout
         nhwc = model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
     elif is_onnx_file(model):  # an exported file, run by onnxruntime
-        model, nhwc = OnnxDetector(model), False
+        model, nhwc = OnnxDetector(model, task=None), False
     else:
-        model, nhwc = load_model(model).to(memory_format=torch.channels_last), True
+        model, nhwc = load_model(model, task=None).to(memory_format=torch.channels_last), True
     module = YOLO11Module(
         scale=model.scale, num_classes=model.num_classes, class_names=model.names,
         conf_threshold=conf, iou_threshold=iou, max_detections=max_det, ema=False, log_images=0,
-        channels_last=nhwc,
+        channels_last=nhwc, task=getattr(model, "task", "detect"),
     )  # fmt: skip
     module.model = model
     return module.eval()

@@ -1,4 +1,4 @@
-"""Drawing boxes on images (OpenCV) for previews, validation images and predictions."""
+"""Drawing boxes and masks on images (OpenCV) for previews, validation images and predictions."""
 
 from __future__ import annotations
 
@@ -42,6 +42,23 @@ def draw_boxes(
         cv2.putText(
             out, label, (x1, max(y1 - 2, 8)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, box_color, 1, cv2.LINE_AA
         )
+    return out
+
+
+def draw_masks(image: np.ndarray, masks: np.ndarray, classes: np.ndarray, alpha: float = 0.4) -> np.ndarray:
+    """A copy of ``image`` ((H, W, 3) uint8 RGB) with binary ``masks`` (n, h, w) blended in their class colours.
+
+    Masks of another size than the image (e.g. 1/4-resolution validation masks) are resized nearest-neighbour;
+    later masks are drawn over earlier ones.
+    """
+    out = np.ascontiguousarray(image.copy())
+    masks = np.asarray(masks).astype(bool).reshape(-1, *np.asarray(masks).shape[-2:])
+    height, width = out.shape[:2]
+    for mask, cls in zip(masks, np.asarray(classes).reshape(-1)):
+        if mask.shape != (height, width):
+            mask = cv2.resize(mask.astype(np.uint8), (width, height), interpolation=cv2.INTER_NEAREST) > 0
+        color = np.array(class_color(int(cls)), dtype=np.float32)
+        out[mask] = (out[mask] * (1 - alpha) + color * alpha).round().astype(np.uint8)
     return out
 
 

@@ -74,7 +74,9 @@ def overlap_mask(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Outlines in image pixels -> (index map (height // ratio, width // ratio), order (N,)) (module doc)."""
     masks = instance_masks(polygons, height, width, ratio)
-    areas = masks.reshape(len(masks), -1).sum(1, dtype=np.int64)
+    areas = masks.reshape(len(masks), masks.shape[1] * masks.shape[2]).sum(
+        1, dtype=np.int64
+    )  # 0 polygons too
     order = np.argsort(-areas, kind="stable").astype(np.int64)
     index_map = np.zeros(masks.shape[1:], np.uint8 if len(polygons) <= 255 else np.int32)
     for rank, i in enumerate(order, 1):

@@ -13,13 +13,16 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torchvision.ops import box_convert
 
-from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
+from yolo11_lightning.visualize import draw_boxes, draw_masks, image_grid, save_rgb
 
 log = logging.getLogger(__name__)
 
 
 class ValidationImages(Callback):
     """Each validation epoch, draw predictions (coloured) and ground truth (white) on the first images.
+
+    Segmentation outputs (a ``masks`` entry, per image (n, h, w) bool) are drawn as a light colour overlay
+    under the predicted boxes.
 
     Rank 0 only. The picture is saved as ``<log_dir>/val_images/epoch_XXX.png`` and sent to the logger when it
     takes images (TensorBoard ``add_image``, W&B ``log_image``).
@@ -76,7 +79,11 @@ class ValidationImages(Callback):
             )
             image = draw_boxes(image, gt_boxes.numpy(), gt[:, 1].numpy(), color=(255, 255, 255))
             det = outputs["detections"][i].detach().float().cpu()
-            det = det[det[:, 4] >= self.min_score]
+            keep = det[:, 4] >= self.min_score
+            det = det[keep]
+            if outputs.get("masks") is not None:
+                masks = outputs["masks"][i].detach().cpu()[keep]
+                image = draw_masks(image, masks.numpy(), det[:, 5].numpy())
             drawn.append(draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names))
         grid = image_grid(drawn)
         out_dir = self.out_dir or Path(trainer.default_root_dir) / "val_images"

@@ -96,8 +96,9 @@ class DetectionMAP(Metric):
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         # A rank that saw no batch must still send a correctly shaped (0, width) tensor to the gather.
         for name, width in self._widths.items():
-            if not getattr(self, name):
-                setattr(self, name, [torch.zeros(0, width, dtype=torch.float64, device=self.device)])
+            if not getattr(self, name):  # width 0: a 1-D int64 state (segmentation's mask runs)
+                shape, dtype = ((0, width), torch.float64) if width else ((0,), torch.int64)
+                setattr(self, name, [torch.zeros(shape, dtype=dtype, device=self.device)])
         super()._sync_dist(dist_sync_fn, process_group)
 
     @staticmethod

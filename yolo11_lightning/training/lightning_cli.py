@@ -103,7 +103,33 @@ class YOLOLightningCLI(LightningCLI):
     def predict(self, **kwargs: Any) -> Any:
         return self._run_guarded("predict", **kwargs)
 
+    def check_task(self) -> None:
+        """Refuse a model and data of different tasks (``--model.task segment`` with detection data, ...).
+
+        Every rank runs it before anything starts, on the same config: they all raise alike. Data modules
+        without a ``task`` (attribute or hyper-parameter) are not checked.
+        """
+        data = self.datamodule
+        data_task = getattr(data, "task", None) or dict(getattr(data, "hparams", None) or {}).get("task")
+        model_task = dict(getattr(self.model, "hparams", None) or {}).get("task", "detect")
+        if data_task is not None and data_task != model_task:
+            raise ValueError(
+                f"model.task={model_task!r} but data.task={data_task!r}: the model and the data must be of the "
+                f"same task; pass --model.task {data_task} (or --data.task {model_task}), e.g. with "
+                "configs/model/yolo11n-seg.yaml for segmentation"
+            )
+
+    def before_validate(self) -> None:
+        self.check_task()
+
+    def before_test(self) -> None:
+        self.check_task()
+
+    def before_predict(self) -> None:
+        self.check_task()
+
     def before_fit(self) -> None:
+        self.check_task()
         world = self.trainer.num_nodes * self.trainer.num_devices
         batch = getattr(self.datamodule, "batch_size", None)
         if batch is not None and batch % world:

@@ -1,4 +1,4 @@
-"""YOLO11Module: the detector, its loss and the reference optimisation recipe as a LightningModule."""
+"""YOLO11Module: the detector (or segmenter), its loss and the reference optimisation recipe as a LightningModule."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from torch import Tensor
 
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
-from yolo11_lightning.loss import DetectionLoss
 from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.onnx_runner import OnnxDetector, is_onnx_file, refuse_training
-from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
 from yolo11_lightning.training.callbacks import UnreadableImages, ValidationImages
 from yolo11_lightning.training.ema import ModelEMA
@@ -33,18 +31,23 @@ from yolo11_lightning.training.optim import (
     nominal_accumulation,
 )
 from yolo11_lightning.training.recipe import ReferenceRecipe, global_batch_size
+from yolo11_lightning.training.tasks import get_task
 from yolo11_lightning.training.weights import load_pretrained
 
 log = logging.getLogger(__name__)
 
 
 class YOLO11Module(L.LightningModule):
-    """Train, validate and predict with a YOLO11 detector.
+    """Train, validate and predict with a YOLO11 detector or instance segmenter.
 
     Batches follow the DataModule contract (``images`` uint8 (B, 3, H, W), ``targets`` (N, 6), per-image
     letterbox metadata). Images become float on the device. The loss is scaled so that gradients equal the
     reference trainer's for the same *global* batch whatever the number of devices: the loss normaliser is
     summed over ranks, and the scale undoes DDP's gradient averaging and Lightning's accumulation division.
+
+    The task (``training.tasks``) decides the head, the loss, the metric and what predict returns: ``detect``
+    (box mAP; (n, 6) detections) or ``segment`` (YOLO11-seg: ``SegmentationBatch`` input, box and mask mAP,
+    detections with masks).
 
     Args:
         scale: YOLO11 scale, one of n, s, m, l, x.
@@ -78,6 +81,8 @@ class YOLO11Module(L.LightningModule):
         compile, keep_host_memory: deprecated, machine settings now (``training.machine.MachineSettings``,
             ``--machine.compile`` / ``--machine.keep_host_memory``), not saved in checkpoints. When given with a
             value other than the default, they override the run's ``MachineSettings``, with a warning.
+        task: ``detect`` or ``segment`` (``configs/model/yolo11*-seg.yaml``); must match the data's task (the
+            CLI checks it). Checkpoints keep it in their hyper-parameters.
     """
 
     def __init__(
@@ -116,6 +121,7 @@ class YOLO11Module(L.LightningModule):
         compile: bool | None = None,
         keep_host_memory: bool | None = None,
         reference_style_map: bool = False,
+        task: str = "detect",
     ) -> None:
         super().__init__()
         # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
@@ -141,23 +147,24 @@ class YOLO11Module(L.LightningModule):
             )
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
-        self.model = YOLO11(scale=scale, num_classes=num_classes)
+        self.task = get_task(task)
+        self.model = YOLO11(scale=scale, num_classes=num_classes, task=task)
         self.model.names = list(class_names) if class_names is not None else None
         if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
-            self.model = OnnxDetector(weights, num_classes)
+            self.model = OnnxDetector(weights, num_classes, task=task)
         elif weights:
             load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
             self.model.to(memory_format=torch.channels_last)
-        self.criterion = DetectionLoss(num_classes, strides=self.model.strides, box=box, cls=cls, dfl=dfl)
+        self.criterion = self.task.build_loss(num_classes, self.model.strides, box, cls, dfl)
         self.recipe = OptimizerRecipe(
             name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
             warmup_epochs=warmup_epochs, warmup_momentum=warmup_momentum, warmup_bias_lr=warmup_bias_lr,
             cos_lr=cos_lr, lr_scaling=lr_scaling, lr_reference_batch=lr_reference_batch,
             nominal_batch=nominal_batch,
         )  # fmt: skip
-        self.val_map = DetectionMAP(class_names, reference_style=reference_style_map)
-        self.test_map = DetectionMAP(class_names, reference_style=reference_style_map)
+        self.val_map = self.task.make_metric(class_names, reference_style=reference_style_map)
+        self.test_map = self.task.make_metric(class_names, reference_style=reference_style_map)
         self.resolved_recipe: OptimizerRecipe | None = None  # set at fit start, or restored from a checkpoint
         # Warmup, accumulation ramp and loss scale: the reference's loop, driven from a callback (recipe.py).
         self.loop_recipe = ReferenceRecipe()
@@ -295,13 +302,13 @@ class YOLO11Module(L.LightningModule):
 
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
-        loss, items = self.criterion(self.model(images), batch["targets"])
+        loss, items = self.task.loss(self.criterion, self.model(images), batch)
         world = self.trainer.world_size
         if world > 1:  # each rank holds its share of the global loss: one all-reduce gives the total
             items = self.trainer.strategy.reduce(items.clone(), reduce_op="sum")
         # A NaN/inf on any rank is now in every rank's `items`: all ranks will skip the step alike.
         self.step_guard.observe(items)
-        for name, value in zip(("box", "cls", "dfl"), items):
+        for name, value in zip(self.task.loss_items, items):
             self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
         # The reference's gradient for the global batch (the normaliser is already global): recipe.py.
         return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0])
@@ -353,9 +360,7 @@ class YOLO11Module(L.LightningModule):
         )
 
     def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
-        detections = self._detect(batch["images"])
-        metric.update(detections, batch)
-        return {"detections": detections}  # ValidationImages draws these
+        return self.task.evaluate(self, batch, metric)  # {"detections": ...}: ValidationImages draws these
 
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.val_map)
@@ -373,11 +378,15 @@ class YOLO11Module(L.LightningModule):
         # compute() gathers every rank's detections, so each rank logs the same global value.
         for name, value in metric.compute().items():
             # Already global: the "sync" is a mean of equal values, which keeps every rank's logger in step.
-            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50"), sync_dist=True)
+            self.log(
+                f"{prefix}/{name}",
+                value,
+                prog_bar=name in ("mAP50-95", "mAP50", "mask_mAP50-95"),
+                sync_dist=True,
+            )
         metric.reset()
 
-    def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Tensor]:
-        """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
-        return detections_to_original(
-            self._detect(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
-        )
+    def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Any]:
+        """Per image, in original image pixels: detection, an (n, 6) tensor ``[x1, y1, x2, y2, score, class]``;
+        segmentation, ``{"detections": (n, 6), "masks": (n, h0, w0) bool}`` (``tasks.SegmentTask.predict``)."""
+        return self.task.predict(self, batch)

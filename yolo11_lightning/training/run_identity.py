@@ -38,9 +38,10 @@ def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], 
     """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys.
 
     ``close_mosaic`` counts as a data setting wherever it was given: checkpoints written before it moved to the
-    DataModule hold it as ``model.close_mosaic``.
+    DataModule hold it as ``model.close_mosaic``. A checkpoint without ``model.task`` is a detection one.
     """
     model_hparams, data_hparams = dict(model_hparams), dict(data_hparams)
+    model_hparams.setdefault("task", "detect")  # checkpoints from before tasks are detection ones
     moved = model_hparams.pop("close_mosaic", None)
     if moved is not None:
         data_hparams["close_mosaic"] = moved
