@@ -232,19 +232,20 @@ def test_results_written_so_far_survive_a_crash_and_a_failing_writer(
     tiny_dataset: Path, weights: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import yolo11_lightning.predict as predict_module
+    import yolo11_lightning.prediction_writer as writer_module  # where the annotated copies are saved
     from yolo11_lightning.training.module import YOLO11Module
 
     source = tmp_path / "in"
     source.mkdir()
     paths = [Path(shutil.copy(p, source)) for p in _images(tiny_dataset, 4)]
-    real_save = predict_module.save_rgb
+    real_save = writer_module.save_rgb
 
     def full_disk_for_the_second(path: str, image) -> None:
         if Path(path).name == paths[1].name:
             raise OSError(28, "No space left on device", path)
         real_save(path, image)
 
-    monkeypatch.setattr(predict_module, "save_rgb", full_disk_for_the_second)
+    monkeypatch.setattr(writer_module, "save_rgb", full_disk_for_the_second)
     out = tmp_path / "out"
     with pytest.warns(SkippedSourceWarning, match=rf"{paths[1].name}: cannot write the annotated copy"):
         code = _run("--ckpt_path", str(weights), "--source", str(source), "--out", str(out), "--conf", CONF)
@@ -253,7 +254,7 @@ def test_results_written_so_far_survive_a_crash_and_a_failing_writer(
     assert {r["file_name"] for r in results} == {p.name for p in paths}  # the json lost nothing
     assert not (out / paths[1].name).exists() and (out / paths[2].name).exists()
 
-    monkeypatch.setattr(predict_module, "save_rgb", real_save)
+    monkeypatch.setattr(writer_module, "save_rgb", real_save)
     real_step = YOLO11Module.predict_step
 
     def crash_at_the_third_batch(self, batch, batch_idx):
