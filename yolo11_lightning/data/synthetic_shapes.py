@@ -7,6 +7,7 @@ One image of a split from (parameters, split, index) only (``_sample`` for the d
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import cv2
@@ -76,15 +77,17 @@ def _class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
 
 
-def _sample(params: _Params, split_index: int, index: int):
-    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
-    rng = np.random.default_rng([params.seed, split_index, index])
-    h, w = params.height, params.width
-    img = _background(rng, h, w)
-    n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
-    classes, boxes, taken = [], [], []
-    for _ in range(n_target * 20):  # rejection sampling of non-overlapping places
-        if len(boxes) == n_target:
+def _free_places(
+    rng: np.random.Generator, n_target: int, h: int, w: int, num_classes: int
+) -> Iterator[tuple[int, tuple[int, int, int, int]]]:
+    """Up to ``n_target`` non-overlapping boxes (x1, y1, x2, y2) in an (h, w) image, by rejection sampling.
+
+    Yields (class, box) one at a time; the caller draws that object's shape from the same ``rng`` before
+    the next place is drawn, so the random stream is that of one interleaved loop.
+    """
+    taken: list[tuple[int, int, int, int]] = []
+    for _ in range(n_target * 20):
+        if len(taken) == n_target:
             break
         side = rng.uniform(0.15, 0.45) * min(h, w)
         aspect = rng.uniform(0.7, 1.4)
@@ -95,8 +98,18 @@ def _sample(params: _Params, split_index: int, index: int):
         if any(x1 < b[2] + 2 and b[0] < x1 + bw + 2 and y1 < b[3] + 2 and b[1] < y1 + bh + 2 for b in taken):
             continue
         taken.append((x1, y1, x1 + bw, y1 + bh))
-        cls = int(rng.integers(params.num_classes))
-        mask = _shape_mask(SYNTHETIC_CLASS_NAMES[cls], taken[-1], (h, w), rng)
+        yield int(rng.integers(num_classes)), taken[-1]
+
+
+def _sample(params: _Params, split_index: int, index: int):
+    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
+    rng = np.random.default_rng([params.seed, split_index, index])
+    h, w = params.height, params.width
+    img = _background(rng, h, w)
+    n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
+    classes, boxes = [], []
+    for cls, place in _free_places(rng, n_target, h, w, params.num_classes):
+        mask = _shape_mask(SYNTHETIC_CLASS_NAMES[cls], place, (h, w), rng)
         ys, xs = np.nonzero(mask)
         img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
@@ -184,22 +197,10 @@ def _segment_sample(params: _Params, split_index: int, index: int):
     h, w = params.height, params.width
     img = _background(rng, h, w)
     n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
-    classes, outlines, taken = [], [], []
-    for _ in range(n_target * 20):
-        if len(outlines) == n_target:
-            break
-        side = rng.uniform(0.15, 0.45) * min(h, w)
-        aspect = rng.uniform(0.7, 1.4)
-        bw, bh = max(4, round(side * aspect)), max(4, round(side / aspect))
-        if bw > w - 2 or bh > h - 2:
-            continue
-        x1, y1 = int(rng.integers(1, w - bw)), int(rng.integers(1, h - bh))
-        if any(x1 < b[2] + 2 and b[0] < x1 + bw + 2 and y1 < b[3] + 2 and b[1] < y1 + bh + 2 for b in taken):
-            continue
-        taken.append((x1, y1, x1 + bw, y1 + bh))
-        cls = int(rng.integers(params.num_classes))
+    classes, outlines = [], []
+    for cls, place in _free_places(rng, n_target, h, w, params.num_classes):
         unit = _unit_outline(SYNTHETIC_CLASS_NAMES[cls], rng)
-        outline = _place_outline(unit, taken[-1], math.radians(rng.uniform(-30, 30)))
+        outline = _place_outline(unit, place, math.radians(rng.uniform(-30, 30)))
         ys, xs = np.nonzero(_paint_outline(outline, (h, w)))
         img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
