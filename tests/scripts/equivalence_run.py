@@ -86,6 +86,39 @@ class NoisyOracle(YOLO11Module):
         self.val_map.update(detections, batch)
 
 
+class NoisySegmenter(YOLO11Module):
+    """``NoisyOracle`` for the segment task: jittered ground-truth boxes and false positives, each with a
+    mask (part of the instance's own mask, or a random blob for a false positive), seeded by
+    dataset index, so that the box and the mask mAP both depend on every image."""
+
+    def validation_step(self, batch, batch_idx):
+        from yolo11_lightning.ops.masks import image_target_masks
+
+        h, w = batch["images"].shape[-2:]
+        detections, masks, truths = [], [], []
+        for i, index in enumerate(batch["indices"].tolist()):
+            g = torch.Generator().manual_seed(5000 + index)
+            t = batch["targets"][batch["targets"][:, 0] == i]
+            truth = image_target_masks(batch["masks"], batch["mask_overlap"], batch["targets"], i)
+            cx, cy, bw, bh = (t[:, 2] * w, t[:, 3] * h, t[:, 4] * w, t[:, 5] * h)
+            boxes = torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2), 1)
+            boxes = boxes + torch.randn(boxes.shape, generator=g) * 2.0
+            fakes = torch.rand(2, 4, generator=g) * w
+            fakes[:, 2:] = fakes[:, :2] + 10
+            # Each instance keeps a random 40-100% of its pixels: mask IoUs spread over the COCO thresholds.
+            share = 0.4 + 0.6 * torch.rand(len(truth), 1, 1, generator=g)
+            flipped = truth & (torch.rand(truth.shape, generator=g) < share)
+            blobs = torch.rand((2, *truth.shape[-2:]), generator=g) < 0.3
+            scores = torch.rand(len(boxes) + 2, generator=g)
+            classes = torch.cat(
+                (t[:, 1], torch.randint(0, self.hparams.num_classes, (2,), generator=g).float())
+            )
+            detections.append(torch.cat((torch.cat((boxes, fakes)), scores[:, None], classes[:, None]), 1))
+            masks.append(torch.cat((flipped, blobs)))
+            truths.append(truth)
+        self.val_map.update(detections, batch, masks, truths)
+
+
 def main() -> None:
     dataset, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     L.seed_everything(0, workers=True)
@@ -133,6 +166,13 @@ def main() -> None:
         else:
             gathered = [oracle.shapes]
         result["rect_shapes"] = {k: v for shard in gathered for k, v in shard.items()}
+    if len(sys.argv) > 5:  # the segment task: box and mask mAP over unpadded shards of an odd count
+        seg_data = YOLODataModule(
+            dataset=sys.argv[5], batch_size=4, image_size=64, num_workers=0, task="segment"
+        )
+        segmenter = NoisySegmenter(**{**options, "task": "segment", "num_classes": seg_data.num_classes,
+                                      "class_names": seg_data.class_names})  # fmt: skip
+        result["seg_metrics"] = L.Trainer(**trainer_args).validate(segmenter, seg_data, verbose=False)[0]
     if trainer.is_global_zero:
         torch.save(result, out)
 
