@@ -122,6 +122,19 @@ def _write_split(
         (out / f"{split}.json").write_text(json.dumps(coco))
 
 
+def already_written(
+    out: Path, marker: Path, yaml_path: Path, expected: dict, counts: tuple[int, int]
+) -> bool:
+    """Whether ``out`` holds a finished set of these parameters: the marker (written last) equals
+    ``expected``, the yaml exists and ``images/{train,val}`` hold ``counts`` PNGs."""
+    try:
+        same = json.loads(marker.read_text()) == expected and yaml_path.is_file()
+    except (OSError, ValueError):
+        return False
+    found = tuple(len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS)
+    return same and found == tuple(counts)
+
+
 def make_synthetic_dataset(
     out_dir: str | Path,
     num_train: int = 64,
@@ -155,13 +168,8 @@ def make_synthetic_dataset(
     out = Path(out_dir)
     marker = out / _MARKER
     yaml_path = out / SYNTHETIC_YAML
-    try:
-        same = json.loads(marker.read_text()) == params.marker() and yaml_path.is_file()
-        counts = [len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS]
-        if same and counts == [num_train, num_val]:
-            return yaml_path
-    except (OSError, ValueError):
-        pass
+    if already_written(out, marker, yaml_path, params.marker(), (num_train, num_val)):
+        return yaml_path
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     category_ids = [2 * k + 1 for k in range(num_classes)]

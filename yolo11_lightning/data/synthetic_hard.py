@@ -29,6 +29,8 @@ import cv2
 import numpy as np
 import yaml
 
+from yolo11_lightning.data.synthetic import already_written
+
 HARD_CLASS_NAMES = ("circle", "ring", "square", "cross", "triangle")
 _MARKER = "synthetic_hard.json"
 _SPLITS = ("train", "val")
@@ -192,13 +194,8 @@ def make_hard_synthetic_dataset(
     params = _Params(num_train, num_val, height, width, seed, min_objects, max_objects)
     out = Path(out_dir)
     marker, yaml_path = out / _MARKER, out / "data.yaml"
-    try:
-        same = json.loads(marker.read_text()) == asdict(params) and yaml_path.is_file()
-        counts = [len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS]
-        if same and counts == [num_train, num_val]:
-            return yaml_path
-    except (OSError, ValueError):
-        pass
+    if already_written(out, marker, yaml_path, asdict(params), (num_train, num_val)):
+        return yaml_path
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
