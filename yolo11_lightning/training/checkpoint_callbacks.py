@@ -35,7 +35,13 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
-from yolo11_lightning.training.preemption import StopRequest, TrainingPreempted, agree, requeue_slurm_job
+from yolo11_lightning.training.preemption import (
+    StopRequest,
+    TrainingPreempted,
+    agree,
+    requeue_slurm_job,
+    stop_watching_launched_ranks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +190,7 @@ class LastCheckpoint(ModelCheckpoint):
             self._stop(trainer, self._stop_at_epoch_end)
 
     def _stop(self, trainer: L.Trainer, signum: int) -> None:
+        stop_watching_launched_ranks()  # every rank now leaves with 128 + signal, some sooner than others
         for logger in trainer.loggers:
             logger.save()
         path = self.best_model_path or None

@@ -118,3 +118,19 @@ def requeue_slurm_job() -> None:
         log.warning("`scontrol requeue %s` failed (%d): %s", job_id, result.returncode, result.stderr.strip())
     else:
         log.info("requeued SLURM job %s", job_id)
+
+
+def stop_watching_launched_ranks() -> None:
+    """Keep Lightning's child-process observer from SIGKILLing this process when a rank leaves first.
+
+    With ``devices > 1`` and no torchrun, the launching process runs a thread that, as soon as one of the
+    ranks it started exits with a non-zero code, kills them all and itself. A preempted run exits with 143 on
+    every rank on purpose, and a rank that has less to do at the end (rank 0 writes the files) can leave a
+    moment earlier. Called once the ranks agreed to stop: the observer then watches nothing, and the CLI's
+    ``end_launched_ranks`` (with its grace period) ends any rank that does not leave on its own.
+    """
+    from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
+
+    for thread in threading.enumerate():
+        if isinstance(thread, _ChildProcessObserver):
+            thread._child_processes = []  # a new list: the launcher's own `procs` stays as it is
