@@ -21,7 +21,10 @@ _MASK_STATES = {"det_counts": 0, "truth_counts": 0, "det_runs": 0, "truth_runs":
 def mask_runs(masks: Tensor) -> list[np.ndarray]:
     """(n, h, w) bool -> per mask its column-major run lengths, starting with a (possibly empty) run of zeros
     (COCO's uncompressed RLE): a few hundred integers instead of h·w pixels."""
-    flat = masks.detach().transpose(1, 2).reshape(len(masks), -1).cpu().numpy().astype(bool)
+    n, h, w = masks.shape
+    flat = (
+        masks.detach().transpose(1, 2).reshape(n, h * w).cpu().numpy().astype(bool)
+    )  # n = 0: an empty image
     out = []
     for m in flat:
         changes = np.flatnonzero(m[1:] != m[:-1]) + 1
@@ -86,7 +89,9 @@ class SegmentationMAP(DetectionMAP):
             )
 
     def compute(self) -> dict[str, Tensor]:
-        """``DetectionMAP``'s keys plus ``mask_mAP50-95``, ``mask_mAP50``, ``mask_mAP75``, ``mask_AP/<class>``."""
+        """``DetectionMAP``'s keys plus ``mask_mAP50-95``, ``mask_mAP50``, ``mask_mAP75``, ``mask_AP/<class>``, and
+        ``fitness``: the reference's model-selection score, ``fitness(box) + fitness(mask)`` with
+        ``fitness = 0.1 * mAP50 + 0.9 * mAP50-95`` (what ``best.ckpt`` follows for this task)."""
         out = super().compute()
         cat = {name: torch.cat(getattr(self, name)) if isinstance(getattr(self, name), list) else getattr(self, name)
                for name in self._widths}  # fmt: skip
@@ -123,6 +128,7 @@ class SegmentationMAP(DetectionMAP):
             for cls, ap in zip(classes.reshape(-1).tolist(), per_class.reshape(-1)):
                 name = self.class_names[cls] if self.class_names and cls < len(self.class_names) else str(cls)
                 out[f"mask_AP/{name}"] = ap
+        out["fitness"] = sum(0.1 * out[f"{p}mAP50"] + 0.9 * out[f"{p}mAP50-95"] for p in ("", "mask_"))
         return out
 
     @staticmethod
