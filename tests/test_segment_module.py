@@ -200,6 +200,23 @@ def test_validation_logs_mask_map_one_for_perfect_masks_and_draws_them(tmp_path:
     assert drawn is not None and drawn.shape == (SIZE, 2 * SIZE, 3)
 
 
+def test_background_images_in_a_validation_batch_score_like_the_others(tmp_path: Path) -> None:
+    """An image without instances (no truths, hence no detections from the perfect segmenter) beside normal
+    ones: validation runs and the mAPs stay 1 (it used to fail reshaping its (0, h, w) masks)."""
+    background = _sample(1, overlap=True)
+    background.update(labels=torch.zeros(0, 5), masks=torch.zeros(SIZE // 4, SIZE // 4, dtype=torch.uint8))
+    samples = [_sample(0, overlap=True), background, _sample(2, overlap=True)]
+    batches = DataLoader(samples, batch_size=3, collate_fn=collate_segmentation)
+    module = PerfectSegmenter(
+        task="segment", num_classes=NUM_CLASSES, ema=False, log_images=0, channels_last=False
+    )
+    module.model = FakeSegmenter()
+    metrics = trainer(tmp_path).validate(module, batches, verbose=False)[0]
+    for name in ("mAP50-95", "mask_mAP50-95"):
+        assert metrics[f"val/{name}"] == pytest.approx(1.0), (name, metrics)
+    assert metrics["val/fitness"] == pytest.approx(2.0)  # box + mask, each 0.1 * mAP50 + 0.9 * mAP50-95
+
+
 def test_mask_map_scores_the_masks_not_the_boxes() -> None:
     """Same boxes, masks that miss (the protos' sign flipped, masks outside the instance): box mAP 1, mask mAP 0."""
     module = seg_module(channels_last=False).eval()
@@ -259,6 +276,7 @@ def test_mask_runs_round_trip() -> None:
     masks = torch.rand(5, 7, 9, generator=g) > 0.5
     masks[0] = True
     masks[1] = False
+    assert mask_runs(masks[:0]) == []  # an image without masks
     runs = mask_runs(masks)
     flat = torch.from_numpy(np.concatenate(runs))
     counts = torch.tensor([len(r) for r in runs])

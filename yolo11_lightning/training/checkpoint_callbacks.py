@@ -58,17 +58,28 @@ def _at_epoch_end(trainer: L.Trainer) -> bool:
 
 
 class BestCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` on validation mAP50-95 (``best.ckpt``) whose best score survives any restart.
+    """``ModelCheckpoint`` on the task's validation score (``best.ckpt``) whose best score survives any restart.
+
+    ``monitor=None`` (the default) follows the module's task (``Task.checkpoint_monitor``): ``val/mAP50-95``
+    for detection, ``val/fitness`` (box + mask, the reference's ``best.pt`` rule) for segmentation. It is
+    decided in ``setup``, before Lightning restores callback states, whose key includes the monitor.
 
     Lightning restores ``best_model_score`` only when the resumed run writes to the same folder; otherwise
     the first validation after a restart would become "best" whatever it scored.
     """
 
-    def __init__(
-        self, monitor: str = "val/mAP50-95", mode: str = "max", filename: str = "best", **kwargs: Any
-    ):
+    DEFAULT_MONITOR = "val/mAP50-95"  # a module without a task (a plain LightningModule)
+
+    def __init__(self, monitor: str | None = None, mode: str = "max", filename: str = "best", **kwargs: Any):
         kwargs.setdefault("auto_insert_metric_name", False)
-        super().__init__(monitor=monitor, mode=mode, filename=filename, **kwargs)
+        self._follow_task = monitor is None
+        super().__init__(monitor=monitor or self.DEFAULT_MONITOR, mode=mode, filename=filename, **kwargs)
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._follow_task:
+            task = getattr(pl_module, "task", None)
+            self.monitor = getattr(task, "checkpoint_monitor", self.DEFAULT_MONITOR)
+        super().setup(trainer, pl_module, stage)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)

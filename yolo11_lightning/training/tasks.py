@@ -40,6 +40,7 @@ class Task:
     name: ClassVar[str] = "detect"
     loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
     extra: ClassVar[int] = 0  # prediction channels after the class scores (NMS carries them along)
+    checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
 
     def build_loss(self, num_classes: int, strides: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
         return DetectionLoss(num_classes, strides=strides, box=box, cls=cls, dfl=dfl)
@@ -86,6 +87,7 @@ class SegmentTask(Task):
     name: ClassVar[str] = "segment"
     loss_items: ClassVar[tuple[str, ...]] = ("box", "seg", "cls", "dfl")
     extra: ClassVar[int] = NUM_MASKS
+    checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + mask, as the reference's best.pt
 
     def build_loss(self, num_classes: int, strides: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
         return SegmentationLoss(num_classes, strides=strides, box=box, cls=cls, dfl=dfl)
