@@ -202,15 +202,56 @@ def test_dynamic_seg_export_takes_other_sizes(seg_export: SimpleNamespace) -> No
     assert preds.shape == (1, 39, 12 * 24 + 6 * 12 + 3 * 6) and protos.shape == (1, 32, 24, 48)
 
 
-def test_seg_weights_export_and_check_data_refusal(
+def _predicted_seg_dataset(seg_export: SimpleNamespace, root: Path) -> Path:
+    """A YOLO-seg dataset of the fixture's images labelled with the PyTorch model's own confident detections,
+    each instance's polygon its box's four corners, so that box mAP is high and mask mAP (the model's masks
+    fill part of their boxes) is not 0 for ``--check-data``."""
+    (root / "images").mkdir(parents=True)
+    (root / "labels").mkdir()
+    with torch.no_grad():
+        preds, _ = seg_export.model(seg_export.batch)
+    rows = non_max_suppression(preds, conf_threshold=0.25, iou_threshold=0.3, multi_label=False, extra=32)
+    for i, (path, det) in enumerate(zip(seg_export.images, rows)):
+        scale, pad = seg_export.letterboxes[i]
+        h, w = seg_export.sizes[i]
+        boxes = letterbox_to_original(
+            det[:8, :4].clone(), scale, torch.tensor(pad, dtype=torch.float32), torch.tensor((h, w))
+        )
+        lines = []
+        for cls, (x1, y1, x2, y2) in zip(det[:8, 5].tolist(), (boxes / torch.tensor([w, h, w, h])).tolist()):
+            lines.append(" ".join([str(int(cls))] + [f"{v:.6f}" for v in (x1, y1, x2, y1, x2, y2, x1, y2)]))
+        (root / "images" / path.name).write_bytes(path.read_bytes())
+        (root / "labels" / f"{path.stem}.txt").write_text("\n".join(lines) + "\n")
+    yaml_path = root / "data.yaml"
+    names = "".join(f"  {k}: {v}\n" for k, v in NAMES.items())
+    yaml_path.write_text(f"path: {root}\ntrain: images\nval: images\nnames:\n{names}")
+    return yaml_path
+
+
+def test_seg_export_check_data_compares_box_and_mask_map(
     seg_export: SimpleNamespace, capsys: pytest.CaptureFixture
 ) -> None:
-    """``--format weights`` keeps the task; ``--check-data`` (box mAP of detectors) refuses a segmenter clearly."""
+    """``--format weights`` keeps the task; ``export --check-data`` on a segmenter validates the checkpoint and
+    the ONNX file on the segmentation val split and compares box and mask mAP."""
     out = seg_export.root / "seg.pth"
     assert main(["--weights", str(seg_export.pt), "--format", "weights", "--out", str(out)]) == 0
     assert "task segment" in capsys.readouterr().out
     assert load_model(out, task=None).task == "segment"
-    code = main(
-        ["--weights", str(out), "--check-data", "synthetic", "--out", str(seg_export.root / "x.onnx")]
-    )
-    assert code == 2 and "holds a segment model" in capsys.readouterr().err
+    data = _predicted_seg_dataset(seg_export, seg_export.root / "predicted")
+    args = ["--weights", str(out), "--check-data", str(data), "--out", str(seg_export.root / "checked.onnx"),
+            "--image-size", str(SIZE), "--batch-size", "2", "--num-workers", "0", "--accelerator", "cpu"]  # fmt: skip
+    assert main(args) == 0, capsys.readouterr()
+    printed = capsys.readouterr().out
+    lines = [line.split() for line in printed.splitlines()]
+    (header,) = [line for line in lines if line[:1] == ["mAP50-95"]]
+    rows = {line[0]: dict(zip(header, map(float, line[1:]))) for line in lines if line[:1] in
+            (["checkpoint"], ["onnx"], ["difference"])}  # fmt: skip
+    assert header == ["mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50"], printed
+    # 0.70 and 0.04 here: the image-driven model's masks are blobs inside its boxes.
+    assert rows["checkpoint"]["mAP50-95"] > 0.3 and rows["checkpoint"]["mask_mAP50-95"] > 0.01, printed
+    assert max(abs(v) for v in rows["difference"].values()) <= 1e-3, printed
+
+    # A disagreement beyond the allowed difference fails, naming the metric.
+    strict = [*args, "--max-map-difference", "-1"]
+    assert main(strict) == 1
+    assert "mAP50-95 differs from the checkpoint's by" in capsys.readouterr().err

@@ -5,6 +5,7 @@ writing the file and prints both mAPs. The checkpoint's detector runs in PyTorch
 Runtime (``onnx_runner.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
 the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
 only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
+A segmentation file is checked the same way with the segmentation data and metric: box and mask mAP.
 Imports Lightning (the export command imports this module only when ``--check-data`` is given).
 """
 
@@ -23,6 +24,9 @@ from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.training.module import YOLO11Module
 
 METRICS = ("mAP50-95", "mAP50")
+TASK_METRICS = {"detect": METRICS, "segment": (*METRICS, "mask_mAP50-95", "mask_mAP50")}
+# What the allowed difference applies to, per task (the mAP50-95 of every output kind).
+CHECKED = {"detect": ("mAP50-95",), "segment": ("mAP50-95", "mask_mAP50-95")}
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,15 @@ class ExportCheck:
     checkpoint: dict[str, float]
     onnx: dict[str, float]
     setting: str  # how images were batched, for the printout
+    task: str = "detect"
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return TASK_METRICS[self.task]
+
+    def worst_difference(self) -> tuple[str, float]:
+        """The checked metric (``CHECKED``) whose |ONNX - checkpoint| is largest, and that difference."""
+        return max(((m, abs(self.difference(m))) for m in CHECKED[self.task]), key=lambda item: item[1])
 
     def difference(self, name: str = "mAP50-95") -> float:
         """ONNX minus checkpoint for metric ``name``."""
@@ -39,10 +52,13 @@ class ExportCheck:
 
     def table(self) -> str:
         """A small plain-text table of both runs and their difference."""
-        rows = [f"{'':<12}" + "".join(f"{m:>10}" for m in METRICS)]
+        width = max(10, *(len(m) + 1 for m in self.metrics))
+        rows = [f"{'':<12}" + "".join(f"{m:>{width}}" for m in self.metrics)]
         for label, values in (("checkpoint", self.checkpoint), ("onnx", self.onnx)):
-            rows.append(f"{label:<12}" + "".join(f"{values[m]:>10.4f}" for m in METRICS))
-        rows.append(f"{'difference':<12}" + "".join(f"{self.difference(m):>+10.4f}" for m in METRICS))
+            rows.append(f"{label:<12}" + "".join(f"{values[m]:>{width}.4f}" for m in self.metrics))
+        rows.append(
+            f"{'difference':<12}" + "".join(f"{self.difference(m):>+{width}.4f}" for m in self.metrics)
+        )
         return "\n".join(rows)
 
 
@@ -52,13 +68,13 @@ def _square_batches() -> dict[str, Any]:
     return {"rect_val": False} if "rect_val" in parameters else {}
 
 
-def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str) -> dict[str, float]:
+def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str, task: str) -> dict[str, float]:
     trainer = L.Trainer(
         accelerator=accelerator, devices=1, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     (results,) = trainer.validate(module, datamodule=data, verbose=False)
-    return {m: float(results[f"val/{m}"]) for m in METRICS}
+    return {m: float(results[f"val/{m}"]) for m in TASK_METRICS[task]}
 
 
 def compare(
@@ -74,7 +90,7 @@ def compare(
     """Validate ``model`` and the file ``onnx_path`` exported from it on ``dataset``'s val split.
 
     Args:
-        model: the detector that was exported (eval mode).
+        model: the detector or segmenter that was exported (eval mode); its ``task`` picks the data and metric.
         onnx_path: the exported file.
         dataset: a dataset yaml (or ``synthetic``).
         image_size: (H, W) the file was exported at. A fixed-shape file needs H == W: validation letterboxes
@@ -90,9 +106,15 @@ def compare(
             f"{onnx_path}: a fixed {height}x{width} export cannot be validated with square letterboxing; export "
             "with one --image-size S, or with --dynamic"
         )
+    task = model.task
     extra = {} if dynamic else _square_batches()
     data = YOLODataModule(
-        dataset, batch_size=batch_size, image_size=max(height, width), num_workers=num_workers, **extra
+        dataset,
+        batch_size=batch_size,
+        image_size=max(height, width),
+        num_workers=num_workers,
+        task=task,
+        **extra,
     )
     if data.num_classes != model.num_classes:
         raise ValueError(
@@ -104,6 +126,7 @@ def compare(
         "class_names": data.class_names,
         "ema": False,
         "log_images": 0,
+        "task": task,
     }
     torch_module = YOLO11Module(scale=model.scale, **common)
     torch_module.model.load_state_dict(model.state_dict())
@@ -113,5 +136,8 @@ def compare(
         f"{max(height, width)} px"
     )
     return ExportCheck(
-        _validate(torch_module, data, accelerator), _validate(onnx_module, data, accelerator), setting
+        _validate(torch_module, data, accelerator, task),
+        _validate(onnx_module, data, accelerator, task),
+        setting,
+        task,
     )
