@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from pathlib import Path
 
 import cv2
@@ -61,3 +62,13 @@ def test_quickstart_notebook_runs_and_shows_predictions(
     finetune_text = "".join(o.get("text", "") for o in _tagged(notebook, "finetune").outputs)
     assert "fine-tuned YOLO11n from" in finetune_text, finetune_text[-2000:]
     assert (workdir / "notebook.ckpt").is_file() and (workdir / "yolo11n_shapes.onnx").is_file()
+
+    # The segmentation section: box and mask mAP printed, masks drawn, RLE in the COCO results.
+    segment = _tagged(notebook, "segment").outputs
+    text = "".join(o.get("text", "") for o in segment)
+    assert "val/mask_mAP50-95" in text and "val/fitness" in text, text[-2000:]
+    pngs = [o["data"]["image/png"] for o in segment if "image/png" in o.get("data", {})]
+    assert len(pngs) == 1, "the segmentation cell shows no image"
+    assert (workdir / "segment").is_dir() and list((workdir / "segment").rglob("best.ckpt"))
+    results = json.loads((workdir / "seg_predictions" / "predictions.json").read_text())
+    assert all("counts" in r["segmentation"] for r in results)

@@ -198,6 +198,11 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         assert (tmp_path / produced).is_file(), f"{produced} was not written"
     predictions = json.loads((tmp_path / "runs/predict/predictions.json").read_text())
     assert isinstance(predictions, list)
+    seg = Path("runs/quickstart-seg/lightning_logs/version_0/checkpoints")
+    for produced in (seg / "best.ckpt", seg / "best.onnx", Path("runs/predict_seg/predictions.json")):
+        assert (tmp_path / produced).is_file(), f"{produced} was not written"
+    seg_predictions = json.loads((tmp_path / "runs/predict_seg/predictions.json").read_text())
+    assert all("counts" in row["segmentation"] for row in seg_predictions)
     assert any(p.suffix == ".png" for p in (tmp_path / "runs/check").iterdir())
 
 
