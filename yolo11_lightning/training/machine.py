@@ -1,17 +1,21 @@
-"""Settings of the machine a run is on, not of the model: ``torch.compile`` and host-memory reuse.
+"""Settings of the machine a run is on, not of the model: ``torch.compile``, host-memory reuse, CPU threads.
 
-They belong to the Trainer side (``--machine.compile``, ``--machine.keep_host_memory`` on the CLI,
+They belong to the Trainer side (``--machine.compile``, ``--machine.keep_host_memory``,
+``--machine.cpu_threads`` on the CLI,
 ``MachineSettings(...)`` in Python), so they are not model hyper-parameters: a checkpoint trained with
 ``compile`` on a GPU node does not carry it to the laptop that validates it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 
+from yolo11_lightning.training.cpu_threads import training_threads, usable_cpus
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
 
 # Defaults of the settings; YOLO11Module's deprecated arguments of the same names override them.
@@ -34,11 +38,25 @@ class MachineSettings(Callback):
         keep_host_memory: when running on a CPU (Linux, glibc), keep freed memory in the process instead of
             returning it to the OS after every step (``training.host_memory``): up to 1.5x faster CPU steps
             at 640 px. Process-wide; the process keeps its peak memory.
+        cpu_threads: torch threads of each process when running on a CPU. ``"auto"``: its share of the usable
+            cores (affinity, container quota) among the local ranks, minus the DataModule's loader workers, at
+            least 1, and only ever lower than torch's current count (``training.cpu_threads``: with the workers
+            on the same cores, torch's default thread count made CPU steps up to 30x slower). An int sets it;
+            None leaves torch's as it is. Restored when the run ends (notebooks keep their setting).
     """
 
-    def __init__(self, compile: bool = False, keep_host_memory: bool = True) -> None:
+    def __init__(
+        self,
+        compile: bool = False,
+        keep_host_memory: bool = True,
+        cpu_threads: int | Literal["auto"] | None = "auto",
+    ) -> None:
+        if not (cpu_threads in (None, "auto") or (isinstance(cpu_threads, int) and cpu_threads >= 1)):
+            raise ValueError(f"machine.cpu_threads must be 'auto', None or an int >= 1, got {cpu_threads!r}")
         self.compile = compile
         self.keep_host_memory = keep_host_memory
+        self.cpu_threads = cpu_threads
+        self._threads_before: int | None = None
 
     def _setting(self, pl_module: L.LightningModule, name: str) -> bool:
         """This callback's value, unless the module was given the deprecated argument of the same name."""
@@ -46,8 +64,11 @@ class MachineSettings(Callback):
         return bool(overrides.get(name, getattr(self, name)))
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if self._setting(pl_module, "keep_host_memory") and trainer.strategy.root_device.type == "cpu":
+        on_cpu = trainer.strategy.root_device.type == "cpu"
+        if self._setting(pl_module, "keep_host_memory") and on_cpu:
             keep_freed_host_memory()
+        if on_cpu and self.cpu_threads is not None:
+            self._set_cpu_threads(trainer)
         if stage != "fit" and self._setting(pl_module, "compile"):  # no EMA copy outside fit
             compile_in_place(pl_module.model)
 
@@ -55,3 +76,24 @@ class MachineSettings(Callback):
         # After every callback's setup, where Lightning's weight averaging deep-copies the module.
         if self._setting(pl_module, "compile"):
             compile_in_place(pl_module.model)
+
+    def _set_cpu_threads(self, trainer: L.Trainer) -> None:
+        workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
+        cpus, current = usable_cpus(), torch.get_num_threads()
+        if self.cpu_threads == "auto":
+            threads = training_threads(cpus, trainer.num_devices, workers)
+            if threads >= current:  # never more than the user, OMP_NUM_THREADS or Lightning's launcher chose
+                return
+        else:
+            threads = int(self.cpu_threads)  # type: ignore[arg-type]
+        self._threads_before = current
+        torch.set_num_threads(threads)
+        rank_zero_info(
+            f"CPU run: {threads} torch thread(s) per process (was {current}) beside {workers} DataLoader worker(s), "
+            f"{trainer.num_devices} process(es) on {cpus} usable core(s); --machine.cpu_threads sets it"
+        )
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self._threads_before is not None:
+            torch.set_num_threads(self._threads_before)
+            self._threads_before = None
