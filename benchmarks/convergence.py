@@ -20,6 +20,11 @@ oracle: its default configuration with only data, epochs, imgsz, batch and worke
 explicit recipe on both sides (SGD, lr0 0.01, momentum 0.937, weight decay 5e-4, 3 warmup epochs, the
 other knobs at their shared defaults). Variant ``globalpool`` (ours only): mosaic partners drawn from the
 whole dataset instead of the sample's global batch (``DetectionDataset(global_batch_size=None)``).
+Variant ``shipped`` (both sides): the loader workers and torch threads each side picks by itself on this
+machine, as a user gets them (ours: ``YOLODataModule``'s default workers, torch's default threads; the
+oracle: its CPU overrides kept, 0 workers and ``cores - 1`` threads), for the whole-run wall time as shipped::
+
+    python benchmarks/convergence.py --variants shipped --horizons 15 --seeds 0 1 --jobs 1 --nice 0
 
 The final EMA weights of BOTH sides are scored by the same evaluator (ours: torchmetrics COCO mAP on the
 val split, a fresh Trainer), so the comparison does not depend on two mAP implementations. The per-epoch
@@ -151,7 +156,9 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     from yolo11_lightning import YOLO11Module, YOLODataModule
     from yolo11_lightning.training.lightning_cli import default_callbacks
 
-    torch.set_num_threads(args.threads)
+    shipped = args.variant == "shipped"
+    if not shipped:
+        torch.set_num_threads(args.threads)
     L.seed_everything(args.seed)
 
     class WholeDatasetPartners(YOLODataModule):
@@ -163,8 +170,8 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
             return dataset
 
     data_cls = WholeDatasetPartners if args.variant == "globalpool" else YOLODataModule
-    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, num_workers=args.workers,
-                    seed=args.seed)  # fmt: skip
+    loader = {} if shipped else {"num_workers": args.workers}  # shipped: the DataModule's default workers
+    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, seed=args.seed, **loader)
     options = SGD_RECIPE if args.setting == "sgd" else {}
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
                           **options)  # fmt: skip
@@ -204,9 +211,10 @@ def worker_hard_oracle(args: argparse.Namespace) -> dict:
     if args.setting == "sgd":
         overrides.update(SGD_RECIPE)
     trainer = DetectionTrainer(overrides=overrides)
-    trainer.args.workers = args.workers  # it forces 0 workers on CPU: same loader workers as ours
-    trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(args.threads))
-    trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(args.threads))
+    if args.variant != "shipped":  # shipped: its CPU overrides stay (0 workers, cores - 1 threads)
+        trainer.args.workers = args.workers  # it forces 0 workers on CPU: same loader workers as ours
+        trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(args.threads))
+        trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(args.threads))
     curve: list[float] = []
     trainer.add_callback(
         "on_fit_epoch_end",
@@ -250,6 +258,8 @@ def run_job(args: argparse.Namespace, yaml: Path, side: str, setting: str, epoch
            "--threads", str(args.threads), "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}  # fmt: skip
+    if variant == "shipped":  # the threads each side picks by itself
+        env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "MKL_NUM_THREADS")}
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=C.REPO
     )
@@ -294,31 +304,42 @@ def report(workdir: str | Path, png: Path | None = None) -> str:
             for r in sorted(runs, key=lambda r: (r["setting"], r["epochs"], r["variant"], r["side"], r["seed"]))]  # fmt: skip
     lines.append(C.format_table(["side", "setting", "variant", "epochs", "seed", "optimizer", "mAP50-95",
                                  "own mAP", "wall min", "CPU min"], rows))  # fmt: skip
-    groups: dict[tuple, dict[str, list[float]]] = {}
-    cpu_min: dict[tuple, dict[str, list[float]]] = {}
+    groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in runs:
-        key = (r["setting"], r["epochs"])
         label = r["side"] if r["variant"] == "base" else f"{r['side']}-{r['variant']}"
-        groups.setdefault(key, {}).setdefault(label, []).append(r["same_evaluator_map"])
-        cpu_min.setdefault(key, {}).setdefault(label, []).append(r["cpu_s"] / 60)
+        groups.setdefault((r["setting"], r["epochs"]), {}).setdefault(label, []).append(r)
     summary = []
     for (setting, epochs), by_side in sorted(groups.items()):
-        oracle = by_side.get("oracle", [])
-        for label, values in sorted(by_side.items()):
-            if label == "oracle":
+        for label, mine in sorted(by_side.items()):
+            if label.startswith("oracle"):
                 continue
-            m = statistics.mean(values)
+            # A variant of both sides (shipped) is compared with the oracle's same variant.
+            variant = label.split("-", 1)[1] if "-" in label else ""
+            theirs = by_side.get(f"oracle-{variant}", by_side.get("oracle", []))
+            values, oracle = (
+                [r["same_evaluator_map"] for r in mine],
+                [r["same_evaluator_map"] for r in theirs],
+            )
+            m, om = statistics.mean(values), statistics.mean(oracle) if oracle else float("nan")
             sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-            om = statistics.mean(oracle) if oracle else float("nan")
             osd = statistics.stdev(oracle) if len(oracle) > 1 else float("nan")
-            cpu = statistics.mean(cpu_min[(setting, epochs)][label])
-            ocpu = statistics.mean(cpu_min[(setting, epochs)].get("oracle", [float("nan")]))
+
+            def per_run(key: str, rows: list[dict]) -> float:
+                return statistics.mean(r[key] / 60 for r in rows) if rows else float("nan")
+
+            cpu, ocpu = per_run("cpu_s", mine), per_run("cpu_s", theirs)
+            wall, owall = per_run("wall_s", mine), per_run("wall_s", theirs)
             summary.append([setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd,
-                            C.ratio(m, om), cpu, ocpu])  # fmt: skip
-    lines += ["", "Mean and spread (sample standard deviation) over seeds, ours / oracle:", ""]
+                            C.ratio(m, om), cpu, ocpu, wall, owall, C.ratio(owall, wall)])  # fmt: skip
+    lines += [
+        "",
+        "Mean and spread (sample standard deviation) over seeds, ours / oracle; lead = oracle / ours wall:",
+        "",
+    ]
     lines.append(C.format_table(["setting", "epochs", "ours", "seeds (ours / oracle)", "ours mean", "ours sd",
                                  "oracle mean", "oracle sd", "ratio", "ours CPU min/run",
-                                 "oracle CPU min/run"], summary))  # fmt: skip
+                                 "oracle CPU min/run", "ours wall min/run", "oracle wall min/run",
+                                 "wall lead"], summary))  # fmt: skip
     cpu = sum(r["cpu_s"] for r in runs) / 3600
     lines += ["", f"CPU time of these {len(runs)} runs: {cpu:.2f} core-hours."]
     if png is not None and runs:
@@ -369,7 +390,7 @@ def main_hard(args: argparse.Namespace) -> None:
         jobs = [(side, setting, epochs, seed, variant)
                 for epochs in args.horizons for setting in args.settings for seed in args.seeds
                 for side in args.sides for variant in args.variants
-                if not (side == "oracle" and variant != "base")]  # fmt: skip
+                if not (side == "oracle" and variant == "globalpool")]  # fmt: skip
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(lambda job: run_job(args, yaml, *job), jobs))
     print(report(args.workdir, png))
@@ -389,7 +410,7 @@ def main() -> None:
     parser.add_argument("--horizons", type=int, nargs="+", default=[15])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sides", nargs="+", default=["oracle", "ours"], choices=("ours", "oracle"))
-    parser.add_argument("--variants", nargs="+", default=["base"], choices=("base", "globalpool"))
+    parser.add_argument("--variants", nargs="+", default=["base"], choices=("base", "globalpool", "shipped"))
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--report", action="store_true", help="only print the table / write the PNG")
