@@ -157,3 +157,38 @@ def assert_same_training_state(expected: dict, actual: dict, rel: float = 1e-5) 
     ):
         worst, name = max_relative_difference(get(expected), get(actual))
         assert worst <= rel, f"{what}: {name} differs by {worst:.3g} of its scale (limit {rel})"
+
+
+CUT = (1, 2)  # runs are cut when epoch 1, batch 2 starts: after optimiser step 3, mid-epoch
+STEP_AT_CUT = 3
+
+
+def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path, *extra: str) -> dict:
+    """2 ranks cut at ``CUT`` (``StopAt``, exit 75), then ``fit --ckpt_path last`` on 1 rank (a new logger
+    version) finishes the run; asserts the resumed start, that the global sample order was trained exactly once,
+    and that the final state is the uninterrupted run's. ``extra``: more CLI arguments for both runs. Returns
+    the resumed run's final checkpoint."""
+    import re
+
+    cut = [
+        "--trainer.callbacks+=fault_callbacks.StopAt",
+        "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
+    ]  # fmt: skip
+    first = run_cli(fit_args(dataset, root, "rec-2", "--ckpt_path", "last", *extra, *ddp(), *cut), cwd=root)
+    assert first.returncode == 75, tail(first)  # StopAt.EXIT_CODE: ended abruptly right after step 3
+
+    second = run_cli(fit_args(dataset, root, "rec-1", "--ckpt_path", "last", *extra), cwd=root)
+    assert second.returncode == 0, tail(second)
+    # Lightning alone would look in the new version_1 folder, find nothing and start over.
+    assert re.search(r"--ckpt_path last: resuming from \S*version_0\S*last\S*\.ckpt", second.stderr), tail(
+        second
+    )
+    (start,) = start_of(records(root / "rec-1"))
+    assert (start["world"], start["global_step"], start["epoch"]) == (1, STEP_AT_CUT, CUT[0])
+
+    before, after = global_batches(records(root / "rec-2")), global_batches(records(root / "rec-1"))
+    assert set(before).isdisjoint(after), "a batch was trained twice"
+    assert flatten({**before, **after}) == expected_order()
+    final = load(final_checkpoint(root))
+    assert_same_training_state(load(final_checkpoint(uninterrupted)), final)
+    return final

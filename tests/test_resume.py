@@ -12,7 +12,6 @@ having seen exactly the global sample order, nothing repeated or skipped.
 
 from __future__ import annotations
 
-import re
 import socket
 import subprocess
 import sys
@@ -20,12 +19,14 @@ from pathlib import Path
 
 from cli_runs import (
     BATCH,
+    CUT,
     EPOCHS,
     IMAGES,
     REPO,
+    STEP_AT_CUT,
     assert_same_training_state,
+    check_resume_two_ranks_to_one,
     cli_env,
-    ddp,
     expected_order,
     final_checkpoint,
     fit_args,
@@ -35,13 +36,9 @@ from cli_runs import (
     max_relative_difference,
     records,
     run,
-    run_cli,
     start_of,
     tail,
 )
-
-CUT = (1, 2)  # runs are cut when epoch 1, batch 2 starts: after optimiser step 3, mid-epoch
-STEP_AT_CUT = 3
 
 
 def free_port() -> int:
@@ -68,28 +65,7 @@ def test_resume_two_ranks_to_one_with_ckpt_path_last(
     tiny_dataset: Path, uninterrupted: Path, tmp_path: Path
 ) -> None:
     """2 ranks cut mid-epoch, then `fit --ckpt_path last` on 1 rank (a new logger version) finishes the run."""
-    cut = [
-        "--trainer.callbacks+=fault_callbacks.StopAt",
-        "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
-    ]  # fmt: skip
-    first = run_cli(
-        fit_args(tiny_dataset, tmp_path, "rec-2", "--ckpt_path", "last", *ddp(), *cut), cwd=tmp_path
-    )
-    assert first.returncode == 75, tail(first)  # StopAt.EXIT_CODE: ended abruptly right after step 3
-
-    second = run_cli(fit_args(tiny_dataset, tmp_path, "rec-1", "--ckpt_path", "last"), cwd=tmp_path)
-    assert second.returncode == 0, tail(second)
-    # Lightning alone would look in the new version_1 folder, find nothing and start over.
-    assert re.search(r"--ckpt_path last: resuming from \S*version_0\S*last\S*\.ckpt", second.stderr), tail(
-        second
-    )
-    (start,) = start_of(records(tmp_path / "rec-1"))
-    assert (start["world"], start["global_step"], start["epoch"]) == (1, STEP_AT_CUT, CUT[0])
-
-    before, after = global_batches(records(tmp_path / "rec-2")), global_batches(records(tmp_path / "rec-1"))
-    assert set(before).isdisjoint(after), "a batch was trained twice"
-    assert flatten({**before, **after}) == expected_order()
-    assert_same_training_state(load(final_checkpoint(uninterrupted)), load(final_checkpoint(tmp_path)))
+    check_resume_two_ranks_to_one(tiny_dataset, uninterrupted, tmp_path)
 
 
 def test_resume_one_rank_to_two_nodes_with_torchrun_script(

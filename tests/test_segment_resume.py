@@ -9,28 +9,12 @@ momentum within 1e-5 of scale) having trained exactly the global sample order on
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import pytest
-from cli_runs import (
-    assert_same_training_state,
-    ddp,
-    expected_order,
-    final_checkpoint,
-    fit_args,
-    flatten,
-    global_batches,
-    load,
-    records,
-    run_cli,
-    start_of,
-    tail,
-)
+from cli_runs import check_resume_two_ranks_to_one, fit_args, load, run_cli, tail
 
 SEGMENT = ["--model.task", "segment", "--data.task", "segment"]
-CUT = (1, 2)  # cut when epoch 1, batch 2 starts: after optimiser step 3, mid-epoch
-STEP_AT_CUT = 3
 
 
 @pytest.fixture(scope="module")
@@ -55,29 +39,8 @@ def seg_uninterrupted(seg_dataset: Path, tmp_path_factory: pytest.TempPathFactor
 def test_segment_resume_two_ranks_to_one_is_exact(
     seg_dataset: Path, seg_uninterrupted: Path, tmp_path: Path
 ) -> None:
-    cut = [
-        "--trainer.callbacks+=fault_callbacks.StopAt",
-        "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
-    ]  # fmt: skip
-    first = run_cli(
-        fit_args(seg_dataset, tmp_path, "rec-2", "--ckpt_path", "last", *SEGMENT, *ddp(), *cut), cwd=tmp_path
-    )
-    assert first.returncode == 75, tail(first)  # StopAt.EXIT_CODE: ended abruptly right after step 3
-
-    second = run_cli(fit_args(seg_dataset, tmp_path, "rec-1", "--ckpt_path", "last", *SEGMENT), cwd=tmp_path)
-    assert second.returncode == 0, tail(second)
-    assert re.search(r"--ckpt_path last: resuming from \S*version_0\S*last\S*\.ckpt", second.stderr), tail(
-        second
-    )
-    (start,) = start_of(records(tmp_path / "rec-1"))
-    assert (start["world"], start["global_step"], start["epoch"]) == (1, STEP_AT_CUT, CUT[0])
-
-    before, after = global_batches(records(tmp_path / "rec-2")), global_batches(records(tmp_path / "rec-1"))
-    assert set(before).isdisjoint(after), "a batch was trained twice"
-    assert flatten({**before, **after}) == expected_order()
-    expected, actual = load(final_checkpoint(seg_uninterrupted)), load(final_checkpoint(tmp_path))
-    assert expected["hyper_parameters"]["task"] == actual["hyper_parameters"]["task"] == "segment"
-    assert_same_training_state(expected, actual)
+    final = check_resume_two_ranks_to_one(seg_dataset, seg_uninterrupted, tmp_path, *SEGMENT)
+    assert final["hyper_parameters"]["task"] == "segment"
 
 
 def test_segment_best_checkpoint_follows_box_plus_mask_fitness(seg_uninterrupted: Path) -> None:
