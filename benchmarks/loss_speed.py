@@ -5,6 +5,9 @@
 
 ``--task segment`` adds 32 mask coefficients per anchor, (B, 32, H/4, W/4) protos and overlap-encoded
 ground-truth masks (one index map per image at 1/4 resolution, larger objects first, the data default).
+``--keep-host-memory``: glibc keeps freed memory in the process (``training.host_memory``, what CPU training
+runs with by default) for both sides, which share this process: the mask term's (R, H/4, W/4) tensors are
+far above glibc's mmap threshold and are otherwise mapped and zero-filled afresh on every call.
 
 Prints one row per boxes-per-image setting: median seconds per call and ours/reference ratio (< 1 means
 ours is faster). The reference (ultralytics, AGPL) is a comparison oracle only, imported here, never
@@ -139,7 +142,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--task", choices=("detect", "segment"), default="detect")
+    parser.add_argument("--keep-host-memory", action="store_true", help="as CPU training does (both sides)")
     args = parser.parse_args()
+    if args.keep_host_memory:
+        from yolo11_lightning.training.host_memory import keep_freed_host_memory
+
+        if not keep_freed_host_memory():
+            parser.error("--keep-host-memory: not available here (needs Linux with glibc)")
 
     loss_class = SegmentationLoss if args.task == "segment" else DetectionLoss
     ours = loss_class(args.classes).to(args.device)
@@ -148,6 +157,7 @@ def main() -> None:
     print(
         f"{args.task} loss forward+backward, batch {args.batch}, {args.imgsz}x{args.imgsz}, {args.classes} classes, "
         f"{args.device}, torch {torch.__version__}, {torch.get_num_threads()} threads, median of {args.repeats}"
+        + (", freed host memory kept" if args.keep_host_memory else "")
     )
     print(f"{'boxes/img':>9} | {'ours s':>8} | {'reference s':>11} | {'ours/ref':>8}")
     for boxes in args.boxes:
