@@ -202,18 +202,24 @@ def run_as_worker(
 
 # ------------------------------------------------------------------------------------ data
 def synthetic_yaml(
-    root: str | Path, num_train: int, num_val: int, image_size: int, num_classes: int = 8
+    root: str | Path,
+    num_train: int,
+    num_val: int,
+    image_size: int,
+    num_classes: int = 8,
+    task: str = "detect",
 ) -> Path:
-    """A synthetic detection dataset (1-8 objects per image), reused when already generated.
+    """A synthetic dataset (1-8 objects per image), reused when already generated.
 
+    ``task="segment"``: the segmentation set (YOLO-seg polygon rows, exact outlines) of the same shapes.
     Its yaml has no ``path`` key, so the oracle reads it as well as ``YOLODataModule`` does.
     """
     from yolo11_lightning.data.synthetic import make_synthetic_dataset
 
-    name = f"syn_{num_train}_{num_val}_{image_size}_{num_classes}"
+    name = f"syn_{num_train}_{num_val}_{image_size}_{num_classes}" + ("" if task == "detect" else f"_{task}")
     return make_synthetic_dataset(
         Path(root) / name, num_train=num_train, num_val=num_val, image_size=image_size,
-        num_classes=num_classes, max_objects=8, min_objects=1, seed=0,
+        num_classes=num_classes, max_objects=8, min_objects=1, seed=0, task=task,
     )  # fmt: skip
 
 

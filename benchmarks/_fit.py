@@ -14,6 +14,8 @@ from typing import Any
 
 from _common import sync
 
+ORACLE_TRAINERS = {"detect": "", "segment": "-seg"}  # task -> the oracle's model yaml suffix
+
 
 class StopTraining(Exception):
     """Raised from an oracle callback to end its training loop after the measured steps."""
@@ -59,8 +61,12 @@ def our_fit_parts(
     module_options: dict[str, Any] | None = None,
     trainer_options: dict[str, Any] | None = None,
     without: tuple[type, ...] = (),
+    task: str = "detect",
 ) -> tuple[Any, Any, Any]:
     """(Trainer, YOLO11Module, YOLODataModule) for a measured ``fit`` with the project's defaults.
+
+    ``task``: ``detect`` or ``segment`` (the data module and the module both get it; ``yaml`` must be a set
+    of that task).
 
     The CLI's default callbacks (checkpointing, LR monitor), a CSV logger and the progress bar stay on:
     the loop measured is the one users run. Benchmarks turn off what the oracle run turns off too:
@@ -82,8 +88,9 @@ def our_fit_parts(
         num_workers=workers,
         seed=0,
         close_mosaic=0,
+        task=task,
     )
-    options = {"warmup_epochs": 0.0, "log_images": 0, **(module_options or {})}
+    options = {"warmup_epochs": 0.0, "log_images": 0, "task": task, **(module_options or {})}
     machine = MachineSettings(compile=bool(options.pop("compile", False)))  # a Trainer-side setting
     module = YOLO11Module(scale=scale, num_classes=data.num_classes, class_names=data.class_names, **options)
     defaults = [c for c in default_callbacks() if not isinstance(c, (*without, MachineSettings))]
@@ -112,9 +119,11 @@ def oracle_trainer(
     workers: int,
     threads: int,
     workdir: str | Path,
+    task: str = "detect",
     **overrides: Any,
 ) -> Any:
-    """The oracle's ``DetectionTrainer`` on the same data and settings as ``our_fit_parts``.
+    """The oracle's trainer on the same data and settings as ``our_fit_parts``: its ``DetectionTrainer``, or
+    for ``task="segment"`` its ``SegmentationTrainer`` with the ``-seg`` model yaml.
 
     Plots, the AMP check (a download), validation, saving and warmup are off; determinism off (ours is not
     forced either).
@@ -124,18 +133,25 @@ def oracle_trainer(
     import torch as _torch
     import ultralytics.engine.trainer as oracle_engine
     from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.models.yolo.segment import SegmentationTrainer
 
+    if task not in ORACLE_TRAINERS:
+        raise ValueError(f"task must be one of {tuple(ORACLE_TRAINERS)}, got {task!r}")
+    trainer_class, suffix = (
+        {"detect": DetectionTrainer, "segment": SegmentationTrainer}[task],
+        ORACLE_TRAINERS[task],
+    )
     # Its AMP check loads yolo11n.pt (a download): skip it, AMP is what we ask for.
     oracle_engine.check_amp = lambda *args, **kwargs: True
 
     args = {
-        "model": f"yolo11{scale}.yaml", "data": str(yaml), "imgsz": image_size, "batch": batch,
+        "model": f"yolo11{scale}{suffix}.yaml", "data": str(yaml), "imgsz": image_size, "batch": batch,
         "epochs": 1, "workers": workers, "device": "0" if _torch.cuda.is_available() else "cpu",
         "amp": False, "plots": False, "val": False, "save": False, "deterministic": False,
         "close_mosaic": 0, "warmup_epochs": 0, "project": str(workdir), "name": "oracle",
         "exist_ok": True, "verbose": False, "seed": 0, **overrides,
     }  # fmt: skip
-    trainer = DetectionTrainer(overrides=args)
+    trainer = trainer_class(overrides=args)
     trainer.args.workers = workers  # undo the CPU override: same loader workers as ours
     trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(threads))
     trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(threads))

@@ -1,6 +1,6 @@
 """Convergence: yolo11n from scratch, ours beside the oracle trainer, same data, same epochs, same evaluator.
 
-Two modes.
+Three modes.
 
 ``--mode easy`` (the earlier benchmark): the built-in synthetic shapes at 128 px, the quickstart recipe on
 both sides (SGD lr0 0.01, 1 warmup epoch, mosaic off for the last 2 epochs), one run per side::
@@ -30,6 +30,16 @@ The final EMA weights of BOTH sides are scored by the same evaluator (ours: torc
 val split, a fresh Trainer), so the comparison does not depend on two mAP implementations. The per-epoch
 curves are each side's own validation of its EMA model (ours: our evaluator; the oracle: its own).
 CPU time is user + system of the job's process tree (``os.wait4``), DataLoader workers included.
+
+``--mode seg`` (issue 17): yolo11n-seg from scratch on the synthetic segmentation set
+(``make_synthetic_dataset(task="segment")``: 3 classes, exact polygons), ours (``YOLO11Module(task="segment")``)
+beside the oracle's ``SegmentationTrainer``, the explicit SGD recipe of ``SEG_RECIPE`` on both sides; the same
+job runner, JSON and report as the hard mode, with box AND mask mAP50-95. The oracle's final EMA model is read
+from its ``last.pt`` by our safe reader (``nn.weights.load_model(path, task=None)``) and scored by our
+evaluator, as ours is::
+
+    nice -n 10 python benchmarks/convergence.py --mode seg --epochs 20 --seeds 0 1 --jobs 1
+    python benchmarks/convergence.py --mode seg --report --png benchmarks/figures/convergence_seg.png
 """
 
 from __future__ import annotations
@@ -51,20 +61,30 @@ import torch
 
 RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
 SGD_RECIPE = {"optimizer": "SGD", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 3.0}
+# Segmentation: the SGD recipe with mosaic and its switch-off said explicitly (data settings on our side).
+SEG_RECIPE = {**SGD_RECIPE, "mosaic": 1.0, "close_mosaic": 5}
+SEG_DATA_KEYS = ("mosaic", "close_mosaic")  # YOLODataModule's; the rest are YOLO11Module's
 BATCH = 16
 
 
 # ------------------------------------------------------------------------------------ scoring
-def _validate(module: Any, yaml: str, image_size: int, workdir: Path) -> float:
-    """mAP50-95 of ``module`` on the val split, by our evaluator, in a fresh Trainer."""
+def _validate_metrics(module: Any, yaml: str, image_size: int, workdir: Path) -> dict[str, float]:
+    """Every validation figure of ``module`` (its task's: box, and for segment mask mAP) on the val split,
+    by our evaluator, in a fresh Trainer."""
     import lightning as L
 
     from yolo11_lightning import YOLODataModule
 
-    data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0)
+    data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0,
+                          task=module.task.name)  # fmt: skip
     trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_progress_bar=False,
                         default_root_dir=str(workdir), enable_model_summary=False)  # fmt: skip
-    return float(trainer.validate(module, data, verbose=False)[0]["val/mAP50-95"])
+    return {k: float(v) for k, v in trainer.validate(module, data, verbose=False)[0].items()}
+
+
+def _validate(module: Any, yaml: str, image_size: int, workdir: Path) -> float:
+    """Box mAP50-95 of ``module`` on the val split, by our evaluator, in a fresh Trainer."""
+    return _validate_metrics(module, yaml, image_size, workdir)["val/mAP50-95"]
 
 
 def _score(model_state: dict, yaml: str, image_size: int, workdir: Path) -> float:
@@ -141,13 +161,34 @@ def _oracle_ema_state(trainer: Any) -> dict:
     }
 
 
-def _hard_result(seconds: float, curve: list[float], same: float, optimizer: Any) -> dict:
-    """What a hard-mode worker reports: time, per-epoch curve, final mAP by both evaluators, optimiser."""
-    return {
+def _hard_result(
+    seconds: float, curve: list[float], same: float, optimizer: Any, mask_curve: list[float] | None = None,
+    same_mask: float | None = None,
+) -> dict:  # fmt: skip
+    """What a hard- or seg-mode worker reports: time, per-epoch curve, final mAP by both evaluators,
+    optimiser; in seg mode also the mask mAP50-95 curve and final figure."""
+    result = {
         "seconds": seconds, "curve": curve, "own_map": curve[-1] if curve else float("nan"),
         "same_evaluator_map": same, "optimizer": type(optimizer).__name__,
         "optimizer_lr0": optimizer.param_groups[0].get("initial_lr", optimizer.defaults.get("lr")),
     }  # fmt: skip
+    if mask_curve is not None:
+        result.update(
+            mask_curve=mask_curve, own_mask_map=mask_curve[-1] if mask_curve else float("nan"),
+            same_evaluator_mask_map=same_mask,
+        )  # fmt: skip
+    return result
+
+
+def _task(args: argparse.Namespace) -> str:
+    return "segment" if args.mode == "seg" else "detect"
+
+
+def _recipe(args: argparse.Namespace) -> dict[str, Any]:
+    """The explicit recipe of a job (both sides), empty for each side's defaults."""
+    if args.mode == "seg":
+        return dict(SEG_RECIPE)
+    return dict(SGD_RECIPE) if args.setting == "sgd" else {}
 
 
 def worker_hard_ours(args: argparse.Namespace) -> dict:
@@ -169,18 +210,24 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
             dataset.global_batch_size = None
             return dataset
 
+    task = _task(args)
+    options = _recipe(args)
+    data_options = {k: options.pop(k) for k in SEG_DATA_KEYS if k in options}
     data_cls = WholeDatasetPartners if args.variant == "globalpool" else YOLODataModule
     loader = {} if shipped else {"num_workers": args.workers}  # shipped: the DataModule's default workers
-    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, seed=args.seed, **loader)
-    options = SGD_RECIPE if args.setting == "sgd" else {}
+    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, seed=args.seed, task=task,
+                    **loader, **data_options)  # fmt: skip
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
-                          **options)  # fmt: skip
+                          task=task, **options)  # fmt: skip
     curve: list[float] = []
+    mask_curve: list[float] = []
 
     class Curve(L.Callback):
         def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
             if not trainer.sanity_checking:
-                curve.append(float(trainer.callback_metrics.get("val/mAP50-95", float("nan"))))
+                metrics = trainer.callback_metrics
+                curve.append(float(metrics.get("val/mAP50-95", float("nan"))))
+                mask_curve.append(float(metrics.get("val/mask_mAP50-95", float("nan"))))
 
     workdir = Path(args.workdir) / "runs" / args.name
     trainer = L.Trainer(accelerator="auto", devices=1, max_epochs=args.epochs, enable_progress_bar=False,
@@ -190,49 +237,79 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
     optimizer = trainer.optimizers[0]
-    same = _validate(module, args.yaml, args.image_size, workdir)  # the EMA weights (swapped in at fit end)
-    return _hard_result(seconds, curve, same, optimizer)
+    same = _validate_metrics(
+        module, args.yaml, args.image_size, workdir
+    )  # the EMA weights (swapped in at fit end)
+    if task == "detect":
+        return _hard_result(seconds, curve, same["val/mAP50-95"], optimizer)
+    return _hard_result(
+        seconds, curve, same["val/mAP50-95"], optimizer, mask_curve, same["val/mask_mAP50-95"]
+    )
 
 
 def worker_hard_oracle(args: argparse.Namespace) -> dict:
     import torch as _torch
     import ultralytics.engine.trainer as oracle_engine
     from ultralytics.models.yolo.detect import DetectionTrainer
+    from ultralytics.models.yolo.segment import SegmentationTrainer
 
     oracle_engine.check_amp = lambda *a, **k: True  # its AMP check downloads weights; CPU runs fp32 anyway
+    task = _task(args)
+    trainer_class = SegmentationTrainer if task == "segment" else DetectionTrainer
     workdir = Path(args.workdir) / "runs"
     overrides: dict[str, Any] = {
-        "model": "yolo11n.yaml", "data": args.yaml, "epochs": args.epochs, "imgsz": args.image_size,
+        "model": f"yolo11n{F.ORACLE_TRAINERS[task]}.yaml", "data": args.yaml, "epochs": args.epochs, "imgsz": args.image_size,
         "batch": BATCH, "workers": args.workers, "seed": args.seed,
         # where it writes and what it plots: no effect on training
         "project": str(workdir), "name": args.name, "exist_ok": True, "plots": False, "verbose": False,
         "device": "0" if _torch.cuda.is_available() else "cpu",
     }  # fmt: skip
-    if args.setting == "sgd":
-        overrides.update(SGD_RECIPE)
-    trainer = DetectionTrainer(overrides=overrides)
+    overrides.update(_recipe(args))
+    trainer = trainer_class(overrides=overrides)
     if args.variant != "shipped":  # shipped: its CPU overrides stay (0 workers, cores - 1 threads)
         trainer.args.workers = args.workers  # it forces 0 workers on CPU: same loader workers as ours
         trainer.add_callback("on_pretrain_routine_end", lambda tr: _torch.set_num_threads(args.threads))
         trainer.add_callback("on_train_start", lambda tr: _torch.set_num_threads(args.threads))
     curve: list[float] = []
-    trainer.add_callback(
-        "on_fit_epoch_end",
-        lambda tr: curve.append(float(tr.metrics.get("metrics/mAP50-95(B)", float("nan")))),
-    )
+    mask_curve: list[float] = []
+
+    def on_fit_epoch_end(tr: Any) -> None:
+        curve.append(float(tr.metrics.get("metrics/mAP50-95(B)", float("nan"))))
+        mask_curve.append(float(tr.metrics.get("metrics/mAP50-95(M)", float("nan"))))
+
+    trainer.add_callback("on_fit_epoch_end", on_fit_epoch_end)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     optimizer = trainer.optimizer
     curve = curve[: args.epochs]  # its final validation of best.pt calls on_fit_epoch_end once more
-    same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, workdir / args.name)
-    return _hard_result(seconds, curve, same, optimizer)
+    if task == "detect":
+        same = _score(_oracle_ema_state(trainer), args.yaml, args.image_size, workdir / args.name)
+        return _hard_result(seconds, curve, same, optimizer)
+    scores = _score_file(trainer.last, args.yaml, args.image_size, workdir / args.name)
+    return _hard_result(seconds, curve, scores["val/mAP50-95"], optimizer, mask_curve[: args.epochs],
+                        scores["val/mask_mAP50-95"])  # fmt: skip
+
+
+def _score_file(path: str | Path, yaml: str, image_size: int, workdir: Path) -> dict[str, float]:
+    """Our evaluator's figures of the model in a file the oracle wrote (its ``last.pt``: the final EMA
+    weights, optimiser stripped), read by our safe reader with the task taken from the file."""
+    from yolo11_lightning import YOLO11Module
+    from yolo11_lightning.nn.weights import load_model
+
+    model = load_model(path, task=None)
+    module = YOLO11Module(scale=model.scale, num_classes=model.num_classes, task=model.task, log_images=0)
+    module.model.load_state_dict(model.float().state_dict())
+    return _validate_metrics(module, yaml, image_size, workdir)
 
 
 # ------------------------------------------------------------------------------------ hard mode: driver
 def hard_yaml(args: argparse.Namespace) -> Path:
+    """The hard set (hard mode) or the synthetic segmentation set, 3 classes, square (seg mode)."""
     from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
 
+    if args.mode == "seg":
+        return C.synthetic_yaml(C.default_workdir(), args.train, args.val, args.image_size, 3, task="segment")
     h, w = args.data_size
     root = C.default_workdir() / f"hard_{args.train}_{args.val}_{h}x{w}"
     return make_hard_synthetic_dataset(root, args.train, args.val, (h, w), seed=0)
@@ -252,7 +329,7 @@ def run_job(args: argparse.Namespace, yaml: Path, side: str, setting: str, epoch
         return json.loads(out.read_text())
     log = Path(args.workdir) / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = ["nice", "-n", str(args.nice), sys.executable, __file__, "--worker", "--side", side,
+    cmd = ["nice", "-n", str(args.nice), sys.executable, __file__, "--worker", "--mode", args.mode, "--side", side,
            "--setting", setting, "--epochs", str(epochs), "--seed", str(seed), "--variant", variant,
            "--name", name, "--yaml", str(yaml), "--image-size", str(args.image_size),
            "--threads", str(args.threads), "--workers", str(args.workers), "--workdir", args.workdir]  # fmt: skip
@@ -283,7 +360,12 @@ def run_job(args: argparse.Namespace, yaml: Path, side: str, setting: str, epoch
                   load_average=C.load_average(), commit=commit.stdout.strip(), finished=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))  # fmt: skip
     results.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"[{time.strftime('%H:%M:%S')}] done {name}: mAP50-95 {result['same_evaluator_map']:.4f}, "
+    mask = (
+        f", mask mAP50-95 {result['same_evaluator_mask_map']:.4f}"
+        if "same_evaluator_mask_map" in result
+        else ""
+    )
+    print(f"[{time.strftime('%H:%M:%S')}] done {name}: mAP50-95 {result['same_evaluator_map']:.4f}{mask}, "
           f"{wall:.0f} s wall, {result['cpu_s']:.0f} s CPU", flush=True)  # fmt: skip
     return result
 
@@ -292,56 +374,73 @@ def load_results(workdir: str | Path) -> list[dict]:
     return [json.loads(p.read_text()) for p in sorted((Path(workdir) / "results").glob("*.json"))]
 
 
+# (label, final figure by our evaluator, own final figure, per-epoch curve) of the runs' JSON
+METRICS = (("mAP50-95", "same_evaluator_map", "own_map", "curve"),)
+MASK_METRICS = (("mask mAP50-95", "same_evaluator_mask_map", "own_mask_map", "mask_curve"),)
+
+
+def _metrics(runs: list[dict]) -> tuple[tuple[str, str, str, str], ...]:
+    """Box mAP; and mask mAP too when the runs are segmentation runs."""
+    return METRICS + (MASK_METRICS if runs and all("same_evaluator_mask_map" in r for r in runs) else ())
+
+
 def report(workdir: str | Path, png: Path | None = None) -> str:
-    """Markdown: per-run table, then mean / spread / ratio per (setting, horizon, variant); curves as PNG."""
+    """Markdown: per-run table, then mean / spread / ratio per (setting, horizon, variant) of every figure
+    (box mAP, and mask mAP for segmentation runs); curves as PNG."""
     runs = load_results(workdir)
+    metrics = _metrics(runs)
     lines = [
-        "Every run (final EMA model, mAP50-95 by our evaluator; own = the side's own last validation):",
+        f"Every run (final EMA model, {' and '.join(m[0] for m in metrics)} by our evaluator; own = the side's "
+        "own last validation):",
         "",
     ]
     rows = [[r["side"], r["setting"], r["variant"], r["epochs"], r["seed"], r.get("optimizer", "-"),
-             r["same_evaluator_map"], r["own_map"], r["wall_s"] / 60, r["cpu_s"] / 60]
+             *(v for _, same, own, _ in metrics for v in (r[same], r[own])), r["wall_s"] / 60, r["cpu_s"] / 60,
+             r.get("load_average", "-")]
             for r in sorted(runs, key=lambda r: (r["setting"], r["epochs"], r["variant"], r["side"], r["seed"]))]  # fmt: skip
-    lines.append(C.format_table(["side", "setting", "variant", "epochs", "seed", "optimizer", "mAP50-95",
-                                 "own mAP", "wall min", "CPU min"], rows))  # fmt: skip
+    figure_headers = [h for label, *_ in metrics for h in (label, f"own {label}")]
+    lines.append(C.format_table(["side", "setting", "variant", "epochs", "seed", "optimizer", *figure_headers,
+                                 "wall min", "CPU min", "load"], rows))  # fmt: skip
     groups: dict[tuple, dict[str, list[dict]]] = {}
     for r in runs:
         label = r["side"] if r["variant"] == "base" else f"{r['side']}-{r['variant']}"
         groups.setdefault((r["setting"], r["epochs"]), {}).setdefault(label, []).append(r)
+
+    def per_run(key: str, rows: list[dict]) -> float:
+        return statistics.mean(r[key] / 60 for r in rows) if rows else float("nan")
+
     summary = []
-    for (setting, epochs), by_side in sorted(groups.items()):
-        for label, mine in sorted(by_side.items()):
-            if label.startswith("oracle"):
-                continue
-            # A variant of both sides (shipped) is compared with the oracle's same variant.
-            variant = label.split("-", 1)[1] if "-" in label else ""
-            theirs = by_side.get(f"oracle-{variant}", by_side.get("oracle", []))
-            values, oracle = (
-                [r["same_evaluator_map"] for r in mine],
-                [r["same_evaluator_map"] for r in theirs],
-            )
-            m, om = statistics.mean(values), statistics.mean(oracle) if oracle else float("nan")
-            sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-            osd = statistics.stdev(oracle) if len(oracle) > 1 else float("nan")
-
-            def per_run(key: str, rows: list[dict]) -> float:
-                return statistics.mean(r[key] / 60 for r in rows) if rows else float("nan")
-
-            cpu, ocpu = per_run("cpu_s", mine), per_run("cpu_s", theirs)
-            wall, owall = per_run("wall_s", mine), per_run("wall_s", theirs)
-            summary.append([setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd,
-                            C.ratio(m, om), cpu, ocpu, wall, owall, C.ratio(owall, wall)])  # fmt: skip
+    for name, same, _, _ in metrics:
+        for (setting, epochs), by_side in sorted(groups.items()):
+            for label, mine in sorted(by_side.items()):
+                if label.startswith("oracle"):
+                    continue
+                # A variant of both sides (shipped) is compared with the oracle's same variant.
+                variant = label.split("-", 1)[1] if "-" in label else ""
+                theirs = by_side.get(f"oracle-{variant}", by_side.get("oracle", []))
+                values, oracle = [r[same] for r in mine], [r[same] for r in theirs]
+                m, om = statistics.mean(values), statistics.mean(oracle) if oracle else float("nan")
+                sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+                osd = statistics.stdev(oracle) if len(oracle) > 1 else float("nan")
+                cpu, ocpu = per_run("cpu_s", mine), per_run("cpu_s", theirs)
+                wall, owall = per_run("wall_s", mine), per_run("wall_s", theirs)
+                summary.append([name, setting, epochs, label, f"{len(values)} / {len(oracle)}", m, sd, om, osd,
+                                C.ratio(m, om), cpu, ocpu, wall, owall, C.ratio(owall, wall)])  # fmt: skip
     lines += [
         "",
         "Mean and spread (sample standard deviation) over seeds, ours / oracle; lead = oracle / ours wall:",
         "",
     ]
-    lines.append(C.format_table(["setting", "epochs", "ours", "seeds (ours / oracle)", "ours mean", "ours sd",
-                                 "oracle mean", "oracle sd", "ratio", "ours CPU min/run",
+    lines.append(C.format_table(["figure", "setting", "epochs", "ours", "seeds (ours / oracle)", "ours mean",
+                                 "ours sd", "oracle mean", "oracle sd", "ratio", "ours CPU min/run",
                                  "oracle CPU min/run", "ours wall min/run", "oracle wall min/run",
                                  "wall lead"], summary))  # fmt: skip
     cpu = sum(r["cpu_s"] for r in runs) / 3600
-    lines += ["", f"CPU time of these {len(runs)} runs: {cpu:.2f} core-hours."]
+    wall = sum(r["wall_s"] for r in runs) / 3600
+    lines += [
+        "",
+        f"CPU time of these {len(runs)} runs: {cpu:.2f} core-hours ({wall:.2f} h wall, one at a time).",
+    ]
     if png is not None and runs:
         plot_curves(runs, png)
         lines.append(f"Curves: {png}")
@@ -349,32 +448,38 @@ def report(workdir: str | Path, png: Path | None = None) -> str:
 
 
 def plot_curves(runs: list[dict], png: Path) -> None:
-    """One panel per (setting, horizon): every run's per-epoch mAP50-95, ours blue, oracle red."""
+    """One panel per (figure, setting, horizon): every run's per-epoch mAP50-95 (box; and mask for
+    segmentation runs), ours blue, oracle red."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    keys = sorted({(r["setting"], r["epochs"]) for r in runs})
+    metrics = _metrics(runs)
+    keys = [
+        (m, setting, epochs)
+        for m in metrics
+        for setting, epochs in sorted({(r["setting"], r["epochs"]) for r in runs})
+    ]
     fig, axes = plt.subplots(1, len(keys), figsize=(5 * len(keys), 4), squeeze=False)
     colours = {
         ("ours", "base"): "tab:blue",
         ("oracle", "base"): "tab:red",
         ("ours", "globalpool"): "tab:green",
     }
-    for ax, (setting, epochs) in zip(axes[0], keys):
+    for ax, ((name, _, _, curve_key), setting, epochs) in zip(axes[0], keys):
         seen = set()
         for r in runs:
             if (r["setting"], r["epochs"]) != (setting, epochs):
                 continue
             key = (r["side"], r["variant"])
             label = r["side"] if r["variant"] == "base" else f"{r['side']} ({r['variant']})"
-            ax.plot(range(1, len(r["curve"]) + 1), r["curve"], color=colours.get(key, "grey"), alpha=0.8,
+            ax.plot(range(1, len(r[curve_key]) + 1), r[curve_key], color=colours.get(key, "grey"), alpha=0.8,
                     label=None if key in seen else label)  # fmt: skip
             seen.add(key)
-        ax.set_title(f"{setting}, {epochs} epochs")
+        ax.set_title(f"{name}: {setting}, {epochs} epochs")
         ax.set_xlabel("epoch")
-        ax.set_ylabel("val mAP50-95 (own evaluator)")
+        ax.set_ylabel(f"val {name} (own evaluator)")
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -398,16 +503,21 @@ def main_hard(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = C.parser(__doc__.splitlines()[0], worker=True, hidden=("--yaml",))
-    parser.add_argument("--mode", choices=("easy", "hard"), default="hard")
+    parser.add_argument("--mode", choices=("easy", "hard", "seg"), default="hard")
     parser.add_argument("--epochs", type=int, default=20, help="easy mode (and a worker's horizon)")
-    parser.add_argument("--train", type=int, default=None, help="training images (easy 256, hard 400)")
-    parser.add_argument("--val", type=int, default=None, help="validation images (easy 32, hard 100)")
-    parser.add_argument("--image-size", type=int, default=None, help="training size (easy 128, hard 224)")
+    parser.add_argument(
+        "--train", type=int, default=None, help="training images (easy 256, hard 400, seg 256)"
+    )
+    parser.add_argument("--val", type=int, default=None, help="validation images (easy 32, hard 100, seg 64)")
+    parser.add_argument(
+        "--image-size", type=int, default=None, help="training size (easy 128, hard 224, seg 160)"
+    )
     parser.add_argument("--data-size", type=int, nargs=2, default=(168, 224), help="hard set image H W")
     parser.add_argument("--threads", type=int, default=None, help="torch threads per run (easy 2, hard 1)")
     parser.add_argument("--workers", type=int, default=None, help="loader workers per run (easy 2, hard 1)")
-    parser.add_argument("--settings", nargs="+", default=["defaults"], choices=("defaults", "sgd"))
-    parser.add_argument("--horizons", type=int, nargs="+", default=[15])
+    parser.add_argument("--settings", nargs="+", default=None, choices=("defaults", "sgd"),
+                        help="hard mode (default: defaults); seg mode runs sgd (SEG_RECIPE) only")  # fmt: skip
+    parser.add_argument("--horizons", type=int, nargs="+", default=None, help="hard 15; seg: --epochs")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sides", nargs="+", default=["oracle", "ours"], choices=("ours", "oracle"))
     parser.add_argument("--variants", nargs="+", default=["base"], choices=("base", "globalpool", "shipped"))
@@ -423,18 +533,23 @@ def main() -> None:
     parser.add_argument("--name", default="run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     easy = args.mode == "easy"
+    mode = ("easy", "hard", "seg").index(args.mode)
     defaults = {
-        "train": (256, 400),
-        "val": (32, 100),
-        "image_size": (128, 224),
-        "threads": (2, 1),
-        "workers": (2, 1),
+        "train": (256, 400, 256),
+        "val": (32, 100, 64),
+        "image_size": (128, 224, 160),
+        "threads": (2, 1, 1),
+        "workers": (2, 1, 1),
+        "settings": (None, ["defaults"], ["sgd"]),
+        "horizons": (None, [15], [args.epochs]),
     }
-    for key, (e, h) in defaults.items():
+    for key, values in defaults.items():
         if getattr(args, key) is None:
-            setattr(args, key, e if easy else h)
+            setattr(args, key, values[mode])
+    if args.mode == "seg" and args.settings != ["sgd"]:
+        parser.error("--mode seg runs the explicit SGD recipe only (--settings sgd)")
     if args.workdir is None:
-        args.workdir = str(C.default_workdir() / ("convergence" if easy else "convergence_hard"))
+        args.workdir = str(C.default_workdir() / ("convergence", "convergence_hard", "convergence_seg")[mode])
     ours, oracle = (worker_easy_ours, worker_easy_oracle) if easy else (worker_hard_ours, worker_hard_oracle)
     if C.run_as_worker(args, lambda a: (ours if a.side == "ours" else oracle)(a)):
         return

@@ -3,24 +3,27 @@
     python benchmarks/step_anatomy.py                        # yolo11n, 320, batch 16; about 2-3 minutes
     python benchmarks/step_anatomy.py --scale s --image-size 640 --rounds 3 --threads 2 --workers 0
     python benchmarks/step_anatomy.py --no-oracle --throughput both   # the Throughput callback on vs off
+    python benchmarks/step_anatomy.py --task segment         # yolo11n-seg on the synthetic segmentation set
 
 Per training step (mean over whole accumulation cycles, so the optimiser share is exact), the time in
   data wait        waiting for the DataLoader (0 when the workers keep up),
   to device+float  moving the batch to the device and making float images of the uint8 ones
                    (Lightning's batch_to_device + our _model_input / the oracle's preprocess_batch),
   forward          the detector's forward,
-  loss+assigner    the detection loss with the task-aligned assigner,
+  loss+assigner    the detection loss with the task-aligned assigner (``--task segment``: the segmentation
+                   loss, its mask term included),
   backward         autograd,
   optimiser+EMA    clipping, optimiser step, zero_grad, EMA update (every ``accumulate`` steps),
   logging+loop     ``self.log``, the progress bar, loggers and the rest of the loop's bookkeeping,
 beside the compute floor: the same model's bare forward + backward (a sum of squares of the head maps,
-no loss, no data), timed inside the same run once per accumulation cycle so load from other processes
+and for segment of the mask coefficients and protos too; no loss, no data), timed inside the same run once per accumulation cycle so load from other processes
 hits the floor and the step alike. Overhead = step / floor - 1.
 
 Ours is timed with a Lightning ``Profiler`` that records every hook start/stop plus forward hooks on the
 detector and the loss; each event's exclusive time goes to one category. The oracle
 (ultralytics ``DetectionTrainer``, AGPL, an oracle only) is timed by wrapping its preprocess, forward,
-loss, ``Tensor.backward`` and ``optimizer_step``. Each side runs in its own process, rounds alternate.
+loss, ``Tensor.backward`` and ``optimizer_step`` (the same for its ``SegmentationTrainer``). Each side runs in
+its own process, rounds alternate.
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ OUR_ACTIONS = (
 
 
 # ------------------------------------------------------------------------------------ floor
+def head_tensors(output: Any) -> list[torch.Tensor]:
+    """Every tensor of a train-mode output: the level maps (detect), plus coefficients and protos (segment)."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    return [t for item in output for t in head_tensors(item)]
+
+
 def bare_step(model: torch.nn.Module, batch: int, image_size: int, channels_last: bool) -> Callable[[], None]:
     """The compute floor: forward + backward of a sum of squares of the head maps (model_speed's train step)."""
     device = next(model.parameters()).device
@@ -66,7 +76,7 @@ def bare_step(model: torch.nn.Module, batch: int, image_size: int, channels_last
         x = x.contiguous(memory_format=torch.channels_last)
 
     def step() -> None:
-        maps = model(x)
+        maps = head_tensors(model(x))
         sum(m.float().square().mean() for m in maps).backward()
         model.zero_grad(set_to_none=True)
 
@@ -135,7 +145,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             if (batch_idx + 1) % accumulate:
                 return
             if not floor_model:
-                model = YOLO11(args.scale, pl_module.hparams.num_classes).to(pl_module.device).train()
+                model = YOLO11(args.scale, pl_module.hparams.num_classes, task=args.task)
+                model = model.to(pl_module.device).train()
                 if not args.nchw:  # the floor runs in the layout of the module measured
                     model = model.to(memory_format=torch.channels_last)
                 floor_model.append(bare_step(model, args.batch, args.image_size, not args.nchw))
@@ -152,7 +163,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,
         callbacks=[Floor()], trainer_options={"profiler": recorder},
         module_options={"channels_last": not args.nchw, "compile": args.compile},
-        without=(Throughput,) if args.no_throughput else (),
+        without=(Throughput,) if args.no_throughput else (), task=args.task,
     )  # fmt: skip
 
     def hooks(module_: torch.nn.Module, name: str) -> None:
@@ -232,9 +243,19 @@ def our_steps(events: list[tuple[float, bool, str]]) -> tuple[list[dict[str, flo
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     trainer = F.oracle_trainer(
-        args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
+        args.yaml,
+        args.scale,
+        args.image_size,
+        args.batch,
+        args.workers,
+        args.threads,
+        args.workdir,
+        args.task,
     )
-    from ultralytics.nn.tasks import DetectionModel
+    from ultralytics.nn.tasks import DetectionModel, SegmentationModel
+
+    model_class = SegmentationModel if args.task == "segment" else DetectionModel
+    model_yaml = f"yolo11{args.scale}{F.ORACLE_TRAINERS[args.task]}.yaml"
 
     clock: dict[str, float] = defaultdict(float)
     steps: list[dict[str, float]] = []
@@ -262,7 +283,7 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
         tr.preprocess_batch = timed(tr.preprocess_batch, "to device+float")
         tr.optimizer_step = timed(tr.optimizer_step, "optimiser+EMA")
         nc = tr.data["nc"]
-        floor_net = DetectionModel(f"yolo11{args.scale}.yaml", nc=nc, verbose=False).to(tr.device).train()
+        floor_net = model_class(model_yaml, nc=nc, verbose=False).to(tr.device).train()
         state["floor"] = bare_step(floor_net, args.batch, args.image_size, False)
         state["end"] = time.perf_counter()
 
@@ -298,6 +319,8 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------ parent
 def main() -> None:
     parser = C.parser(__doc__, worker=("ours", "oracle"), hidden=("--yaml", "--workdir"))
+    parser.add_argument("--task", choices=("detect", "segment"), default="detect",
+                        help="segment: yolo11*-seg on the synthetic segmentation set (YOLO-seg rows)")  # fmt: skip
     parser.add_argument("--scale", default="n")
     parser.add_argument("--image-size", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
@@ -324,10 +347,10 @@ def main() -> None:
     steps = skip + args.cycles * accumulate
     workdir = C.default_workdir()
     yaml = C.synthetic_yaml(
-        workdir, num_train=max(steps * args.batch, 64), num_val=8, image_size=args.image_size
+        workdir, num_train=max(steps * args.batch, 64), num_val=8, image_size=args.image_size, task=args.task
     )
     common = [
-        "--scale", args.scale, "--image-size", str(args.image_size), "--batch", str(args.batch),
+        "--task", args.task, "--scale", args.scale, "--image-size", str(args.image_size), "--batch", str(args.batch),
         "--threads", str(args.threads), "--workers", str(args.workers), "--yaml", str(yaml),
         "--steps", str(steps), "--workdir", str(workdir / "anatomy"),
     ]  # fmt: skip
@@ -374,7 +397,7 @@ def print_report(
 
     switches = [s for s, on in (("NCHW", args.nchw), ("compile", args.compile)) if on]
     caption = (
-        f"yolo11{args.scale}, {args.image_size}x{args.image_size}, batch {args.batch} (accumulate {accumulate}), "
+        f"yolo11{args.scale}{F.ORACLE_TRAINERS[args.task]}, {args.image_size}x{args.image_size}, batch {args.batch} (accumulate {accumulate}), "
         f"{args.threads} threads, {args.workers} workers{', ours with ' + ' + '.join(switches) if switches else ''}; "
         f"ms per step (mean over an accumulation cycle), median of {len(results['ours'])} cycles from "
         f"{args.rounds} runs per side"

@@ -3,6 +3,7 @@
     python benchmarks/throughput.py                      # yolo11n at 320; about 3 minutes on 2 cores
     python benchmarks/throughput.py --full               # yolo11n and yolo11s at 320 and 640 (long on CPU)
     python benchmarks/throughput.py --switches           # also ours in NCHW layout (channels_last=False)
+    python benchmarks/throughput.py --task segment       # yolo11n-seg on the synthetic segmentation set
 
 Both sides train the same synthetic dataset (mosaic on, reference augmentation) with the same batch,
 image size, torch threads and DataLoader workers; warmup and close-mosaic are off on both (the oracle
@@ -10,7 +11,8 @@ ramps its accumulation during warmup) and the oracle's CPU overrides (0 workers,
 undone. Each run is a fresh process; the throughput is images over the time of whole accumulation
 cycles after the first one. Rounds alternate ours / oracle; the ratio is the median over rounds of
 (ours / oracle in that round), so slow phases of a shared machine hit both sides of a ratio alike.
-The oracle (ultralytics ``DetectionTrainer``, AGPL) is imported in its worker process only.
+The oracle (ultralytics ``DetectionTrainer``, AGPL; ``SegmentationTrainer`` for ``--task segment``) is
+imported in its worker process only.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     options = {"channels_last": not args.nchw, "compile": args.compile}
     trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, batches // accumulate, args.workdir,
-        callbacks=[stamps_callback], module_options=options,
+        callbacks=[stamps_callback], module_options=options, task=args.task,
     )  # fmt: skip
     trainer.fit(module, data)
     return {"stamps": stamps, "accumulate": accumulate}  # the module rewrites Lightning's per batch
@@ -47,7 +49,14 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     _, batches = _settings(args)
     trainer = F.oracle_trainer(
-        args.yaml, args.scale, args.image_size, args.batch, args.workers, args.threads, args.workdir
+        args.yaml,
+        args.scale,
+        args.image_size,
+        args.batch,
+        args.workers,
+        args.threads,
+        args.workdir,
+        args.task,
     )
     stamps: list[float] = []
 
@@ -65,6 +74,8 @@ def main() -> None:
     parser.add_argument("--scales", default="n")
     parser.add_argument("--sizes", default="320")
     parser.add_argument("--full", action="store_true", help="scales n,s and sizes 320,640")
+    parser.add_argument("--task", choices=("detect", "segment"), default="detect",
+                        help="segment: yolo11*-seg on the synthetic segmentation set (YOLO-seg rows)")  # fmt: skip
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each training process")
     parser.add_argument("--workers", type=int, default=1, help="DataLoader workers (both sides)")
@@ -92,16 +103,17 @@ def main() -> None:
         variants.append(("oracle", []))
     C.print_machine_info(args.threads)
     rows = []
+    suffix = F.ORACLE_TRAINERS[args.task]
     for scale in scales:
         for size in sizes:
             yaml = C.synthetic_yaml(
-                workdir, num_train=max(batches * args.batch, 64), num_val=8, image_size=size
+                workdir, num_train=max(batches * args.batch, 64), num_val=8, image_size=size, task=args.task
             )
             rates: dict[str, list[float]] = {name: [] for name, _ in variants}
             for r, (name, flags) in C.rounds(variants, args.rounds):
                 side = "oracle" if name == "oracle" else "ours"
                 worker_args = [
-                    side, "--scale", scale, "--image-size", str(size), "--batch", str(args.batch),
+                    side, "--task", args.task, "--scale", scale, "--image-size", str(size), "--batch", str(args.batch),
                     "--threads", str(args.threads), "--workers", str(args.workers), "--cycles",
                     str(args.cycles), "--yaml", str(yaml), "--workdir", str(workdir / "throughput"), *flags,
                 ]  # fmt: skip
@@ -110,7 +122,7 @@ def main() -> None:
                     out["stamps"], args.batch, skip=out["accumulate"], cycle=out["accumulate"]
                 )
                 rates[name].append(rate)
-                print(f"  yolo11{scale} {size} round {r + 1} {name}: {rate:.2f} img/s (load {C.load_average()})",
+                print(f"  yolo11{scale}{suffix} {size} round {r + 1} {name}: {rate:.2f} img/s (load {C.load_average()})",
                       flush=True)  # fmt: skip
             oracle = rates.get("oracle", [])
             for name, _ in variants:
@@ -118,7 +130,7 @@ def main() -> None:
                     continue
                 per_round = [o / t for o, t in zip(rates[name], oracle)]
                 rows.append([
-                    f"yolo11{scale}", size, name, C.median(rates[name]), C.median(oracle) if oracle else float("nan"),
+                    f"yolo11{scale}{suffix}", size, name, C.median(rates[name]), C.median(oracle) if oracle else float("nan"),
                     f"{C.median(per_round):.2f}" if per_round else "-", f"{C.spread(per_round):.0f}%" if per_round else "-",
                 ])  # fmt: skip
     caption = (
