@@ -41,7 +41,8 @@ count, 1). Then each rank's loss is its share of the global-batch loss and the r
 one process holding the whole batch. (The reference normalises per rank.)
 
 Cost: one host sync per call (the foreground count of each image, to split the per-image mask products);
-the (R, H/4, W/4) logits of the R foreground anchors are the loss's largest tensor, as in the reference.
+the mask term runs image by image, so its largest tensors are one image's (r_i, H/4, W/4) logits, as in the
+reference.
 """
 
 from __future__ import annotations
@@ -114,7 +115,11 @@ class SegmentationLoss(DetectionLoss):
         return gained.sum(), gained.detach()
 
     def _mask_sum(self, prep: Prepared, coefficients: Tensor, protos: Tensor, masks: Tensor) -> Tensor:
-        """Σ over foreground anchors of the cropped, area-normalised mask BCE (not yet divided by the count)."""
+        """Σ over foreground anchors of the cropped, area-normalised mask BCE (not yet divided by the count).
+
+        Image by image, as the reference: the (r_i, H/4, W/4) tensors of one image's r_i foreground anchors are
+        the largest ones, not the whole batch's (R, H/4, W/4) (lower peak memory, and on a CPU blocks small
+        enough for the allocator to reuse instead of mapping fresh pages every step)."""
         assign = prep.assign
         bs, na = assign.fg_mask.shape
         mh, mw = protos.shape[-2:]
@@ -125,34 +130,38 @@ class SegmentationLoss(DetectionLoss):
         rows, _ = _compact(assign.fg_mask.flatten(), total)  # image-major, anchors in order
         image, anchor = rows // na, rows % na
         coef = coefficients.transpose(1, 2)[image, anchor]  # (R, nm)
-        logits = torch.cat(
-            [torch.einsum("rn,nhw->rhw", c, protos[i]) for i, c in enumerate(coef.split(counts)) if counts[i]]
-        )  # (R, mh, mw)
 
-        masks = masks.to(logits.device, non_blocking=True)
+        masks = masks.to(protos.device, non_blocking=True)
         if tuple(masks.shape[-2:]) != (mh, mw):
-            masks = F.interpolate(masks[None].to(logits.dtype), (mh, mw), mode="nearest")[0]
+            masks = F.interpolate(masks[None].to(protos.dtype), (mh, mw), mode="nearest")[0]
         gt_row = assign.gt_index[image, anchor]  # row of the assigned box in ``targets``
-        if self.overlap:
-            local = _rank_in_image(prep.targets[:, 0].long(), bs)[gt_row]
-            gt_masks = (masks[image] == (local + 1).view(-1, 1, 1).to(masks.dtype)).to(logits.dtype)
-        else:
-            gt_masks = masks[gt_row].to(logits.dtype)
+        # What selects each anchor's ground-truth mask: its 1-based rank among its image's rows in the overlap
+        # index map, or its row of the per-instance masks.
+        selector = _rank_in_image(prep.targets[:, 0].long(), bs)[gt_row] + 1 if self.overlap else gt_row
 
         height, width = prep.image_size
         boxes = assign.target_boxes[image, anchor]  # (R, 4) xyxy, input pixels
-        unit = torch.stack(
-            (boxes[:, 0] / width, boxes[:, 1] / height, boxes[:, 2] / width, boxes[:, 3] / height), 1
-        )
+        unit = boxes / boxes.new_tensor([width, height, width, height])
         area = (unit[:, 2] - unit[:, 0]) * (unit[:, 3] - unit[:, 1])
-        x1, y1, x2, y2 = (
-            v.view(-1, 1, 1) for v in (unit[:, 0] * mw, unit[:, 1] * mh, unit[:, 2] * mw, unit[:, 3] * mh)
-        )
-        cols = torch.arange(mw, device=logits.device, dtype=logits.dtype).view(1, 1, mw)
-        lines = torch.arange(mh, device=logits.device, dtype=logits.dtype).view(1, mh, 1)
-        inside = (cols >= x1) & (cols < x2) & (lines >= y1) & (lines < y2)
-        bce = F.binary_cross_entropy_with_logits(logits, gt_masks, reduction="none")
-        return ((bce * inside).mean((1, 2)) / area).sum()
+        edges = unit * unit.new_tensor([mw, mh, mw, mh])  # (R, 4) box in mask pixels
+        cols = torch.arange(mw, device=protos.device, dtype=protos.dtype).view(1, 1, mw)
+        lines = torch.arange(mh, device=protos.device, dtype=protos.dtype).view(1, mh, 1)
+
+        loss = protos.new_zeros(())
+        parts = zip(coef.split(counts), selector.split(counts), edges.split(counts), area.split(counts))
+        for i, (c, select, box, a) in enumerate(parts):
+            if not counts[i]:
+                continue
+            logits = torch.einsum("rn,nhw->rhw", c, protos[i])  # (r_i, mh, mw)
+            if self.overlap:
+                gt_masks = (masks[i] == select.view(-1, 1, 1).to(masks.dtype)).to(logits.dtype)
+            else:
+                gt_masks = masks[select].to(logits.dtype)
+            x1, y1, x2, y2 = (v.view(-1, 1, 1) for v in box.unbind(1))
+            inside = (cols >= x1) & (cols < x2) & (lines >= y1) & (lines < y2)
+            bce = F.binary_cross_entropy_with_logits(logits, gt_masks, reduction="none")
+            loss = loss + ((bce * inside).mean((1, 2)) / a).sum()
+        return loss
 
     def _check_preds(self, preds: Sequence) -> tuple[Sequence[Tensor], Tensor, Tensor]:
         if not isinstance(preds, (tuple, list)) or len(preds) != 3:
