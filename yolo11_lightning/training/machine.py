@@ -40,9 +40,9 @@ class MachineSettings(Callback):
             at 640 px. Process-wide; the process keeps its peak memory.
         cpu_threads: torch threads of each process when running on a CPU. ``"auto"``: its share of the usable
             cores (affinity, container quota) among the local ranks, minus the DataModule's loader workers, at
-            least 1, and only ever lower than torch's current count (``training.cpu_threads``: with the workers
-            on the same cores, torch's default thread count made CPU steps 3x slower beside one other busy process,
-            and 17% faster on an idle machine). An int sets it;
+            least 1, and only ever lower than torch's current count (``training.cpu_threads``: beside the
+            workers, torch's one thread per core made steps 3x slower next to one other busy process, while
+            it is 17% faster on an idle 2-core machine). An int sets it;
             None leaves torch's as it is. Restored when the run ends (notebooks keep their setting).
     """
 
