@@ -6,6 +6,7 @@ import os
 from types import SimpleNamespace
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
@@ -99,6 +100,26 @@ def test_close_mosaic_epoch_reaches_the_train_dataset(synthetic):
     assert dm.datasets["train"].mosaic_until_epoch == 5 and dm.datasets["val"].mosaic_until_epoch is None
     dm.set_close_mosaic_epoch(2)
     assert dm.datasets["train"].mosaic_until_epoch == 2
+
+
+def test_mosaic_partners_come_from_the_whole_training_set_by_default(synthetic):
+    """Default: any training image (the accurate choice at long horizons); ``batch``: the sample's global batch."""
+    from yolo11_lightning.data.sampler import epoch_order
+
+    dm = make_dm(synthetic)
+    dm.setup("fit")
+    train = dm.datasets["train"]
+    assert train.partner_pool(1, 3) is None  # any index
+    picked = {p for i in range(16) for p in train._picker(1, i)(np.random.default_rng(i), 3)}
+    assert len(picked) > 8, "partners from the whole set reach more than one batch's 8 images"
+
+    batched = make_dm(synthetic, mosaic_partners="batch")
+    batched.setup("fit")
+    first = set(epoch_order(16, 0, 1, 8)[:8].tolist())  # epoch 1's first global batch
+    for index in first:
+        assert set(batched.datasets["train"].partner_pool(1, index).tolist()) <= first
+    with pytest.raises(ValueError, match="mosaic_partners must be 'dataset' or 'batch', got 'rank'"):
+        make_dm(synthetic, mosaic_partners="rank")
 
 
 @pytest.mark.parametrize(

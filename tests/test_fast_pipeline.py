@@ -166,16 +166,23 @@ def sample_statistics(items) -> dict[str, float]:
     }
 
 
-def ours_statistics(yaml: Path, samples: int) -> dict[str, float]:
+def ours_statistics(yaml: Path, samples: int, seeds: tuple[int, ...] = (0, 1, 2)) -> dict[str, float]:
+    """Each statistic averaged over ``seeds`` (``samples`` per seed): one draw's spread over seeds (median box
+    area 0.021-0.024 at 400 samples) is about the 10% the test allows."""
     from yolo11_lightning import YOLODataModule
 
-    data = YOLODataModule(dataset=str(yaml), batch_size=16, image_size=64, num_workers=0)
-    data.setup("fit")
-    dataset = data.datasets["train"]
-    keys = [(e, i) for e in range(samples // len(dataset) + 1) for i in range(len(dataset))][:samples]
-    return sample_statistics(
-        (s["image"].numpy(), s["labels"][:, 1:].numpy()) for s in (dataset[k] for k in keys)
-    )
+    per_seed = []
+    for seed in seeds:
+        data = YOLODataModule(dataset=str(yaml), batch_size=16, image_size=64, num_workers=0, seed=seed)
+        data.setup("fit")
+        dataset = data.datasets["train"]
+        keys = [(e, i) for e in range(samples // len(dataset) + 1) for i in range(len(dataset))][:samples]
+        per_seed.append(
+            sample_statistics(
+                (s["image"].numpy(), s["labels"][:, 1:].numpy()) for s in (dataset[k] for k in keys)
+            )
+        )
+    return {key: float(np.mean([stats[key] for stats in per_seed])) for key in per_seed[0]}
 
 
 def oracle_statistics(yaml: Path, samples: int, seed: int) -> dict[str, float]:

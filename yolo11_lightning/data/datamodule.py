@@ -55,6 +55,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
+        mosaic_partners: where the 3 mosaic partners (and the mixup partner) of a training sample come from.
+            ``"dataset"`` (default): any training image. ``"batch"``: the images of the sample's own global
+            batch (its rank's share of it), which that rank's worker decodes anyway: fewer decodes per
+            sample without ``cache_images``, but far fewer distinct mosaics. On the hard synthetic set at 50
+            epochs ``"batch"`` reached 0.90 of the reference's mAP and ``"dataset"`` its level
+            (``benchmarks/README.md``). Both are a pure function of (seed, epoch, index): any number of
+            workers, ranks or restarts gives the same samples.
         close_mosaic: train the last ``close_mosaic`` epochs without mosaic/mixup (the reference's schedule;
             0: never). Resolved from ``trainer.max_epochs`` in ``setup``, before any worker starts, so
             persistent workers, every rank and a resumed run agree on it without messages.
@@ -92,6 +99,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         cache_images: bool | Literal["disk"] = False,
         mosaic: float = 1.0,
         mixup: float = 0.0,
+        mosaic_partners: Literal["dataset", "batch"] = "dataset",
         close_mosaic: int = 10,
         degrees: float = 0.0,
         translate: float = 0.1,
@@ -129,6 +137,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if cache_images not in (True, False, "disk"):
             raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
+        if mosaic_partners not in ("dataset", "batch"):
+            raise ValueError(f"mosaic_partners must be 'dataset' or 'batch', got {mosaic_partners!r}")
         self.save_hyperparameters()
         self.dataset = dataset
         self.batch_size = batch_size
@@ -139,6 +149,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.persistent_workers = persistent_workers
         self.cache_images = cache_images
         self.close_mosaic = close_mosaic
+        self.mosaic_partners = mosaic_partners
         self.aug = AugmentConfig(
             mosaic=mosaic,
             mixup=mixup,
@@ -246,7 +257,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             aug=self.aug,
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
-            global_batch_size=self.batch_size if augment else None,
+            global_batch_size=self.batch_size if augment and self.mosaic_partners == "batch" else None,
             eval_box_gain=self.eval_box_gain,
             task=self.task,
             mask_overlap=self.mask_overlap,
