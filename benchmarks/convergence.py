@@ -18,8 +18,10 @@ a job whose JSON exists is skipped, so the run is incremental and a partial run 
 Settings: ``defaults`` is each side's defaults (ours: ``YOLO11Module``/``YOLODataModule`` defaults; the
 oracle: its default configuration with only data, epochs, imgsz, batch and workers set); ``sgd`` is an
 explicit recipe on both sides (SGD, lr0 0.01, momentum 0.937, weight decay 5e-4, 3 warmup epochs, the
-other knobs at their shared defaults). Variant ``globalpool`` (ours only): mosaic partners drawn from the
-whole dataset instead of the sample's global batch (``DetectionDataset(global_batch_size=None)``).
+other knobs at their shared defaults). Variants ``globalpool`` and ``batchpool`` (ours only): mosaic partners
+drawn from the whole training set (``--data.mosaic_partners dataset``, the default since 2026-12-01, so
+``base`` is the same) or from the sample's global batch (``batch``, the default before: the ``base`` runs in
+the results dated before that).
 Variant ``shipped`` (both sides): the loader workers and torch threads each side picks by itself on this
 machine, as a user gets them (ours: ``YOLODataModule``'s default workers, torch's default threads; the
 oracle: its CPU overrides kept, 0 workers and ``cores - 1`` threads), for the whole-run wall time as shipped::
@@ -202,20 +204,14 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     L.seed_everything(args.seed)
 
-    class WholeDatasetPartners(YOLODataModule):
-        """Mosaic partners from the whole training set (the ``globalpool`` variant)."""
-
-        def _make_dataset(self, config, split, augment):  # type: ignore[no-untyped-def]
-            dataset = super()._make_dataset(config, split, augment)
-            dataset.global_batch_size = None
-            return dataset
-
     task = _task(args)
     options = _recipe(args)
     data_options = {k: options.pop(k) for k in SEG_DATA_KEYS if k in options}
-    data_cls = WholeDatasetPartners if args.variant == "globalpool" else YOLODataModule
+    partners = {"globalpool": "dataset", "batchpool": "batch"}.get(args.variant)
+    if partners:
+        data_options["mosaic_partners"] = partners
     loader = {} if shipped else {"num_workers": args.workers}  # shipped: the DataModule's default workers
-    data = data_cls(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, seed=args.seed, task=task,
+    data = YOLODataModule(dataset=args.yaml, batch_size=BATCH, image_size=args.image_size, seed=args.seed, task=task,
                     **loader, **data_options)  # fmt: skip
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
                           task=task, **options)  # fmt: skip
@@ -495,7 +491,7 @@ def main_hard(args: argparse.Namespace) -> None:
         jobs = [(side, setting, epochs, seed, variant)
                 for epochs in args.horizons for setting in args.settings for seed in args.seeds
                 for side in args.sides for variant in args.variants
-                if not (side == "oracle" and variant == "globalpool")]  # fmt: skip
+                if not (side == "oracle" and variant in ("globalpool", "batchpool"))]  # fmt: skip
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(lambda job: run_job(args, yaml, *job), jobs))
     print(report(args.workdir, png))
@@ -520,7 +516,9 @@ def main() -> None:
     parser.add_argument("--horizons", type=int, nargs="+", default=None, help="hard 15; seg: --epochs")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sides", nargs="+", default=["oracle", "ours"], choices=("ours", "oracle"))
-    parser.add_argument("--variants", nargs="+", default=["base"], choices=("base", "globalpool", "shipped"))
+    parser.add_argument(
+        "--variants", nargs="+", default=["base"], choices=("base", "globalpool", "batchpool", "shipped")
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--nice", type=int, default=10)
     parser.add_argument("--report", action="store_true", help="only print the table / write the PNG")
