@@ -158,6 +158,21 @@ def oracle_trainer(
     return trainer
 
 
+def oracle_trainer_for(args: Any) -> Any:
+    """``oracle_trainer`` from a worker's parsed options (``yaml``, ``scale``, ``image_size``, ``batch``,
+    ``workers``, ``threads``, ``workdir``, ``task``), as the speed benchmarks' workers get them."""
+    return oracle_trainer(
+        args.yaml,
+        args.scale,
+        args.image_size,
+        args.batch,
+        args.workers,
+        args.threads,
+        args.workdir,
+        args.task,
+    )
+
+
 def children_cpu_seconds() -> float:
     """CPU seconds (user + system) used so far by this process's live children (DataLoader workers)."""
     try:

@@ -242,16 +242,7 @@ def our_steps(events: list[tuple[float, bool, str]]) -> tuple[list[dict[str, flo
 # ------------------------------------------------------------------------------------ oracle
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
-    trainer = F.oracle_trainer(
-        args.yaml,
-        args.scale,
-        args.image_size,
-        args.batch,
-        args.workers,
-        args.threads,
-        args.workdir,
-        args.task,
-    )
+    trainer = F.oracle_trainer_for(args)
     from ultralytics.nn.tasks import DetectionModel, SegmentationModel
 
     model_class = SegmentationModel if args.task == "segment" else DetectionModel

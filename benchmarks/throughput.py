@@ -48,16 +48,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     _, batches = _settings(args)
-    trainer = F.oracle_trainer(
-        args.yaml,
-        args.scale,
-        args.image_size,
-        args.batch,
-        args.workers,
-        args.threads,
-        args.workdir,
-        args.task,
-    )
+    trainer = F.oracle_trainer_for(args)
     stamps: list[float] = []
 
     def stamp(tr: Any) -> bool:
