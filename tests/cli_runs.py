@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -168,8 +169,6 @@ def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path
     version) finishes the run; asserts the resumed start, that the global sample order was trained exactly once,
     and that the final state is the uninterrupted run's. ``extra``: more CLI arguments for both runs. Returns
     the resumed run's final checkpoint."""
-    import re
-
     cut = [
         "--trainer.callbacks+=fault_callbacks.StopAt",
         "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
