@@ -21,7 +21,8 @@ explicit recipe on both sides (SGD, lr0 0.01, momentum 0.937, weight decay 5e-4,
 other knobs at their shared defaults). Variants ``globalpool`` and ``batchpool`` (ours only): mosaic partners
 drawn from the whole training set (``--data.mosaic_partners dataset``, the default since 2026-12-01, so
 ``base`` is the same) or from the sample's global batch (``batch``, the default before: the ``base`` runs in
-the results dated before that).
+the results dated before that); ``recentpool``: ``--data.mosaic_partners recent`` (the sample's global batch
+and 3 earlier ones, 8 apart: the decode saving of ``batch`` with up to 64 source images per pool).
 Variant ``shipped`` (both sides): the loader workers and torch threads each side picks by itself on this
 machine, as a user gets them (ours: ``YOLODataModule``'s default workers, torch's default threads; the
 oracle: its CPU overrides kept, 0 workers and ``cores - 1`` threads), for the whole-run wall time as shipped::
@@ -67,6 +68,7 @@ SGD_RECIPE = {"optimizer": "SGD", "lr0": 0.01, "momentum": 0.937, "weight_decay"
 SEG_RECIPE = {**SGD_RECIPE, "mosaic": 1.0, "close_mosaic": 5}
 SEG_DATA_KEYS = ("mosaic", "close_mosaic")  # YOLODataModule's; the rest are YOLO11Module's
 BATCH = 16
+OURS_ONLY_VARIANTS = ("globalpool", "batchpool", "recentpool")  # mosaic partner modes of our DataModule
 
 
 # ------------------------------------------------------------------------------------ scoring
@@ -207,7 +209,7 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     task = _task(args)
     options = _recipe(args)
     data_options = {k: options.pop(k) for k in SEG_DATA_KEYS if k in options}
-    partners = {"globalpool": "dataset", "batchpool": "batch"}.get(args.variant)
+    partners = {"globalpool": "dataset", "batchpool": "batch", "recentpool": "recent"}.get(args.variant)
     if partners:
         data_options["mosaic_partners"] = partners
     loader = {} if shipped else {"num_workers": args.workers}  # shipped: the DataModule's default workers
@@ -491,7 +493,7 @@ def main_hard(args: argparse.Namespace) -> None:
         jobs = [(side, setting, epochs, seed, variant)
                 for epochs in args.horizons for setting in args.settings for seed in args.seeds
                 for side in args.sides for variant in args.variants
-                if not (side == "oracle" and variant in ("globalpool", "batchpool"))]  # fmt: skip
+                if not (side == "oracle" and variant in OURS_ONLY_VARIANTS)]  # fmt: skip
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             list(pool.map(lambda job: run_job(args, yaml, *job), jobs))
     print(report(args.workdir, png))
@@ -517,7 +519,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--sides", nargs="+", default=["oracle", "ours"], choices=("ours", "oracle"))
     parser.add_argument(
-        "--variants", nargs="+", default=["base"], choices=("base", "globalpool", "batchpool", "shipped")
+        "--variants",
+        nargs="+",
+        default=["base"],
+        choices=("base", "globalpool", "batchpool", "recentpool", "shipped"),
     )
     parser.add_argument("--jobs", type=int, default=2, help="runs at once")
     parser.add_argument("--nice", type=int, default=10)

@@ -118,7 +118,13 @@ def test_mosaic_partners_come_from_the_whole_training_set_by_default(synthetic):
     first = set(epoch_order(16, 0, 1, 8)[:8].tolist())  # epoch 1's first global batch
     for index in first:
         assert set(batched.datasets["train"].partner_pool(1, index).tolist()) <= first
-    with pytest.raises(ValueError, match="mosaic_partners must be 'dataset' or 'batch', got 'rank'"):
+    recent = make_dm(synthetic, mosaic_partners="recent")
+    recent.setup("fit")
+    assert recent.datasets["train"].partner_batches == 4
+    assert recent.datasets["train"].decode_cache_size == (24 + 2) * 8  # 0 workers, 8 images per batch
+    with pytest.raises(
+        ValueError, match=r"mosaic_partners must be one of \('dataset', 'batch', 'recent'\), got 'rank'"
+    ):
         make_dm(synthetic, mosaic_partners="rank")
 
 

@@ -26,6 +26,8 @@ from .disk_cache import attach_disk_caches
 from .loader_workers import ignore_stop_signals_in_worker as ignore_stop_signals_in_worker  # re-exported
 from .loader_workers import single_threaded_opencv
 from .node_cache import RankGroup, attach_image_caches
+from .partner_pools import MODES as PARTNER_MODES
+from .partner_pools import RECENT_BATCHES, recent_decode_cache_size
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
 from .sampler_checkpoint import TrainSamplerCheckpoint
 from .sources.config import DatasetConfig, DatasetError, load_dataset_config
@@ -60,8 +62,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             batch (its rank's share of it), which that rank's worker decodes anyway: fewer decodes per
             sample without ``cache_images``, but far fewer distinct mosaics. On the hard synthetic set at 50
             epochs ``"batch"`` reached 0.90 of the reference's mAP and ``"dataset"`` its level
-            (``benchmarks/README.md``). Both are a pure function of (seed, epoch, index): any number of
-            workers, ranks or restarts gives the same samples.
+            (``benchmarks/README.md``). ``"recent"``: the sample's global batch and 3 earlier ones, 8
+            batches apart (``data.partner_pools``): up to 64 images, decoded anyway by the sample's own
+            worker when ``num_workers`` divides 8, so about 1 decode per sample like ``"batch"``. Every
+            mode is a pure function of (seed, epoch, index): any number of workers, ranks or restarts
+            gives the same samples.
         close_mosaic: train the last ``close_mosaic`` epochs without mosaic/mixup (the reference's schedule;
             0: never). Resolved from ``trainer.max_epochs`` in ``setup``, before any worker starts, so
             persistent workers, every rank and a resumed run agree on it without messages.
@@ -99,7 +104,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         cache_images: bool | Literal["disk"] = False,
         mosaic: float = 1.0,
         mixup: float = 0.0,
-        mosaic_partners: Literal["dataset", "batch"] = "dataset",
+        mosaic_partners: Literal["dataset", "batch", "recent"] = "dataset",
         close_mosaic: int = 10,
         degrees: float = 0.0,
         translate: float = 0.1,
@@ -137,8 +142,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if cache_images not in (True, False, "disk"):
             raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
-        if mosaic_partners not in ("dataset", "batch"):
-            raise ValueError(f"mosaic_partners must be 'dataset' or 'batch', got {mosaic_partners!r}")
+        if mosaic_partners not in PARTNER_MODES:
+            raise ValueError(f"mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
         self.save_hyperparameters()
         self.dataset = dataset
         self.batch_size = batch_size
@@ -257,12 +262,25 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             aug=self.aug,
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
-            global_batch_size=self.batch_size if augment and self.mosaic_partners == "batch" else None,
+            **(self._partner_options() if augment else {}),
             eval_box_gain=self.eval_box_gain,
             task=self.task,
             mask_overlap=self.mask_overlap,
         )
         return dataset
+
+    def _partner_options(self) -> dict[str, int | None]:
+        """``DetectionDataset`` arguments of the ``mosaic_partners`` mode (``data.partner_pools``)."""
+        if self.mosaic_partners == "dataset":
+            return {"global_batch_size": None}
+        if self.mosaic_partners == "batch":
+            return {"global_batch_size": self.batch_size}
+        cache = recent_decode_cache_size(self.per_device_batch_size, self.num_workers)
+        return {
+            "global_batch_size": self.batch_size,
+            "partner_batches": RECENT_BATCHES,
+            "decode_cache_size": cache,
+        }
 
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check

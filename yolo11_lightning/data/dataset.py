@@ -48,6 +48,7 @@ from .image_loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
 from .image_loading import RecordImageLoader
 from .masks import rasterize
 from .packed_records import PackedRecords as PackedRecords  # re-exported: moved to data.packed_records
+from .partner_pools import RECENT_BATCHES, pool_positions, recent_decode_cache_size
 from .polygons import letterbox_polygons
 from .sample_seeds import MIN_PARTNER_POOL as MIN_PARTNER_POOL  # re-exported: moved to data.sample_seeds
 from .sample_seeds import SAMPLE_STREAM as SAMPLE_STREAM
@@ -100,13 +101,17 @@ class DetectionDataset(RecordImageLoader, Dataset):
         scaleup: enlarge images smaller than ``image_size`` when loading.
         image_cache: decoded, resized images of all records (RAM), or None to read files.
         global_batch_size: the sampler's global batch B. Mosaic/mixup partners are then drawn from the
-            sample's partner pool (``partner_pool``): the samples of its global batch at positions
-            congruent to its own modulo ``partner_stride(B)``. On any world size dividing that stride the
-            pool lies on the sample's own rank, in the same per-device batch, so a worker finds partners
-            among images it decodes anyway: about 1 decode per sample instead of 4. None draws partners
-            from the whole dataset. Either way they are a function of (seed, epoch, index) only.
+            sample's partner pool (``partner_pool``, ``data.partner_pools``): the samples of its global
+            batch at positions congruent to its own modulo ``partner_stride(B)``, and with
+            ``partner_batches`` > 1 those of as many earlier global batches, ``RECENT_SPACING`` apart. On
+            any world size dividing that stride the pool lies on the sample's own rank, in per-device
+            batches its worker decodes anyway: about 1 decode per sample instead of 4. None draws
+            partners from the whole dataset. Either way they are a function of (seed, epoch, index) only.
+        partner_batches: global batches a pool spans: 1 (``mosaic_partners="batch"``) or
+            ``RECENT_BATCHES`` (``"recent"``); only used with ``global_batch_size``.
         decode_cache_size: decoded images each worker keeps (LRU) for re-use as partners; 0 disables,
-            None picks min(global_batch_size or 16, 128) (about 1 MB per 640 image).
+            None picks min(global_batch_size or 16, 128) for one-batch pools and
+            ``recent_decode_cache_size(global_batch_size, 1)`` for longer ones (about 1 MB per 640 image).
         eval_box_gain: how evaluation maps boxes back to original pixels. ``"reference"`` (default): one
             gain, resized over original height, for both axes, as the reference validator does, so the
             detections equal its own (``data.eval_shapes``); ``scale`` is then a float. ``"per_axis"``: each
@@ -133,6 +138,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
         scaleup: bool = True,
         image_cache: ImageCache | None = None,
         global_batch_size: int | None = None,
+        partner_batches: int = 1,
         decode_cache_size: int | None = None,
         read_attempts: int = 3,
         retry_backoff_s: float = 0.05,
@@ -161,9 +167,16 @@ class DetectionDataset(RecordImageLoader, Dataset):
         self.mosaic_until_epoch = mosaic_until_epoch
         self.scaleup = scaleup
         self.image_cache = image_cache
+        if partner_batches not in (1, RECENT_BATCHES):
+            raise ValueError(f"partner_batches must be 1 or {RECENT_BATCHES}, got {partner_batches}")
         self.global_batch_size = global_batch_size
-        if decode_cache_size is None:  # enough for one pool: a worker decodes each pool image once
-            decode_cache_size = min(global_batch_size or 16, 128)
+        self.partner_batches = partner_batches
+        if decode_cache_size is None:  # enough for the pools: a worker decodes each pool image once
+            decode_cache_size = (
+                min(global_batch_size or 16, 128)
+                if partner_batches == 1 or global_batch_size is None
+                else recent_decode_cache_size(global_batch_size, 1)
+            )
         self.decode_cache_size = decode_cache_size if augment and image_cache is None else 0
         if read_attempts < 1:
             raise ValueError(f"read_attempts must be >= 1, got {read_attempts}")
@@ -222,7 +235,8 @@ class DetectionDataset(RecordImageLoader, Dataset):
     def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
         """Indices the mosaic/mixup partners of sample (epoch, index) are drawn from; None: any index.
 
-        Positions p..q of one global batch with q = p (mod stride) in the epoch's order (``epoch_order``).
+        Positions q = p (mod stride) of the sample's global batch in the epoch's order (``epoch_order``),
+        and of the earlier batches of a ``"recent"`` pool (``partner_pools.pool_positions``).
         """
         batch = self.global_batch_size
         if batch is None:
@@ -235,9 +249,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
             # Padding repeats a few indices at the end; their first position decides their pool.
             self._position = np.unique(self._order, return_index=True)[1]
             self._order_epoch = epoch
-        position = self._position[index]
-        start = position // batch * batch
-        return self._order[start + (position - start) % stride : start + batch : stride]
+        return self._order[pool_positions(int(self._position[index]), batch, stride, self.partner_batches)]
 
     def _picker(self, epoch: int, index: int):
         pool = self.partner_pool(epoch, index)

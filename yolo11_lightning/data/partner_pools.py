@@ -1,0 +1,64 @@
+"""Where a training sample's mosaic (and mixup) partners come from: the three ``mosaic_partners`` modes.
+
+A partner pool is a set of positions in the epoch's global order (``sampler.epoch_order``), so it is a
+function of (seed, epoch, index) alone: any number of workers, ranks or restarts gives the same samples.
+Where the pool lies decides how many images a DataLoader worker decodes per sample (without
+``cache_images``):
+
+* ``"dataset"``: any training image. The most diverse mosaics, up to 4 decodes per sample (the partners
+  are rarely in the worker's decode cache).
+* ``"batch"``: positions of the sample's own global batch, congruent to its position modulo
+  ``partner_stride(B)`` (``sample_seeds``), so the pool lies on the sample's rank (world sizes dividing
+  the stride) in its per-device batch, which the same worker decodes anyway: 1 decode per sample. But
+  each image meets only the 15 others of its pool in an epoch; on the hard synthetic set at 50 epochs
+  that cost a tenth of the mAP (``benchmarks/README.md``).
+* ``"recent"``: the ``batch`` pool of the sample's global batch b and of the ``RECENT_BATCHES - 1``
+  earlier global batches b - V, b - 2V, ... with V = ``RECENT_SPACING`` (those before the epoch's first
+  batch left out). A DataLoader hands per-device batch j to worker j mod W, so for any worker count W
+  dividing V those batches went through the same worker before: its decode cache holds them
+  (``recent_decode_cache_size``) and it decodes 1 image per sample, like ``"batch"``, while a sample's
+  partners come from up to 4 x 16 = 64 images, like the reference's buffer of recent images. Other
+  worker counts (3, 5, 6, ...) give the same samples and decode a little more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+MODES = ("dataset", "batch", "recent")
+# Global batches a "recent" pool spans, and how far apart they lie in the epoch's order.
+RECENT_BATCHES = 4
+RECENT_SPACING = 8  # a multiple of the usual worker counts (1, 2, 4, 8): their pools stay in one worker
+# Most decoded images a worker keeps for "recent" pools (about 1 MB each at 640 px).
+MAX_RECENT_DECODE_CACHE = 1024
+
+
+def pool_positions(position: int, global_batch: int, stride: int, batches: int) -> np.ndarray:
+    """Positions in the epoch order of the partner pool of the sample at ``position``.
+
+    Args:
+        position: the sample's position in the epoch order.
+        global_batch: B, samples per global batch.
+        stride: ``partner_stride(B)``: the pool takes the positions congruent to ``position`` modulo it.
+        batches: 1 (``"batch"``: the sample's global batch only) or ``RECENT_BATCHES`` (``"recent"``).
+
+    Returns:
+        (k,) int64 positions, the sample's own batch first, ``position`` among them.
+    """
+    start = position // global_batch * global_batch
+    offset = (position - start) % stride
+    starts = start - np.arange(batches) * RECENT_SPACING * global_batch
+    starts = starts[starts >= 0]
+    return np.concatenate([np.arange(s + offset, s + global_batch, stride) for s in starts])
+
+
+def recent_decode_cache_size(per_device_batch: int, num_workers: int) -> int:
+    """Decoded images a worker must keep so that ``"recent"`` pools find their images decoded.
+
+    A worker decodes one per-device batch in every ``W`` (W = ``num_workers``, 0 meaning the main
+    process alone); the oldest batch of a pool lies ``(RECENT_BATCHES - 1) * RECENT_SPACING`` batches
+    back, so it keeps that span's share of its batches plus the current one and one spare.
+    """
+    span = (RECENT_BATCHES - 1) * RECENT_SPACING
+    own_batches = span // max(num_workers, 1) + 2
+    return min(own_batches * per_device_batch, MAX_RECENT_DECODE_CACHE)
