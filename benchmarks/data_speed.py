@@ -5,8 +5,11 @@ is this times the workers, while CPU cores last). Rows:
   * train, 1 device:          mosaic on, 640, reference default augmentation, global batch = 16;
   * train, 1 of 8 devices:    the same seen by one rank's worker when 8 devices share a global batch of
                               128 (mosaic partners come from that rank's own batch, see partner_pool);
-  * train, partners anywhere: mosaic partners drawn from the whole dataset (4 decodes per sample), to
-                              show what the partner pools buy;
+  * train, partners anywhere: mosaic partners drawn from the whole dataset (``mosaic_partners
+                              dataset``, the default: up to 4 decodes per sample), to show what the
+                              partner pools buy;
+  * train, recent partners:   ``mosaic_partners recent``: pools over the batch and 3 earlier ones 8 apart,
+                              which one worker has decoded (its decode cache holds them);
   * val:                      letterbox to 640, no augmentation.
 The reference's worker does the same work whatever the device count (its mosaic partners come from a
 buffer of images it loaded recently), so its one train figure is the baseline of every train row.
@@ -38,6 +41,7 @@ import _common as C
 
 from yolo11_lightning.data.augment import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, collate_detection
+from yolo11_lightning.data.partner_pools import RECENT_BATCHES
 from yolo11_lightning.data.sampler import ElasticDistributedSampler
 from yolo11_lightning.data.sources.records import ImageRecord
 
@@ -130,10 +134,11 @@ def main() -> None:
             keys += list(sampler)
         return [keys[i : i + batch] for i in range(0, num_batches * batch, batch)]
 
-    def train_set(global_batch: int | None) -> DetectionDataset:
+    def train_set(global_batch: int | None, partner_batches: int = 1) -> DetectionDataset:
         return DetectionDataset(
-            records, size, augment=True, aug=AugmentConfig(), seed=0, global_batch_size=global_batch
-        )
+            records, size, augment=True, aug=AugmentConfig(), seed=0, global_batch_size=global_batch,
+            partner_batches=partner_batches,
+        )  # fmt: skip
 
     num_batches = args.train_batches * args.rounds
     world = args.world_size
@@ -141,6 +146,7 @@ def main() -> None:
         "train, 1 device": (train_set(batch), train_keys(1, num_batches)),
         f"train, 1 of {world} devices": (train_set(batch * world), train_keys(world, num_batches)),
         "train, partners anywhere": (train_set(None), train_keys(1, num_batches)),
+        "train, recent partners": (train_set(batch, RECENT_BATCHES), train_keys(1, num_batches)),
     }
     ours_val = DetectionDataset(records, size, augment=False)
     val_keys = list(range(len(records)))
