@@ -3,7 +3,8 @@
 The ``"recent"`` pools must (1) lie in per-device batches the sample's own DataLoader worker has already
 decoded, for any worker count dividing ``RECENT_SPACING`` and any world size dividing the partner stride,
 (2) give the same samples for any worker count (dividing or not), and (3) through a real DataLoader with
-worker processes, decode each image about once per epoch, where whole-set partners decode about 4 times.
+worker processes, decode each image about once per epoch (more in the epoch's first batches, whose pools
+wrap to its end), where whole-set partners decode about 4 times.
 """
 
 from __future__ import annotations
@@ -30,24 +31,29 @@ from yolo11_lightning.data.sources.records import ImageRecord
 SIZE = 64
 
 
-def test_pool_positions_span_the_batch_and_three_earlier_ones_eight_apart():
-    batch, stride = 32, 2
+def test_pool_positions_span_the_batch_and_three_earlier_ones_eight_apart_cyclically():
+    batch, stride, epoch = 32, 2, 40  # 40 global batches in the epoch
     late = 30 * batch + 5  # global batch 30, offset 5 -> positions = 1 (mod 2) of batches 30, 22, 14, 6
-    positions = pool_positions(late, batch, stride, RECENT_BATCHES)
+    positions = pool_positions(late, batch, stride, RECENT_BATCHES, epoch)
     assert late in positions and len(positions) == RECENT_BATCHES * batch // stride
     assert sorted({int(p) // batch for p in positions}) == [6, 14, 22, 30]
     assert all(p % stride == late % stride for p in positions)
-    early = pool_positions(9 * batch + 4, batch, stride, RECENT_BATCHES)  # batches 9 and 1 only
-    assert sorted({int(p) // batch for p in early}) == [1, 9]
+    early = pool_positions(9 * batch + 4, batch, stride, RECENT_BATCHES, epoch)  # 9, 1, then the epoch's end
+    assert sorted({int(p) // batch for p in early}) == [1, 9, 25, 33]
+    assert len(early) == len(positions), "every sample's pool is as large, at the start of an epoch too"
+    small = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 10)  # 1, 3 (= 1 - 8 + 10), 5, 7
+    assert sorted({int(p) // batch for p in small}) == [1, 3, 5, 7]
+    tiny = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 4)  # every earlier batch is batch 1
+    np.testing.assert_array_equal(tiny, np.arange(batch, 2 * batch, stride))
     np.testing.assert_array_equal(
-        pool_positions(late, batch, stride, 1), np.arange(30 * batch + 1, 31 * batch, 2)
+        pool_positions(late, batch, stride, 1, epoch), np.arange(30 * batch + 1, 31 * batch, 2)
     )
 
 
 @pytest.mark.parametrize(("global_batch", "world"), [(16, 1), (64, 2), (64, 4), (128, 8)])
 @pytest.mark.parametrize("workers", [1, 2, 4, 8])
 def test_recent_pools_lie_in_batches_the_same_worker_decoded_before(global_batch, world, workers):
-    n = 1000  # not a multiple of the batch: the padded end is covered too
+    n = 4000  # 32+ global batches; not a multiple of the batch: the padded end is covered too
     records = [ImageRecord(f"/nowhere/{i}.jpg", 10, 10) for i in range(n)]  # pools need no pixels
     dataset = DetectionDataset(
         records, SIZE, augment=True, seed=4, global_batch_size=global_batch, partner_batches=RECENT_BATCHES
@@ -59,6 +65,7 @@ def test_recent_pools_lie_in_batches_the_same_worker_decoded_before(global_batch
         sampler.set_epoch(3)
         items = [i for _, i in sampler]
         batches = [items[b : b + per_rank] for b in range(0, len(items), per_rank)]
+        on_rank = set(items)
         seen: list[set[int]] = [set() for _ in range(workers)]  # what each worker has decoded so far
         first_position = {}
         for j, batch in enumerate(batches):
@@ -70,10 +77,10 @@ def test_recent_pools_lie_in_batches_the_same_worker_decoded_before(global_batch
                 if first_position[i] != j:  # a padding repeat: its pool is that of its first position
                     continue
                 pool = set(dataset.partner_pool(3, i).tolist())
-                assert i in pool
-                assert pool <= seen[worker], f"batch {j}: a partner this worker has not decoded"
-                if j >= (RECENT_BATCHES - 1) * RECENT_SPACING:
-                    assert len(pool) == RECENT_BATCHES * min(16, global_batch)
+                assert i in pool and pool <= on_rank, "a partner lives on another rank"
+                assert len(pool) == RECENT_BATCHES * min(16, global_batch)
+                if j >= (RECENT_BATCHES - 1) * RECENT_SPACING:  # earlier ones wrap to the epoch's end
+                    assert pool <= seen[worker], f"batch {j}: a partner this worker has not decoded"
 
 
 def test_decode_cache_fits_the_pools_of_every_worker_count():
@@ -96,7 +103,7 @@ class CountingDataset(DetectionDataset):
         return np.full((height, width, 3), index % 251, np.uint8), 1
 
 
-def run_epoch(mode: str, workers: int, n: int = 192, batch: int = 8) -> tuple[float, list[torch.Tensor]]:
+def run_epoch(mode: str, workers: int, n: int = 800, batch: int = 8) -> tuple[float, list[torch.Tensor]]:
     """Decodes per sample over one epoch through a real DataLoader, and the batches' images."""
     from yolo11_lightning.data.datamodule import YOLODataModule
 
@@ -130,8 +137,10 @@ def test_recent_partners_decode_each_image_once_and_give_the_same_samples_for_an
         assert all(torch.equal(a, b) for a, b in zip(images, reference)), (
             f"{workers} workers changed a sample"
         )
-    assert decodes[0] == decodes[2] == 1.0, decodes  # every image decoded exactly once in the epoch
-    assert 1.0 < decodes[3] < 2.5, decodes  # 3 does not divide 8: same samples, some partners decoded again
+    # 100 batches: only the first 24 (whose earlier batches wrap to the epoch's end) decode partners again.
+    wrapped = 3 * (RECENT_BATCHES - 1) * RECENT_SPACING / 100
+    assert decodes[0] == decodes[2] and 1.0 < decodes[0] < 1.0 + wrapped, decodes
+    assert decodes[3] > decodes[2], decodes  # 3 does not divide 8: same samples, more partners decoded again
     whole_set, _ = run_epoch("dataset", 2)
     in_batch, _ = run_epoch("batch", 2)
     assert in_batch == 1.0 and whole_set > 3.0, (in_batch, whole_set)

@@ -249,7 +249,11 @@ class DetectionDataset(RecordImageLoader, Dataset):
             # Padding repeats a few indices at the end; their first position decides their pool.
             self._position = np.unique(self._order, return_index=True)[1]
             self._order_epoch = epoch
-        return self._order[pool_positions(int(self._position[index]), batch, stride, self.partner_batches)]
+        num_batches = len(self._order) // batch
+        positions = pool_positions(
+            int(self._position[index]), batch, stride, self.partner_batches, num_batches
+        )
+        return self._order[positions]
 
     def _picker(self, epoch: int, index: int):
         pool = self.partner_pool(epoch, index)

@@ -13,12 +13,14 @@ Where the pool lies decides how many images a DataLoader worker decodes per samp
   each image meets only the 15 others of its pool in an epoch; on the hard synthetic set at 50 epochs
   that cost a tenth of the mAP (``benchmarks/README.md``).
 * ``"recent"``: the ``batch`` pool of the sample's global batch b and of the ``RECENT_BATCHES - 1``
-  earlier global batches b - V, b - 2V, ... with V = ``RECENT_SPACING`` (those before the epoch's first
-  batch left out). A DataLoader hands per-device batch j to worker j mod W, so for any worker count W
-  dividing V those batches went through the same worker before: its decode cache holds them
-  (``recent_decode_cache_size``) and it decodes 1 image per sample, like ``"batch"``, while a sample's
-  partners come from up to 4 x 16 = 64 images, like the reference's buffer of recent images. Other
-  worker counts (3, 5, 6, ...) give the same samples and decode a little more.
+  earlier global batches b - V, b - 2V, ... with V = ``RECENT_SPACING``, counted cyclically in the epoch
+  (the first batches of an epoch take their earlier ones from its end), so every sample's partners come
+  from 4 x 16 = 64 images or more, like the reference's buffer of recent images. A DataLoader hands
+  per-device batch j to worker j mod W, so for any worker count W dividing V those batches went through
+  the same worker before: its decode cache holds them (``recent_decode_cache_size``) and it decodes 1
+  image per sample, like ``"batch"``, except in the first (``RECENT_BATCHES`` - 1) x V batches of an
+  epoch, whose wrapped partners are decoded once more (a few per mille of a COCO-sized epoch, most of an
+  epoch of 25 batches). Other worker counts (3, 5, 6, ...) give the same samples and decode more.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ RECENT_SPACING = 8  # a multiple of the usual worker counts (1, 2, 4, 8): their 
 MAX_RECENT_DECODE_CACHE = 1024
 
 
-def pool_positions(position: int, global_batch: int, stride: int, batches: int) -> np.ndarray:
+def pool_positions(
+    position: int, global_batch: int, stride: int, batches: int, num_batches: int
+) -> np.ndarray:
     """Positions in the epoch order of the partner pool of the sample at ``position``.
 
     Args:
@@ -41,15 +45,18 @@ def pool_positions(position: int, global_batch: int, stride: int, batches: int) 
         global_batch: B, samples per global batch.
         stride: ``partner_stride(B)``: the pool takes the positions congruent to ``position`` modulo it.
         batches: 1 (``"batch"``: the sample's global batch only) or ``RECENT_BATCHES`` (``"recent"``).
+        num_batches: global batches in the epoch (earlier batches are counted cyclically among them).
 
     Returns:
         (k,) int64 positions, the sample's own batch first, ``position`` among them.
     """
-    start = position // global_batch * global_batch
-    offset = (position - start) % stride
-    starts = start - np.arange(batches) * RECENT_SPACING * global_batch
-    starts = starts[starts >= 0]
-    return np.concatenate([np.arange(s + offset, s + global_batch, stride) for s in starts])
+    batch = position // global_batch
+    offset = (position - batch * global_batch) % stride
+    earlier = (batch - np.arange(batches) * RECENT_SPACING) % num_batches
+    distinct = dict.fromkeys(earlier.tolist())  # an epoch of fewer than batches x V batches meets itself
+    return np.concatenate(
+        [np.arange(b * global_batch + offset, (b + 1) * global_batch, stride) for b in distinct]
+    )
 
 
 def recent_decode_cache_size(per_device_batch: int, num_workers: int) -> int:
