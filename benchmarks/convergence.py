@@ -18,11 +18,11 @@ a job whose JSON exists is skipped, so the run is incremental and a partial run 
 Settings: ``defaults`` is each side's defaults (ours: ``YOLO11Module``/``YOLODataModule`` defaults; the
 oracle: its default configuration with only data, epochs, imgsz, batch and workers set); ``sgd`` is an
 explicit recipe on both sides (SGD, lr0 0.01, momentum 0.937, weight decay 5e-4, 3 warmup epochs, the
-other knobs at their shared defaults). Variants ``globalpool`` and ``batchpool`` (ours only): mosaic partners
-drawn from the whole training set (``--data.mosaic_partners dataset``, the default since 2026-12-01, so
-``base`` is the same) or from the sample's global batch (``batch``, the default before: the ``base`` runs in
-the results dated before that); ``recentpool``: ``--data.mosaic_partners recent`` (the sample's global batch
-and 3 earlier ones, 8 apart: the decode saving of ``batch`` with up to 64 source images per pool).
+other knobs at their shared defaults). Variants ``globalpool``, ``batchpool`` and ``recentpool`` (ours only)
+set ``--data.mosaic_partners`` to ``dataset`` (the whole training set), ``batch`` (the sample's global batch)
+or ``recent`` (that batch and 3 earlier ones, 8 apart). ``base`` is our default, which was ``batch`` in the
+results of commits before 0a75faa, ``dataset`` from then, and ``recent`` since the session-5 runs (results
+``convergence_hard_whole_set``: its ``base`` runs are ``dataset``, its ``recentpool`` runs the new default).
 Variant ``shipped`` (both sides): the loader workers and torch threads each side picks by itself on this
 machine, as a user gets them (ours: ``YOLODataModule``'s default workers, torch's default threads; the
 oracle: its CPU overrides kept, 0 workers and ``cores - 1`` threads), for the whole-run wall time as shipped::

@@ -102,28 +102,35 @@ def test_close_mosaic_epoch_reaches_the_train_dataset(synthetic):
     assert dm.datasets["train"].mosaic_until_epoch == 2
 
 
-def test_mosaic_partners_come_from_the_whole_training_set_by_default(synthetic):
-    """Default: any training image (the accurate choice at long horizons); ``batch``: the sample's global batch."""
+def test_mosaic_partners_modes_reach_the_dataset(synthetic):
+    """Default ``recent``: the global batch and 3 earlier ones; ``dataset``: any image; ``batch``: the batch."""
+    from yolo11_lightning.data.partner_pools import pool_positions
     from yolo11_lightning.data.sampler import epoch_order
 
     dm = make_dm(synthetic)
     dm.setup("fit")
-    train = dm.datasets["train"]
+    recent = dm.datasets["train"]
+    assert dm.mosaic_partners == "recent" and recent.partner_batches == 4
+    assert recent.decode_cache_size == (24 + 2) * 8  # 0 workers, 8 images per batch
+    order = epoch_order(16, 0, 1, 8)  # 16 images, global batch 8: 2 global batches, each its own pool
+    for position, index in enumerate(order.tolist()):
+        expected = order[pool_positions(position, 8, 1, 4, 2)]
+        assert sorted(recent.partner_pool(1, index).tolist()) == sorted(expected.tolist())
+
+    anywhere = make_dm(synthetic, mosaic_partners="dataset")
+    anywhere.setup("fit")
+    train = anywhere.datasets["train"]
     assert train.partner_pool(1, 3) is None  # any index
     picked = {p for i in range(16) for p in train._picker(1, i)(np.random.default_rng(i), 3)}
     assert len(picked) > 8, "partners from the whole set reach more than one batch's 8 images"
 
     batched = make_dm(synthetic, mosaic_partners="batch")
     batched.setup("fit")
-    first = set(epoch_order(16, 0, 1, 8)[:8].tolist())  # epoch 1's first global batch
+    first = set(order[:8].tolist())  # epoch 1's first global batch
     for index in first:
         assert set(batched.datasets["train"].partner_pool(1, index).tolist()) <= first
-    recent = make_dm(synthetic, mosaic_partners="recent")
-    recent.setup("fit")
-    assert recent.datasets["train"].partner_batches == 4
-    assert recent.datasets["train"].decode_cache_size == (24 + 2) * 8  # 0 workers, 8 images per batch
     with pytest.raises(
-        ValueError, match=r"mosaic_partners must be one of \('dataset', 'batch', 'recent'\), got 'rank'"
+        ValueError, match=r"mosaic_partners must be one of \('recent', 'dataset', 'batch'\), got 'rank'"
     ):
         make_dm(synthetic, mosaic_partners="rank")
 

@@ -6,13 +6,13 @@ Where the pool lies decides how many images a DataLoader worker decodes per samp
 ``cache_images``):
 
 * ``"dataset"``: any training image. The most diverse mosaics, up to 4 decodes per sample (the partners
-  are rarely in the worker's decode cache).
+  are rarely in the worker's decode cache). The default from 2026-12-01 until ``"recent"`` was measured.
 * ``"batch"``: positions of the sample's own global batch, congruent to its position modulo
   ``partner_stride(B)`` (``sample_seeds``), so the pool lies on the sample's rank (world sizes dividing
   the stride) in its per-device batch, which the same worker decodes anyway: 1 decode per sample. But
   each image meets only the 15 others of its pool in an epoch; on the hard synthetic set at 50 epochs
   that cost a tenth of the mAP (``benchmarks/README.md``).
-* ``"recent"``: the ``batch`` pool of the sample's global batch b and of the ``RECENT_BATCHES - 1``
+* ``"recent"`` (``YOLODataModule``'s default): the ``batch`` pool of the sample's global batch b and of the ``RECENT_BATCHES - 1``
   earlier global batches b - V, b - 2V, ... with V = ``RECENT_SPACING``, counted cyclically in the epoch
   (the first batches of an epoch take their earlier ones from its end), so every sample's partners come
   from 4 x 16 = 64 images or more, like the reference's buffer of recent images. A DataLoader hands
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-MODES = ("dataset", "batch", "recent")
+MODES = ("recent", "dataset", "batch")  # the first is YOLODataModule's default
 # Global batches a "recent" pool spans, and how far apart they lie in the epoch's order.
 RECENT_BATCHES = 4
 RECENT_SPACING = 8  # a multiple of the usual worker counts (1, 2, 4, 8): their pools stay in one worker
