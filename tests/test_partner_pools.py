@@ -21,6 +21,7 @@ from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.partner_pools import (
     RECENT_BATCHES,
     RECENT_SPACING,
+    dataset_options,
     pool_positions,
     recent_decode_cache_size,
 )
@@ -105,17 +106,13 @@ class CountingDataset(DetectionDataset):
 
 def run_epoch(mode: str, workers: int, n: int = 800, batch: int = 8) -> tuple[float, list[torch.Tensor]]:
     """Decodes per sample over one epoch through a real DataLoader, and the batches' images."""
-    from yolo11_lightning.data.datamodule import YOLODataModule
-
     context = multiprocessing.get_context("fork")
     counter = context.Value("i", 0)
     records = [
         ImageRecord(f"/nowhere/{i}.jpg", 48 + i % 17, 64, [i % 3], [[0.5, 0.5, 0.4, 0.4]]) for i in range(n)
     ]
-    options = YOLODataModule(dataset="synthetic", batch_size=batch, num_workers=workers, mosaic_partners=mode)
-    dataset = CountingDataset(
-        records, SIZE, augment=True, seed=1, counter=counter, **options._partner_options()
-    )
+    options = dataset_options(mode, batch, batch, workers)
+    dataset = CountingDataset(records, SIZE, augment=True, seed=1, counter=counter, **options)
     sampler = ElasticDistributedSampler(dataset, batch, num_replicas=1, rank=0, seed=1)
     sampler.set_epoch(2)
     loader = DataLoader(

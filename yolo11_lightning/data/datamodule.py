@@ -27,7 +27,7 @@ from .loader_workers import ignore_stop_signals_in_worker as ignore_stop_signals
 from .loader_workers import single_threaded_opencv
 from .node_cache import RankGroup, attach_image_caches
 from .partner_pools import MODES as PARTNER_MODES
-from .partner_pools import RECENT_BATCHES, recent_decode_cache_size
+from .partner_pools import dataset_options as partner_options
 from .sampler import ElasticDistributedSampler, ShardedEvalSampler
 from .sampler_checkpoint import TrainSamplerCheckpoint
 from .sources.config import DatasetConfig, DatasetError, load_dataset_config
@@ -58,15 +58,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
         mosaic_partners: where the 3 mosaic partners (and the mixup partner) of a training sample come from
-            (``data.partner_pools``). ``"recent"`` (default): the sample's global batch and 3 earlier ones, 8
-            batches apart, 64 images, like the reference's buffer of recent images; the sample's own worker
-            has decoded them already when ``num_workers`` divides 8, so about 1 decode per sample.
-            ``"dataset"``: any training image, up to 4 decodes per sample without ``cache_images``.
-            ``"batch"``: the sample's own global batch only (16 images), 1 decode per sample. On the hard
-            synthetic set (``benchmarks/README.md``) ``"batch"`` reached 0.90 of the reference's mAP at 50
-            epochs (SGD); ``"recent"`` and ``"dataset"`` were at its level at 30 and 50 epochs in both
-            settings (mean ratios 1.04 and 1.03, every gap inside the seed spread). Every mode is a pure
-            function of (seed, epoch, index): any number of workers, ranks or restarts gives the same samples.
+            (``data.partner_pools``, measured in ``benchmarks/README.md``). ``"recent"`` (default): the
+            sample's global batch and 3 earlier ones, 8 batches apart (64 images), decoded by its own worker
+            already when ``num_workers`` divides 8. ``"dataset"``: any image, up to 4 decodes per sample
+            without ``cache_images``, as accurate. ``"batch"``: its global batch only, cost accuracy on long
+            runs. Every mode gives the same samples on any number of workers, ranks or restarts.
         close_mosaic: train the last ``close_mosaic`` epochs without mosaic/mixup (the reference's schedule;
             0: never). Resolved from ``trainer.max_epochs`` in ``setup``, before any worker starts, so
             persistent workers, every rank and a resumed run agree on it without messages.
@@ -255,6 +251,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
         if self.task == "segment" and self.global_rank == 0:
             warn_missing_polygons(records, f"{config.source} `{split}`")
+        partners = (
+            partner_options(
+                self.mosaic_partners, self.batch_size, self.per_device_batch_size, self.num_workers
+            )
+            if augment
+            else {}
+        )
         dataset = DetectionDataset(
             records,
             self.image_size,
@@ -262,25 +265,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             aug=self.aug,
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
-            **(self._partner_options() if augment else {}),
+            **partners,
             eval_box_gain=self.eval_box_gain,
             task=self.task,
             mask_overlap=self.mask_overlap,
         )
         return dataset
-
-    def _partner_options(self) -> dict[str, int | None]:
-        """``DetectionDataset`` arguments of the ``mosaic_partners`` mode (``data.partner_pools``)."""
-        if self.mosaic_partners == "dataset":
-            return {"global_batch_size": None}
-        if self.mosaic_partners == "batch":
-            return {"global_batch_size": self.batch_size}
-        cache = recent_decode_cache_size(self.per_device_batch_size, self.num_workers)
-        return {
-            "global_batch_size": self.batch_size,
-            "partner_batches": RECENT_BATCHES,
-            "decode_cache_size": cache,
-        }
 
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check

@@ -69,3 +69,27 @@ def recent_decode_cache_size(per_device_batch: int, num_workers: int) -> int:
     span = (RECENT_BATCHES - 1) * RECENT_SPACING
     own_batches = span // max(num_workers, 1) + 2
     return min(own_batches * per_device_batch, MAX_RECENT_DECODE_CACHE)
+
+
+def dataset_options(
+    mode: str, global_batch: int, per_device_batch: int, num_workers: int
+) -> dict[str, int | None]:
+    """The ``DetectionDataset`` arguments of a ``mosaic_partners`` mode (one of ``MODES``).
+
+    Args:
+        mode: ``"recent"``, ``"dataset"`` or ``"batch"``.
+        global_batch: the sampler's global batch B.
+        per_device_batch: B / world size, the images of one DataLoader batch.
+        num_workers: DataLoader workers per device (sizes the ``"recent"`` decode cache).
+    """
+    if mode not in MODES:
+        raise ValueError(f"mosaic_partners must be one of {MODES}, got {mode!r}")
+    if mode == "dataset":
+        return {"global_batch_size": None}
+    if mode == "batch":
+        return {"global_batch_size": global_batch}
+    return {
+        "global_batch_size": global_batch,
+        "partner_batches": RECENT_BATCHES,
+        "decode_cache_size": recent_decode_cache_size(per_device_batch, num_workers),
+    }
