@@ -120,11 +120,11 @@ def test_images_without_boxes_give_finite_loss_and_no_box_terms(counts: list[int
     assert all((f.grad[empty, :64] == 0).all() for f in leaves)
 
 
-def _local_normaliser(feats: list[torch.Tensor], targets: torch.Tensor, nc: int) -> torch.Tensor:
-    """The value a rank hands to normalizer_reduce: Σ of its target scores."""
+def _local_summary(feats: list[torch.Tensor], targets: torch.Tensor, nc: int) -> torch.Tensor:
+    """What a rank hands to sum_over_ranks: [Σ of its target scores, its gained box, cls and dfl sums]."""
     seen: list[torch.Tensor] = []
-    DetectionLoss(nc, normalizer_reduce=lambda x: seen.append(x) or x)(feats, targets)
-    assert len(seen) == 1
+    DetectionLoss(nc, sum_over_ranks=lambda x: seen.append(x) or x)(feats, targets)
+    assert len(seen) == 1 and seen[0].shape == (4,)
     return seen[0]
 
 
@@ -140,15 +140,15 @@ def test_split_batch_with_reduced_normaliser_sums_to_whole_batch_gradient() -> N
         part = targets[(targets[:, 0] >= lo) & (targets[:, 0] < hi)].clone()
         part[:, 0] -= lo
         halves.append(([f[lo:hi] for f in feats], part))
-    own = [_local_normaliser(f, t, nc) for f, t in halves]
-    assert min(own) > 0 and own[0] + own[1] > 1  # the reduction matters (the floor at 1 does not hide it)
+    own = [_local_summary(f, t, nc) for f, t in halves]
+    assert min(o[0] for o in own) > 0 and own[0][0] + own[1][0] > 1  # the reduction matters (not the floor)
 
-    items, grads = torch.zeros(3, dtype=torch.float64), []
+    grads = []
     for (f, t), other in zip(halves, reversed(own)):
-        _, part_items, part_grads = _ours(f, t, nc, normalizer_reduce=lambda x, other=other: x + other)
-        items += part_items
+        _, part_items, part_grads = _ours(f, t, nc, sum_over_ranks=lambda x, other=other: x + other)
+        # Items come from the summed term sums: each 'rank' logs the whole batch's.
+        torch.testing.assert_close(part_items, whole_items, rtol=1e-10, atol=0)
         grads.append(part_grads)
-    torch.testing.assert_close(items, whole_items, rtol=1e-10, atol=0)
     for level, whole in enumerate(whole_grads):
         torch.testing.assert_close(
             torch.cat((grads[0][level], grads[1][level])), whole, rtol=1e-10, atol=1e-14
@@ -159,13 +159,14 @@ def test_split_batch_with_reduced_normaliser_sums_to_whole_batch_gradient() -> N
     assert not torch.allclose(alone[0], whole_grads[0][:2], rtol=1e-3)
 
 
-def test_normalizer_reduce_runs_on_empty_batches_too() -> None:
+def test_sum_over_ranks_runs_on_empty_batches_too() -> None:
     """Every rank must join the collective, whatever its batch holds."""
     g = torch.Generator().manual_seed(0)
     calls: list[torch.Tensor] = []
-    criterion = DetectionLoss(3, normalizer_reduce=lambda x: calls.append(x) or x + 2.0)
+    two = torch.tensor([2.0, 0.0, 0.0, 0.0])  # another rank's summary: Σ target scores 2, nothing else
+    criterion = DetectionLoss(3, sum_over_ranks=lambda x: calls.append(x) or x + two)
     loss, _ = criterion(_feats(g, 2, 64, 64, 3), _targets(g, [0, 0], 64, 64, 3))
-    assert len(calls) == 1 and calls[0] == 0
+    assert len(calls) == 1 and calls[0][0] == 0
     plain_loss, _ = DetectionLoss(3)(
         _feats(torch.Generator().manual_seed(0), 2, 64, 64, 3), torch.zeros(0, 6)
     )

@@ -188,16 +188,15 @@ def test_split_batch_with_reduced_normalisers_sums_to_whole_batch_gradient() -> 
         seen: list[torch.Tensor] = []
         seen_append = lambda x, seen=seen: seen.append(x) or x  # noqa: E731
         for p, t, m in halves:
-            SegmentationLoss(nc, overlap=overlap, normalizer_reduce=seen_append)((p[0], p[1], p[2]), t, m)
-        assert [s.shape for s in seen] == [(2,), (2,)] and seen[0][1] > 0 and seen[1][1] > 0
-        items, grads = torch.zeros(4, dtype=torch.float64), []
+            SegmentationLoss(nc, overlap=overlap, sum_over_ranks=seen_append)((p[0], p[1], p[2]), t, m)
+        # [Σ target scores, foreground anchors, Σ box, Σ seg, Σ cls, Σ dfl] of each half
+        assert [s.shape for s in seen] == [(6,), (6,)] and seen[0][1] > 0 and seen[1][1] > 0
+        grads = []
         for (p, t, m), other in zip(halves, reversed(seen)):
-            _, part_items, part_grads = _ours(
-                p, t, m, nc, overlap, normalizer_reduce=lambda x, o=other: x + o
-            )
-            items += part_items
+            _, part_items, part_grads = _ours(p, t, m, nc, overlap, sum_over_ranks=lambda x, o=other: x + o)
+            # Items come from the summed term sums: each 'rank' logs the whole batch's.
+            torch.testing.assert_close(part_items, whole_items, rtol=1e-10, atol=0)
             grads.append(part_grads)
-        torch.testing.assert_close(items, whole_items, rtol=1e-10, atol=0)
         for k, whole in enumerate(whole_grads):
             torch.testing.assert_close(torch.cat((grads[0][k], grads[1][k])), whole, rtol=1e-10, atol=1e-14)
         # Without the reduction each half normalises by its own counts: not the whole-batch gradient.
@@ -205,13 +204,13 @@ def test_split_batch_with_reduced_normalisers_sums_to_whole_batch_gradient() -> 
         assert not torch.allclose(alone[4], whole_grads[4][:2], rtol=1e-3)
 
 
-def test_normalizer_reduce_runs_on_empty_batches_too() -> None:
+def test_sum_over_ranks_runs_on_empty_batches_too() -> None:
     calls: list[torch.Tensor] = []
     g = torch.Generator().manual_seed(0)
     preds = _seg_preds(g, 2, 64, 64, 3)
-    criterion = SegmentationLoss(3, normalizer_reduce=lambda x: calls.append(x) or x)
+    criterion = SegmentationLoss(3, sum_over_ranks=lambda x: calls.append(x) or x)
     loss, _ = criterion(preds, torch.zeros(0, 6, dtype=torch.float64), torch.zeros(2, 16, 16))
-    assert len(calls) == 1 and calls[0].tolist() == [0.0, 0.0] and torch.isfinite(loss)
+    assert len(calls) == 1 and calls[0][:2].tolist() == [0.0, 0.0] and torch.isfinite(loss)
 
 
 def test_seg_gain_defaults_to_the_box_gain() -> None:

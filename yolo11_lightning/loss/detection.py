@@ -48,13 +48,16 @@ class DetectionLoss(nn.Module):
     Scaling for the optimiser recipe (batch size, world size, accumulation) is the caller's job: the
     reference's gradient for a global batch B is that of ``loss * B`` in a single process.
 
-    World-size invariance: ``normalizer_reduce`` (a constructor argument or attribute, set it once the
-    process group exists) maps this process's Σ target scores to the sum over all ranks. Then each
-    rank's loss is its share of the global-batch loss, and the ranks' gradients *summed* equal the
-    gradient of one process holding the whole batch. (DDP *averages* gradients over R ranks, so the
-    caller multiplies by R to get that sum. The reference normalises per rank, which is not invariant.)
-    It is called on every forward, empty batches included, so every rank joins the collective; it
-    receives a detached 0-d tensor. ``items`` are per-rank shares too (sum them over ranks to log).
+    World-size invariance: ``sum_over_ranks`` (a constructor argument or attribute, set it once the process
+    group exists) maps this rank's summary, a detached 1-D tensor ``[normalisers..., gained term sums...]``
+    (detection: ``[Σ target scores, Σ box, Σ cls, Σ dfl]``), to its sum over all ranks, in one call per forward
+    (empty batches included, so every rank joins the collective). Each term is then divided by its normaliser
+    summed over ranks: each rank's loss is its share of the global-batch loss, and the ranks' gradients
+    *summed* equal the gradient of one process holding the whole batch. (DDP *averages* gradients over R
+    ranks, so the caller multiplies by R to get that sum. The reference normalises per rank, which is not
+    invariant.) ``items`` come from the summed term sums: they are the global batch's, the same on every rank.
+    The caller may append its own values to the summary inside ``sum_over_ranks`` (``training.step_exchange``
+    does: one all-reduce per training step for everything the ranks must agree on); it returns the loss part.
 
     Computed in float32 at least, with autocast off: the assigner's ranking needs the precision.
     """
@@ -67,7 +70,7 @@ class DetectionLoss(nn.Module):
         box: float = 7.5,
         cls: float = 0.5,
         dfl: float = 1.5,
-        normalizer_reduce: Callable[[Tensor], Tensor] | None = None,
+        sum_over_ranks: Callable[[Tensor], Tensor] | None = None,
         assigner: TaskAlignedAssigner | None = None,
     ) -> None:
         super().__init__()
@@ -78,7 +81,7 @@ class DetectionLoss(nn.Module):
         self.num_classes, self.reg_max = num_classes, reg_max
         self.strides = tuple(int(s) for s in strides)
         self.gains = (float(box), float(cls), float(dfl))
-        self.normalizer_reduce = normalizer_reduce
+        self.sum_over_ranks = sum_over_ranks
         self.assigner = assigner if assigner is not None else TaskAlignedAssigner()
         self._grid: tuple[tuple, Tensor, Tensor, Tensor] | None = None
 
@@ -105,13 +108,24 @@ class DetectionLoss(nn.Module):
 
     def _loss(self, feats: Sequence[Tensor], targets: Tensor) -> tuple[Tensor, Tensor]:
         prep = self._assign(feats, targets)
-        normalizer = prep.assign.target_scores.sum()
-        if self.normalizer_reduce is not None:
-            normalizer = self.normalizer_reduce(normalizer)
-        loss_box, loss_cls, loss_dfl = self._box_cls_dfl(prep, normalizer.clamp(min=1))
-        # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
-        gained = torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
-        return gained.sum(), gained.detach()
+        sums = self._box_cls_dfl_sums(prep)
+        return self._normalise(sums, prep.assign.target_scores.sum()[None], (0, 0, 0))
+
+    def _normalise(
+        self, sums: Tensor, normalisers: Tensor, divisor_of: Sequence[int]
+    ) -> tuple[Tensor, Tensor]:
+        """``(loss, items)`` from the gained term sums (m,) and the local normalisers (k,).
+
+        Term j is divided by ``max(normalisers[divisor_of[j]] summed over ranks, 1)``; ``sums`` and
+        ``normalisers`` are summed over ranks together, in the one call of ``sum_over_ranks``.
+        """
+        local = torch.cat((normalisers.to(sums.dtype), sums.detach()))
+        total = self.sum_over_ranks(local) if self.sum_over_ranks is not None else local
+        k = normalisers.numel()
+        clamped = total[:k].clamp(min=1)
+        # Picked by Python ints (views): an index tensor built from a list would be a host-to-device copy.
+        divisors = torch.stack([clamped[j] for j in divisor_of])
+        return (sums / divisors).sum(), total[k:] / divisors
 
     def _assign(self, feats: Sequence[Tensor], targets: Tensor) -> Prepared:
         """Decode the level maps and assign the targets to anchors (shared with the segmentation loss)."""
@@ -139,13 +153,12 @@ class DetectionLoss(nn.Module):
         )
         return Prepared(pred_dist, pred_logits, pred_boxes, anchors, stride, targets, assign, (height, width))
 
-    def _box_cls_dfl(self, prep: Prepared, normalizer: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The ungained (box, cls, dfl) terms, each summed over the batch and divided by ``normalizer``."""
+    def _box_cls_dfl_sums(self, prep: Prepared) -> Tensor:
+        """The gained (box, cls, dfl) terms (3,), each summed over the batch, not yet normalised."""
         assign, anchors, stride = prep.assign, prep.anchors, prep.stride
         bs, na = assign.fg_mask.shape
         target_scores = assign.target_scores
         loss_cls = F.binary_cross_entropy_with_logits(prep.pred_logits, target_scores, reduction="sum")
-        loss_cls = loss_cls / normalizer
 
         # Box and DFL terms on the foreground anchors only, gathered into a list whose length is known
         # from shapes (each box has at most topk anchors), so no host sync; padding rows weigh 0.
@@ -155,12 +168,13 @@ class DetectionLoss(nn.Module):
         anchor = anchors[rows % na]
         target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
         ciou = complete_iou(prep.pred_boxes.flatten(0, 1)[rows], target_box)
-        loss_box = ((1.0 - ciou) * weight).sum() / normalizer
+        loss_box = ((1.0 - ciou) * weight).sum()
 
         target_dist = box_to_dist(anchor, target_box, self.reg_max - 1 - 0.01)
         log_probs = prep.pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
-        loss_dfl = (_dfl(log_probs, target_dist) * weight).sum() / normalizer
-        return loss_box, loss_cls, loss_dfl
+        loss_dfl = (_dfl(log_probs, target_dist) * weight).sum()
+        # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
+        return torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
 
     def _check(self, feats: Sequence[Tensor], targets: Tensor) -> None:
         channels = 4 * self.reg_max + self.num_classes

@@ -2,7 +2,7 @@
 
 The contract (what the data side and the model hand to the loss)::
 
-    loss, items = SegmentationLoss(num_classes, overlap=True)(preds, targets, masks)
+    loss, items = SegmentationLoss(num_classes, overlap=True)(preds, targets, masks, targets_per_image)
 
 * ``preds``: the train-mode output of ``YOLO11(scale, nc, task="segment")``, a tuple
   ``(maps, coefficients, protos)``:
@@ -24,6 +24,10 @@ The contract (what the data side and the model hand to the loss)::
     larger ones first, so smaller objects stay visible; that order is the data side's choice, not the loss's).
   - ``overlap=False``: (N, H/4, W/4), one binary (0/1) mask per row of ``targets``, in the same order.
 
+* ``targets_per_image`` (optional): rows of ``targets`` per image, a host-side list of B ints
+  (``DetectionBatch["targets_per_image"]``). It bounds each image's foreground anchors (at most ``topk`` per row)
+  without reading the device; without it the loss reads the per-image foreground counts back (one host sync).
+
 * ``items``: detached (4,) gained terms in the reference's order ``(box, seg, cls, dfl)``; ``loss`` is their
   sum (scalar). As for ``DetectionLoss``, ``items == reference_items`` and ``loss ==
   reference_loss.sum() / batch_size`` for the reference ``v8SegmentationLoss`` (8.3.x).
@@ -34,15 +38,15 @@ assigned box (in mask pixels: a pixel column r is kept when x1 <= r < x2, rows a
 pixels, divided by the box area as a fraction of the image; summed over anchors and divided by the number of
 foreground anchors. Gain: the box gain (7.5) unless ``seg`` is given.
 
-World-size invariance: ``normalizer_reduce`` receives a detached (2,) tensor ``[Σ target scores,
-foreground anchors]`` of this rank and returns it summed over all ranks (one collective per step, on every
-forward, empty batches included); box/cls/dfl are divided by max(global Σ, 1), the mask term by max(global
-count, 1). Then each rank's loss is its share of the global-batch loss and the ranks' gradients summed equal
-one process holding the whole batch. (The reference normalises per rank.)
+World-size invariance: as ``DetectionLoss``; the summary handed to ``sum_over_ranks`` is ``[Σ target scores,
+foreground anchors, Σ box, Σ seg, Σ cls, Σ dfl]``: box/cls/dfl are divided by max(global Σ, 1), the mask term by
+max(global count, 1). Then each rank's loss is its share of the global-batch loss and the ranks' gradients summed
+equal one process holding the whole batch. (The reference normalises per rank.)
 
-Cost: one host sync per call (the foreground count of each image, to split the per-image mask products);
-the mask term runs image by image, so its largest tensors are one image's (r_i, H/4, W/4) logits, as in the
-reference.
+Cost: the mask term runs image by image, so its largest tensors are one image's (r_i, H/4, W/4) logits, as in
+the reference. On the CPU, r_i is the image's foreground count (read for free); on an accelerator it is the bound
+``min(topk · rows of the image, anchors)`` known on the host, the rows past the foreground count weighing 0, so
+that the step never waits for the device.
 """
 
 from __future__ import annotations
@@ -63,7 +67,7 @@ class SegmentationLoss(DetectionLoss):
     """Loss of the YOLO11-seg train-mode output against targets and instance masks (module docstring).
 
     Args:
-        num_classes, strides, reg_max, box, cls, dfl, normalizer_reduce, assigner: as ``DetectionLoss``.
+        num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner: as ``DetectionLoss``.
         num_masks: mask coefficients per anchor (32 in YOLO11-seg).
         overlap: masks are one index map per image (True) or one binary mask per target row (False).
         seg: gain of the mask term; None uses the box gain, as the reference does.
@@ -77,90 +81,105 @@ class SegmentationLoss(DetectionLoss):
         box: float = 7.5,
         cls: float = 0.5,
         dfl: float = 1.5,
-        normalizer_reduce: Callable[[Tensor], Tensor] | None = None,
+        sum_over_ranks: Callable[[Tensor], Tensor] | None = None,
         assigner: TaskAlignedAssigner | None = None,
         num_masks: int = 32,
         overlap: bool = True,
         seg: float | None = None,
     ) -> None:
-        super().__init__(num_classes, strides, reg_max, box, cls, dfl, normalizer_reduce, assigner)
+        super().__init__(num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner)
         if num_masks < 1:
             raise ValueError(f"SegmentationLoss: num_masks ({num_masks}) must be >= 1")
         self.num_masks, self.overlap = num_masks, bool(overlap)
         self.seg_gain = float(box if seg is None else seg)
 
     def forward(  # type: ignore[override]
-        self, preds: Sequence, targets: Tensor, masks: Tensor
+        self, preds: Sequence, targets: Tensor, masks: Tensor, targets_per_image: Sequence[int] | None = None
     ) -> tuple[Tensor, Tensor]:
         maps, coefficients, protos = self._check_preds(preds)
         self._check(maps, targets)
         self._check_masks(masks, targets, protos)
+        if targets_per_image is not None and len(targets_per_image) != maps[0].shape[0]:
+            raise ValueError(
+                f"SegmentationLoss: targets_per_image has {len(targets_per_image)} counts for a batch of "
+                f"{maps[0].shape[0]} images"
+            )
         with torch.autocast(maps[0].device.type, enabled=False):
-            return self._seg_loss(maps, coefficients, protos, targets, masks)
+            return self._seg_loss(maps, coefficients, protos, targets, masks, targets_per_image)
 
     def _seg_loss(
-        self, maps: Sequence[Tensor], coefficients: Tensor, protos: Tensor, targets: Tensor, masks: Tensor
-    ) -> tuple[Tensor, Tensor]:
+        self, maps: Sequence[Tensor], coefficients: Tensor, protos: Tensor, targets: Tensor, masks: Tensor,
+        targets_per_image: Sequence[int] | None,
+    ) -> tuple[Tensor, Tensor]:  # fmt: skip
         prep = self._assign(maps, targets)
         assign = prep.assign
         dtype = prep.pred_logits.dtype
-        local = torch.stack((assign.target_scores.sum(), assign.fg_mask.sum().to(dtype)))
-        reduced = self.normalizer_reduce(local) if self.normalizer_reduce is not None else local
-        normalizer, foreground = reduced[0].clamp(min=1), reduced[1].clamp(min=1)
-        loss_box, loss_cls, loss_dfl = self._box_cls_dfl(prep, normalizer)
-        loss_seg = self._mask_sum(prep, coefficients.to(dtype), protos.to(dtype), masks) / foreground
-        terms = (loss_box, loss_seg, loss_cls, loss_dfl)
-        gains = (self.gains[0], self.seg_gain, self.gains[1], self.gains[2])
-        gained = torch.stack([term * gain for term, gain in zip(terms, gains)])
-        return gained.sum(), gained.detach()
+        box, cls, dfl = self._box_cls_dfl_sums(prep).unbind()
+        mask = self._mask_sum(prep, coefficients.to(dtype), protos.to(dtype), masks, targets_per_image)
+        sums = torch.stack((box, mask * self.seg_gain, cls, dfl))
+        normalisers = torch.stack((assign.target_scores.sum(), assign.fg_mask.sum().to(dtype)))
+        return self._normalise(sums, normalisers, (0, 1, 0, 0))
 
-    def _mask_sum(self, prep: Prepared, coefficients: Tensor, protos: Tensor, masks: Tensor) -> Tensor:
+    def _row_bounds(self, prep: Prepared, targets_per_image: Sequence[int] | None) -> list[int]:
+        """Per image, how many foreground anchors to take: the exact count on the CPU (reading it is free),
+        else the bound ``min(topk · rows, anchors)`` from host-side counts (no wait for the device)."""
+        fg_mask = prep.assign.fg_mask
+        bs, na = fg_mask.shape
+        if fg_mask.device.type == "cpu":
+            return [int(n) for n in fg_mask.sum(1).tolist()]
+        if targets_per_image is None:  # no host-side counts: read them (one host sync)
+            targets_per_image = torch.bincount(prep.targets[:, 0].long(), minlength=bs).tolist()
+        return [min(int(n) * self.assigner.topk, na) for n in targets_per_image]
+
+    def _mask_sum(
+        self, prep: Prepared, coefficients: Tensor, protos: Tensor, masks: Tensor,
+        targets_per_image: Sequence[int] | None,
+    ) -> Tensor:  # fmt: skip
         """Σ over foreground anchors of the cropped, area-normalised mask BCE (not yet divided by the count).
 
-        Image by image, as the reference: the (r_i, H/4, W/4) tensors of one image's r_i foreground anchors are
-        the largest ones, not the whole batch's (R, H/4, W/4) (lower peak memory, and on a CPU blocks small
-        enough for the allocator to reuse instead of mapping fresh pages every step)."""
+        Image by image, as the reference: the (r_i, H/4, W/4) tensors of one image's r_i anchors are the largest
+        ones, not the whole batch's (R, H/4, W/4) (lower peak memory, and on a CPU blocks small enough for the
+        allocator to reuse instead of mapping fresh pages every step)."""
         assign = prep.assign
-        bs, na = assign.fg_mask.shape
+        bs = assign.fg_mask.shape[0]
         mh, mw = protos.shape[-2:]
-        counts = assign.fg_mask.sum(1).tolist()  # the one host sync: sizes of the per-image products
-        total = sum(counts)
-        if total == 0:  # keep protos and coefficients in the graph (DDP), with exactly zero gradient
-            return protos.flatten()[:0].sum() + coefficients.flatten()[:0].sum()
-        rows, _ = _compact(assign.fg_mask.flatten(), total)  # image-major, anchors in order
-        image, anchor = rows // na, rows % na
-        coef = coefficients.transpose(1, 2)[image, anchor]  # (R, nm)
+        bounds = self._row_bounds(prep, targets_per_image)
+        # Every term multiplies a tensor of the graph: an empty batch keeps protos and coefficients in it (DDP),
+        # with exactly zero gradient.
+        loss = protos.flatten()[:0].sum() + coefficients.flatten()[:0].sum()
+        if not any(bounds):
+            return loss
 
         masks = masks.to(protos.device, non_blocking=True)
         if tuple(masks.shape[-2:]) != (mh, mw):
             masks = F.interpolate(masks[None].to(protos.dtype), (mh, mw), mode="nearest")[0]
-        gt_row = assign.gt_index[image, anchor]  # row of the assigned box in ``targets``
         # What selects each anchor's ground-truth mask: its 1-based rank among its image's rows in the overlap
         # index map, or its row of the per-instance masks.
-        selector = _rank_in_image(prep.targets[:, 0].long(), bs)[gt_row] + 1 if self.overlap else gt_row
-
+        rank = _rank_in_image(prep.targets[:, 0].long(), bs) + 1 if self.overlap else None
         height, width = prep.image_size
-        boxes = assign.target_boxes[image, anchor]  # (R, 4) xyxy, input pixels
-        unit = boxes / boxes.new_tensor([width, height, width, height])
-        area = (unit[:, 2] - unit[:, 0]) * (unit[:, 3] - unit[:, 1])
-        edges = unit * unit.new_tensor([mw, mh, mw, mh])  # (R, 4) box in mask pixels
         cols = torch.arange(mw, device=protos.device, dtype=protos.dtype).view(1, 1, mw)
         lines = torch.arange(mh, device=protos.device, dtype=protos.dtype).view(1, mh, 1)
-
-        loss = protos.new_zeros(())
-        parts = zip(coef.split(counts), selector.split(counts), edges.split(counts), area.split(counts))
-        for i, (c, select, box, a) in enumerate(parts):
-            if not counts[i]:
+        for i, bound in enumerate(bounds):
+            if not bound:
                 continue
+            anchor, valid = _compact(assign.fg_mask[i], bound)  # this image's foreground anchors, in order
+            c = coefficients[i].T[anchor]  # (r_i, nm)
+            gt_row = assign.gt_index[i, anchor]  # row of the assigned box in ``targets``
+            box = assign.target_boxes[i, anchor]  # (r_i, 4) xyxy, input pixels
+            # Scaled by Python numbers: a tensor made from a list would be a blocking host-to-device copy.
+            ux1, uy1, ux2, uy2 = box[:, 0] / width, box[:, 1] / height, box[:, 2] / width, box[:, 3] / height
+            # Rows past the foreground count weigh 0; their area is set to 1 so that 0 * (x / 0) cannot
+            # turn into a NaN gradient.
+            area = torch.where(valid, (ux2 - ux1) * (uy2 - uy1), 1.0)
+            x1, y1, x2, y2 = (v.view(-1, 1, 1) for v in (ux1 * mw, uy1 * mh, ux2 * mw, uy2 * mh))
             logits = torch.einsum("rn,nhw->rhw", c, protos[i])  # (r_i, mh, mw)
             if self.overlap:
-                gt_masks = (masks[i] == select.view(-1, 1, 1).to(masks.dtype)).to(logits.dtype)
+                gt_masks = (masks[i] == rank[gt_row].view(-1, 1, 1).to(masks.dtype)).to(logits.dtype)
             else:
-                gt_masks = masks[select].to(logits.dtype)
-            x1, y1, x2, y2 = (v.view(-1, 1, 1) for v in box.unbind(1))
+                gt_masks = masks[gt_row].to(logits.dtype)
             inside = (cols >= x1) & (cols < x2) & (lines >= y1) & (lines < y2)
             bce = F.binary_cross_entropy_with_logits(logits, gt_masks, reduction="none")
-            loss = loss + ((bce * inside).mean((1, 2)) / a).sum()
+            loss = loss + ((bce * inside).mean((1, 2)) / area * valid).sum()
         return loss
 
     def _check_preds(self, preds: Sequence) -> tuple[Sequence[Tensor], Tensor, Tensor]:
