@@ -24,6 +24,7 @@ Imports torch (and onnx/onnxruntime when present), never Lightning unless ``--ch
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import warnings
@@ -62,10 +63,16 @@ def onnx_output_names(model: YOLO11) -> list[str]:
     return [ONNX_OUTPUT, ONNX_PROTOS] if model.task == "segment" else [ONNX_OUTPUT]
 
 
+def _cpu_copy(model: YOLO11) -> YOLO11:
+    """A float32 eval-mode copy of ``model`` on the CPU: exporting and checking leave the caller's model (a GPU
+    model in a notebook, a half-precision one, one in train mode) as it was."""
+    return copy.deepcopy(model).float().cpu().eval()
+
+
 def _eval_outputs(model: YOLO11, images: torch.Tensor) -> list[torch.Tensor]:
     """The eval outputs of ``model`` on the CPU as a list, in ``onnx_output_names`` order."""
     with torch.no_grad():
-        out = model.eval().cpu()(images.float().cpu())
+        out = _cpu_copy(model)(images.float().cpu())
     return list(out) if isinstance(out, tuple | list) else [out]
 
 
@@ -80,14 +87,15 @@ def export_onnx(
 
     ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
     ``image_size``. Uses the TorchScript-based exporter (no extra dependency). The metadata
-    (``onnx_metadata.metadata_props``) is written when the ``onnx`` package is installed.
+    (``onnx_metadata.metadata_props``) is written when the ``onnx`` package is installed. A float32 CPU copy is
+    traced: ``model`` keeps its device, dtype and mode.
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    model = model.eval()
+    model = _cpu_copy(model)
     model.check_input(torch.zeros(1, 3, height, width, device="meta"))  # clear error for a bad size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    dummy = torch.zeros(1, 3, height, width, device=next(model.parameters()).device)
+    dummy = torch.zeros(1, 3, height, width)
     outputs = onnx_output_names(model)
     axes = {ONNX_INPUT: {0: "batch"}, **{name: {0: "batch"} for name in outputs}}
     if dynamic:
