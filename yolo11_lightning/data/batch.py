@@ -14,6 +14,8 @@ so a box in the batch image maps back to original pixels as ``(xy - pad) / scale
 evaluation) adds the labels and the data-fault account:
 
     targets     float32 (N, 6)        rows [image_index_in_batch, class, cx, cy, w, h], box normalised to H, W
+    targets_per_image list[int]       rows of ``targets`` per image (B ints), on the host: a loss sizes its
+                                      per-image work from it without reading the device
     indices     int64   (B,)          dataset indices
     substitutes int64   (B,)          index of the image that stood in for a sample's own unreadable image
                                       (training; -2: none readable, a blank image), else -1
@@ -80,6 +82,7 @@ class DetectionBatch(ImageBatch):
     """A training or evaluation batch: images, labels and the unreadable-image account."""
 
     targets: torch.Tensor
+    targets_per_image: list[int]
     indices: torch.Tensor
     substitutes: torch.Tensor
     substituted: int
@@ -133,6 +136,7 @@ def collate_detection(samples: Sequence[dict[str, Any]]) -> DetectionBatch:
     return {
         "images": stack_images([s["image"] for s in samples]),
         "targets": torch.cat([image_index, torch.cat(labels)], dim=1),
+        "targets_per_image": [len(lab) for lab in labels],
         "indices": torch.tensor([s["index"] for s in samples], dtype=torch.int64),
         "orig_sizes": torch.tensor([s["orig_size"] for s in samples], dtype=torch.int64).reshape(-1, 2),
         "scales": torch.tensor([s["scale"] for s in samples], dtype=torch.float32),
@@ -150,6 +154,7 @@ def empty_detection_batch(unreadable: list[tuple[str, str]], missing: int) -> De
     return {
         "images": torch.zeros(0, 3, 32, 32, dtype=torch.uint8),
         "targets": torch.zeros(0, 6),
+        "targets_per_image": [],
         "indices": torch.zeros(0, dtype=torch.int64),
         "orig_sizes": torch.zeros(0, 2, dtype=torch.int64),
         "scales": torch.zeros(0),

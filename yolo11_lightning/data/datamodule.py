@@ -11,6 +11,7 @@ by ``data.loader_workers`` (``ignore_stop_signals_in_worker`` is re-exported her
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -140,6 +141,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
         if mosaic_partners not in PARTNER_MODES:
             raise ValueError(f"mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
+        # Paths as strings: checkpoints hold the hyper-parameters, and their guarded reader takes plain data only.
+        dataset, synthetic_dir, label_cache_dir = (
+            os.fspath(p) if isinstance(p, os.PathLike) else p
+            for p in (dataset, synthetic_dir, label_cache_dir)
+        )
         self.save_hyperparameters()
         self.dataset = dataset
         self.batch_size = batch_size
