@@ -101,6 +101,14 @@ class DetectionMAP(Metric):
                 setattr(self, name, [torch.zeros(shape, dtype=dtype, device=self.device)])
         super()._sync_dist(dist_sync_fn, process_group)
 
+    def _host_states(self) -> dict[str, Tensor]:
+        """Every flat state, concatenated and copied to the host once (the evaluation reads them there)."""
+        return {
+            name: (torch.cat(value) if isinstance(value, list) else value).cpu()
+            for name in self._widths
+            for value in (getattr(self, name),)
+        }
+
     @staticmethod
     def _per_image(
         detections: Tensor, truths: Tensor, image_ids: Tensor
@@ -116,9 +124,16 @@ class DetectionMAP(Metric):
         return out
 
     def compute(self) -> dict[str, Tensor]:
-        """{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}; classes absent from the data are left out."""
-        cat = {name: torch.cat(getattr(self, name)) if isinstance(getattr(self, name), list) else getattr(self, name)
-               for name in self._widths}  # fmt: skip
+        """{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}; classes absent from the data are left out.
+
+        Evaluated on the host (COCO's evaluation is CPU code); the values are returned on the metric's device,
+        where every other metric of the module lives, so that any consumer (a logger's sync, a collective)
+        finds them on the process group's device."""
+        return {name: value.to(self.device) for name, value in self._evaluate().items()}
+
+    def _evaluate(self) -> dict[str, Tensor]:
+        """``compute``'s values, on the host."""
+        cat = self._host_states()
         evaluator = MeanAveragePrecision(
             box_format="xyxy",
             iou_type="bbox",

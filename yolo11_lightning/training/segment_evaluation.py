@@ -88,13 +88,12 @@ class SegmentationMAP(DetectionMAP):
                 torch.tensor([[float(ids[i]), h, w]], dtype=torch.float64, device=self.device)
             )
 
-    def compute(self) -> dict[str, Tensor]:
+    def _evaluate(self) -> dict[str, Tensor]:
         """``DetectionMAP``'s keys plus ``mask_mAP50-95``, ``mask_mAP50``, ``mask_mAP75``, ``mask_AP/<class>``, and
         ``fitness``: the reference's model-selection score, ``fitness(box) + fitness(mask)`` with
         ``fitness = 0.1 * mAP50 + 0.9 * mAP50-95`` (what ``best.ckpt`` follows for this task)."""
-        out = super().compute()
-        cat = {name: torch.cat(getattr(self, name)) if isinstance(getattr(self, name), list) else getattr(self, name)
-               for name in self._widths}  # fmt: skip
+        out = super()._evaluate()
+        cat = self._host_states()
         sizes = {int(r[0]): (int(r[1]), int(r[2])) for r in cat["mask_sizes"].tolist()}
         image_ids = torch.unique(cat["images"].reshape(-1))  # sorted: the same order on any world size
         # Rows and run states were gathered in the same (rank, then update) order: offsets line up.
