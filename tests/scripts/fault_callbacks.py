@@ -24,6 +24,12 @@ def _attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def _skipped_steps(pl_module: L.LightningModule) -> int:
+    """Steps the non-finite guard skipped so far, read from the device (its host copy is one step late)."""
+    counters = pl_module.step_guard.counters()
+    return int(counters[1]) if counters is not None else pl_module.step_guard.skipped
+
+
 class FreezeBatchNorm(Callback):
     """BatchNorm in eval mode: per-rank batch statistics would differ between world sizes (ARCHITECTURE.md, world-size invariance)."""
 
@@ -64,7 +70,7 @@ class RecordSamples(Callback):
             "event": "batch", "world": trainer.world_size, "epoch": trainer.current_epoch, "batch_idx": batch_idx,
             "global_step": trainer.global_step, "indices": batch["indices"].tolist(),
             "lr": [g["lr"] for g in trainer.optimizers[0].param_groups],
-            "skipped": pl_module.step_guard.skipped, "checksum": checksum,
+            "skipped": _skipped_steps(pl_module), "checksum": checksum,
         })  # fmt: skip
 
     def on_train_end(self, trainer, pl_module):
@@ -108,20 +114,21 @@ class KillRankAt(Callback):
 
 
 class NaNLossOnRank(Callback):
-    """Rank ``rank``'s loss (and loss terms) become NaN at the given global steps; other ranks stay finite."""
+    """Rank ``rank``'s loss becomes NaN at the given global steps (the model's outputs reaching the loss are
+    poisoned, as a diverging model's would be); other ranks stay finite."""
 
     def __init__(self, rank: int, steps: list[int]) -> None:
         self.rank, self.steps = rank, set(steps)
         self.active = False
 
     def on_train_start(self, trainer, pl_module):
-        pl_module.criterion.register_forward_hook(self._poison)
+        pl_module.criterion.register_forward_pre_hook(self._poison)
 
-    def _poison(self, module, inputs, output):
+    def _poison(self, module, inputs):
         if not self.active:
-            return output
-        loss, items = output
-        return loss * float("nan"), items * float("nan")
+            return None
+        feats, *rest = inputs
+        return ([f * float("nan") for f in feats], *rest)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         self.active = trainer.global_rank == self.rank and trainer.global_step in self.steps

@@ -16,8 +16,10 @@ from any of them repeats and skips no sample. None is made after an epoch's last
 follows right after validation, and Lightning 2.6 restores a checkpoint saved there into loop counters whose
 next mid-epoch checkpoint resumes at batch 0 of an epoch already under way (seen in tests/test_preemption.py's
 chaos test; it affects ``ModelCheckpoint(every_n_train_steps=...)`` too). A stop asked for at that point
-happens after the epoch-end save. The decisions that depend on one rank (a signal, its clock) are
-agreed with one small all-reduce at those boundaries (``preemption.agree``), never per micro-batch.
+happens after the epoch-end save. The decisions that depend on one rank (a signal, its clock) are agreed
+by every rank at the same boundary: under DDP through the training step's own all-reduce
+(``step_exchange.StepExchange``, read one optimiser step later: no extra collective and no host sync per step),
+at epoch ends and after validation with one small all-reduce (``preemption.agree``).
 
 ``BestCheckpoint`` keeps its best score and path across restarts even when the resumed run writes elsewhere.
 """
@@ -36,12 +38,14 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 
 from yolo11_lightning.training.preemption import (
+    STOP_SIGNALS,
     StopRequest,
     TrainingPreempted,
     agree,
     requeue_slurm_job,
     stop_watching_launched_ranks,
 )
+from yolo11_lightning.training.step_exchange import StepExchange, signal_flag
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,14 @@ def _slurm_auto_requeue(trainer: L.Trainer) -> bool:
 def _at_epoch_end(trainer: L.Trainer) -> bool:
     """Whether the epoch's last training batch is done (validation and the epoch-end hooks come next)."""
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+
+
+def _settle_step_exchange(trainer: L.Trainer) -> None:
+    """Read what the last optimiser step exchanged before a checkpoint is written, so that the counts kept in
+    it (skipped steps, substituted images) include that step (a host read; checkpoints are rare)."""
+    settle = getattr(trainer.lightning_module, "settle_step_exchange", None)
+    if callable(settle) and trainer.state.fn == TrainerFn.FITTING:
+        settle()
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -80,6 +92,10 @@ class BestCheckpoint(ModelCheckpoint):
             task = getattr(pl_module, "task", None)
             self.monitor = getattr(task, "checkpoint_monitor", self.DEFAULT_MONITOR)
         super().setup(trainer, pl_module, stage)
+
+    def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        _settle_step_exchange(trainer)
+        super()._save_checkpoint(trainer, filepath)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
@@ -122,12 +138,20 @@ class LastCheckpoint(ModelCheckpoint):
         self._stop_at_epoch_end = 0  # agreed stop signal deferred to the epoch-end save
         self._boundary_step = -1
         self._last_save_time = time.monotonic()
+        self._saves_asked = 0  # time-based saves rank 0 asked for in this fit (sent through the exchange)
+        self._saves_done = 0  # ... and those every rank has acted on
 
     # ------------------------------------------------------------------------------------ signals
     def _listen(self, trainer: L.Trainer) -> None:
         # After Lightning registered its own handlers (which exit 0 without saving): ours replace them.
         if self.stop_on_signal and trainer.state.fn == TrainerFn.FITTING:
             self.stop_request.install()
+            # Lightning broadcasts its own SIGTERM flag from rank 0 before every training batch and reads it
+            # on the host (a collective and a device sync per batch). Its handler is replaced by ours, so the
+            # flag stays False: the broadcast only costs. Ours travels with the step exchange instead.
+            epoch_loop = trainer.fit_loop.epoch_loop
+            if hasattr(type(epoch_loop), "_broadcast_sigterm_tensor"):
+                epoch_loop._broadcast_sigterm_tensor = lambda: None
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._listen(trainer)
@@ -137,9 +161,11 @@ class LastCheckpoint(ModelCheckpoint):
         self._listen(trainer)
         self._boundary_step = trainer.global_step
         self._last_save_time = time.monotonic()
+        self._saves_asked = self._saves_done = 0
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_request.uninstall()
+        trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     # ------------------------------------------------------------------------------------ saving
     def on_save_checkpoint(
@@ -150,6 +176,7 @@ class LastCheckpoint(ModelCheckpoint):
         checkpoint["seed_everything"] = int(seed) if seed is not None else None
 
     def _save_checkpoint(self, trainer: L.Trainer, filepath: str) -> None:
+        _settle_step_exchange(trainer)
         super()._save_checkpoint(trainer, filepath)
         self._last_save_time = time.monotonic()
 
@@ -157,12 +184,35 @@ class LastCheckpoint(ModelCheckpoint):
         if not self._should_skip_saving_checkpoint(trainer):
             self._save_none_monitor_checkpoint(trainer, self._monitor_candidates(trainer))
 
-    def _agreed(self, trainer: L.Trainer, with_clock: bool) -> tuple[int, bool]:
-        """(stop signal or 0, time-based save due), the same on every rank."""
-        due = with_clock and self.every_n_minutes > 0
-        due = due and time.monotonic() - self._last_save_time >= 60 * self.every_n_minutes
+    def _clock_due(self) -> bool:
+        return (
+            self.every_n_minutes > 0 and time.monotonic() - self._last_save_time >= 60 * self.every_n_minutes
+        )
+
+    def _agreed_now(self, trainer: L.Trainer, with_clock: bool) -> tuple[int, bool]:
+        """(stop signal or 0, time-based save due), the same on every rank: one all-reduce now."""
+        due = with_clock and self._clock_due()
         signum, due_any = agree([float(self.stop_request.signum), float(due)], trainer.strategy.root_device)
         return int(signum), bool(due_any)
+
+    def _agreed_exchanged(self, trainer: L.Trainer, exchange: StepExchange) -> tuple[int, bool]:
+        """(stop signal or 0, time-based save due) as the step exchange agreed them, one optimiser step late.
+
+        This rank's values go out with the next training step's all-reduce. The clock is rank 0's: it asks
+        for save number k + 1 once its clock is due and save k was done, so a save is asked for once however
+        long the answer takes; every rank saves when the agreed number passes the saves done.
+        """
+        for signum in STOP_SIGNALS:
+            exchange.set(signal_flag(signum), float(self.stop_request.signum == signum))
+        if trainer.is_global_zero and self._clock_due() and self._saves_asked == self._saves_done:
+            self._saves_asked += 1
+        exchange.set("save_due", float(self._saves_asked) if trainer.is_global_zero else 0.0)
+        agreed = exchange.agreed
+        signum = next((s for s in STOP_SIGNALS if agreed.get(signal_flag(s), 0.0) > 0), 0)
+        due = agreed.get("save_due", 0.0) > self._saves_done
+        if due:
+            self._saves_done = int(agreed["save_due"])
+        return int(signum), due
 
     def on_train_batch_end(
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -171,7 +221,11 @@ class LastCheckpoint(ModelCheckpoint):
         if step == self._boundary_step:  # no optimiser step in this batch: gradients are half accumulated
             return
         self._boundary_step = step
-        signum, due = self._agreed(trainer, with_clock=True)
+        exchange = getattr(pl_module, "step_exchange", None)
+        if trainer.world_size > 1 and isinstance(exchange, StepExchange):
+            signum, due = self._agreed_exchanged(trainer, exchange)
+        else:  # one process (nothing to agree on, no device read), or a module without the exchange
+            signum, due = self._agreed_now(trainer, with_clock=True)
         if _at_epoch_end(trainer):  # the epoch-end save comes next (after validation)
             self._stop_at_epoch_end = self._stop_at_epoch_end or signum
             return
@@ -184,7 +238,7 @@ class LastCheckpoint(ModelCheckpoint):
         super().on_validation_end(trainer, pl_module)
         if trainer.state.fn != TrainerFn.FITTING or not self.stop_on_signal:
             return
-        signum, _ = self._agreed(trainer, with_clock=False)  # every rank ends validation, in step
+        signum, _ = self._agreed_now(trainer, with_clock=False)  # every rank ends validation, in step
         if not signum:
             return
         if trainer.sanity_checking:
@@ -196,7 +250,14 @@ class LastCheckpoint(ModelCheckpoint):
             self._stop(trainer, signum)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        settle = getattr(pl_module, "settle_step_exchange", None)
+        if callable(settle):  # what the epoch's last step published (its skipped-step count), before the save
+            settle()
         super().on_train_epoch_end(trainer, pl_module)  # the epoch-end last.ckpt
+        if self.stop_on_signal and trainer.world_size > 1:
+            # A signal sent in the epoch's last steps has not travelled with a step exchange yet.
+            signum, _ = self._agreed_now(trainer, with_clock=False)
+            self._stop_at_epoch_end = self._stop_at_epoch_end or signum
         if self._stop_at_epoch_end:
             self._stop(trainer, self._stop_at_epoch_end)
 

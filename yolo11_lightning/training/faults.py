@@ -1,11 +1,14 @@
-"""Skipping optimiser steps whose loss is not finite, the same way on every rank.
+"""Skipping optimiser steps whose loss is not finite, the same way on every rank, without stalling the host.
 
 A NaN or inf loss on one rank poisons the all-reduced gradients of every rank, so the only safe move is
-for all ranks to drop that optimiser step together. Deciding together needs no extra message: the module
-already sums the per-rank loss terms over ranks every step, and a non-finite term on any rank makes that
-sum non-finite on all of them. ``NonFiniteStepGuard`` keeps those (already reduced) flags on the device
-until the optimiser step, then reads them once: every rank reads the same value, takes the same branch
-and reaches the same collectives, so a bad batch never turns into a hang.
+for all ranks to drop that optimiser step together. Deciding together needs no extra message: the loss items
+are summed over ranks every step (``training.step_exchange``), and a non-finite term on any rank makes that sum
+non-finite on all of them. ``NonFiniteStepGuard`` keeps the flag on the device and hands it to the optimiser as
+``found_inf``, the flag PyTorch's fused SGD/AdamW kernels skip an update on (the mechanism of ``GradScaler``):
+every rank skips the same step and the host never reads the flag. The counters (skipped steps, skipped in a
+row) stay on the device too; the module reads them one optimiser step later, through the step exchange's
+deferred copy, to warn and to stop the run after too many in a row. An optimiser that cannot take
+``found_inf`` gets the same decision from one host read per step (``should_skip``).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ class NonFiniteLossError(RuntimeError):
 class NonFiniteStepGuard:
     """Counts optimiser steps skipped for a non-finite loss and stops after ``max_consecutive`` in a row.
 
-    Call ``observe`` with the loss terms of each micro-batch (reduced over ranks when distributed) and
-    ``should_skip`` once per optimiser step, after backward. A step is skipped when any micro-batch of its
-    accumulation window was non-finite: the gradients it accumulated are unusable.
+    Per micro-batch ``observe`` the loss terms (reduced over ranks when distributed); per optimiser step
+    ``close_window`` returns the step's flag (float 0/1 on the device: 1 = skip) and advances the device
+    counters; ``read`` takes those counters back as host numbers (one step later) and raises at the limit.
+    A step is skipped when any micro-batch of its accumulation window was non-finite.
 
     Args:
         max_consecutive: consecutive skipped steps that end the run with ``NonFiniteLossError``
@@ -36,49 +40,93 @@ class NonFiniteStepGuard:
         if max_consecutive < 0:
             raise ValueError(f"max_skipped_steps must be >= 0, got {max_consecutive}")
         self.max_consecutive = max_consecutive
-        self.skipped = 0
+        self.skipped = 0  # host copies, as of the last ``read``
         self.consecutive = 0
-        self._pending: list[Tensor] = []
+        self.precision: str | None = None  # the Trainer's precision, for the error message
+        self._window: Tensor | None = None  # device bool: a non-finite loss in the open window
+        self._restored_window = False  # a checkpoint's open window had one
+        self._counters: Tensor | None = None  # device (3,): [last step skipped, skipped, in a row]
 
     def observe(self, loss_terms: Tensor) -> None:
         """Record one micro-batch's loss terms (any shape); stays on the device, no host sync."""
-        self._pending.append(~torch.isfinite(loss_terms.detach()).all())
+        bad = ~torch.isfinite(loss_terms.detach()).all()
+        if self._restored_window:
+            bad = torch.ones_like(bad)
+            self._restored_window = False
+        self._window = bad if self._window is None else self._window | bad
 
-    def should_skip(self) -> bool:
-        """Decide for the optimiser step now due; one host read of the flags observed since the last call.
+    def close_window(self) -> Tensor | None:
+        """The flag of the optimiser step now due (float 0/1 on the device); None if nothing was observed.
+
+        Advances the device counters as if the step were skipped when the flag is 1.
+        """
+        if self._window is None and self._restored_window:  # a step with no loss since the resume
+            self._window, self._restored_window = torch.tensor(True), False
+        if self._window is None:
+            return None
+        flag = self._window.float()
+        self._window = None
+        if self._counters is None:  # once per fit: the counters restored from a checkpoint go to the device
+            self._counters = torch.tensor([0.0, self.skipped, self.consecutive], device=flag.device)
+        skipped = self._counters[1] + flag
+        consecutive = (self._counters[2] + flag) * flag
+        self._counters = torch.stack((flag, skipped, consecutive))
+        return flag
+
+    def counters(self) -> Tensor | None:
+        """Device (3,) ``[last step skipped, skipped, skipped in a row]`` after the last ``close_window``."""
+        return self._counters
+
+    def read(self, counters: list[float]) -> bool:
+        """Take the counters back as host numbers; True if that step was skipped.
 
         Raises:
-            NonFiniteLossError: this is the ``max_consecutive``-th skipped step in a row.
+            NonFiniteLossError: that step was the ``max_consecutive``-th skipped step in a row.
         """
-        if not self._pending:
+        last, self.skipped, self.consecutive = bool(counters[0]), int(counters[1]), int(counters[2])
+        if last and self.max_consecutive and self.consecutive >= self.max_consecutive:
+            raise NonFiniteLossError(self._message())
+        return last
+
+    def should_skip(self) -> bool:
+        """Close the window and decide at once: one host read (optimisers that cannot take ``found_inf``)."""
+        if self.close_window() is None:
             return False
-        bad = bool(torch.stack(self._pending).any())
-        self._pending.clear()
-        if not bad:
-            self.consecutive = 0
-            return False
-        self.skipped += 1
-        self.consecutive += 1
-        if self.max_consecutive and self.consecutive >= self.max_consecutive:
-            raise NonFiniteLossError(
-                f"the loss was NaN/inf in {self.consecutive} consecutive optimiser steps (limit "
-                f"model.max_skipped_steps={self.max_consecutive}; {self.skipped} skipped in this run): training "
-                "has diverged or the data is broken. Lower model.lr0, keep warmup on, check the dataset with "
-                "`yolo11-lightning check-data`, or resume from an earlier checkpoint."
+        return self.read(self._counters.tolist())
+
+    def _message(self) -> str:
+        advice = (
+            "Lower model.lr0, keep warmup on, check the dataset with `yolo11-lightning check-data`, or resume "
+            "from an earlier checkpoint."
+        )
+        if self.precision is not None and self.precision.startswith("16"):
+            advice = (
+                "Under 16-mixed this is often fp16 overflowing in the forward pass rather than divergence (the "
+                "GradScaler only guards the backward pass): train with --trainer.precision bf16-mixed (fp32's "
+                "range; Ampere GPUs and newer) or 32-true first. If it persists there: " + advice
             )
-        return True
+        return (
+            f"the loss was NaN/inf in {self.consecutive} consecutive optimiser steps (limit "
+            f"model.max_skipped_steps={self.max_consecutive}; {self.skipped} skipped in this run): training has "
+            f"diverged or the data is broken. {advice}"
+        )
 
     def state_dict(self) -> dict[str, Any]:
         """Counters, and whether the open accumulation window (one carried over an epoch end) saw a
-        non-finite loss: a resume then skips that window's step as the uninterrupted run would."""
+        non-finite loss: a resume then skips that window's step as the uninterrupted run would.
+        (Reads the device: for checkpoints, not for every step.)"""
+        if self._counters is not None:
+            _, skipped, consecutive = self._counters.tolist()
+            self.skipped, self.consecutive = int(skipped), int(consecutive)
         state: dict[str, Any] = {"skipped": self.skipped, "consecutive": self.consecutive}
-        if self._pending and bool(torch.stack(self._pending).any()):
+        if self._restored_window or (self._window is not None and bool(self._window)):
             state["window_nonfinite"] = True
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.skipped = int(state.get("skipped", 0))
         self.consecutive = int(state.get("consecutive", 0))
-        self._pending.clear()
-        if state.get("window_nonfinite"):
-            self._pending.append(torch.tensor(True))
+        self._counters = None
+        self._window = None
+        # Kept on the host until the first observed loss says which device the flags live on.
+        self._restored_window = bool(state.get("window_nonfinite", False))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import math
 import os
+import warnings
 from typing import Any
 
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
@@ -31,10 +33,16 @@ from yolo11_lightning.training.optim import (
     nominal_accumulation,
 )
 from yolo11_lightning.training.recipe import ReferenceRecipe, global_batch_size
+from yolo11_lightning.training.step_exchange import StepExchange
 from yolo11_lightning.training.tasks import get_task
 from yolo11_lightning.training.weights import load_pretrained
 
 log = logging.getLogger(__name__)
+
+# Lightning advises sync_dist=True for epoch-level logs under DDP; the evaluation metrics are global already.
+warnings.filterwarnings(
+    "ignore", message=r"It is recommended to use `self\.log\('(val|test)/", category=PossibleUserWarning
+)
 
 
 class YOLO11Module(L.LightningModule):
@@ -124,6 +132,10 @@ class YOLO11Module(L.LightningModule):
         task: str = "detect",
     ) -> None:
         super().__init__()
+        if isinstance(
+            weights, os.PathLike
+        ):  # a string in the checkpoint's hyper-parameters (plain data only)
+            weights = os.fspath(weights)
         # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
         # Lightning merges the two for the logger, so the deprecated value is kept apart.
         self.save_hyperparameters(ignore=["close_mosaic", "compile", "keep_host_memory"])
@@ -169,6 +181,14 @@ class YOLO11Module(L.LightningModule):
         # Warmup, accumulation ramp and loss scale: the reference's loop, driven from a callback (recipe.py).
         self.loop_recipe = ReferenceRecipe()
         self.step_guard = NonFiniteStepGuard(max_skipped_steps)
+        # The training step's one collective (loss normalisers and items, the ranks' flags): step_exchange.py.
+        self.step_exchange = StepExchange()
+        self._published_step = -1  # the optimiser step whose values the exchange's pending copy holds
+        self._warned_step = -1  # the last skipped step warned about
+        self._items: Tensor | None = (
+            None  # the last training batch's loss items (device), logged on log steps
+        )
+        self._batch_images = 0
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> YOLO11Module:
@@ -187,13 +207,15 @@ class YOLO11Module(L.LightningModule):
 
     # ----------------------------------------------------------------------------------------- set-up
     def setup(self, stage: str) -> None:
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # The loss normaliser must be the global sum of target scores (world-size invariance).
-            self.criterion.normalizer_reduce = self._sum_over_ranks
+        # Loss normalisers and items summed over ranks (world-size invariance), flags alongside: one all-reduce.
+        self.step_exchange.connect()
+        self.criterion.sum_over_ranks = self.step_exchange.sum_over_ranks
         if self.machine_overrides.get("compile"):
             # The deprecated argument. After the callbacks' setup: the EMA copy is made from the plain module.
             compile_in_place(self.model)
         trainer = self._trainer  # None when setup is called by hand
+        if trainer is not None:
+            self.step_guard.precision = str(trainer.precision)
         if stage == "fit" and trainer is not None and self.deprecated_close_mosaic is not None:
             self._forward_close_mosaic(trainer, int(self.deprecated_close_mosaic))
         if trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks):
@@ -212,9 +234,6 @@ class YOLO11Module(L.LightningModule):
             return
         off = epochs <= 0 or not trainer.max_epochs or trainer.max_epochs < 0
         datamodule.set_close_mosaic_epoch(None if off else max(trainer.max_epochs - epochs, 0))
-
-    def _sum_over_ranks(self, value: Tensor) -> Tensor:
-        return self.trainer.strategy.reduce(value.detach().clone(), reduce_op="sum")
 
     def global_batch_size(self) -> int:
         """Images per training batch over all devices (the DataModule's ``batch_size``)."""
@@ -273,8 +292,19 @@ class YOLO11Module(L.LightningModule):
     def configure_gradient_clipping(self, optimizer: torch.optim.Optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:  # fmt: skip
         clip = gradient_clip_val if gradient_clip_val is not None else self.hparams.grad_clip_norm
-        if clip:
-            self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
+        if not clip:
+            return
+        torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if scaler is not None and getattr(torch_optimizer, "_step_supports_amp_scaling", False):
+            # Under 16-mixed Lightning leaves the unscaling of a fused optimiser to its step and refuses to clip
+            # it. Unscaled here (what Lightning does for the other optimisers), the clip is right, and the
+            # scaler's step hands the fused kernel its found-inf flag: no host read.
+            scaler.unscale_(torch_optimizer)
+            params = [p for group in torch_optimizer.param_groups for p in group["params"]]
+            torch.nn.utils.clip_grad_norm_(params, clip)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=clip, gradient_clip_algorithm="norm")
 
     # --------------------------------------------------------------------------------------- training
     def forward(self, images: Tensor) -> Any:
@@ -302,16 +332,33 @@ class YOLO11Module(L.LightningModule):
 
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
         images = self._model_input(batch["images"])
+        # The loss sums its normalisers and terms over ranks (step_exchange): `items` are the global batch's,
+        # and a NaN/inf on any rank is in every rank's `items`, so all ranks skip the step alike.
         loss, items = self.task.loss(self.criterion, self.model(images), batch)
-        world = self.trainer.world_size
-        if world > 1:  # each rank holds its share of the global loss: one all-reduce gives the total
-            items = self.trainer.strategy.reduce(items.clone(), reduce_op="sum")
-        # A NaN/inf on any rank is now in every rank's `items`: all ranks will skip the step alike.
         self.step_guard.observe(items)
-        for name, value in zip(self.task.loss_items, items):
-            self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=images.shape[0])
+        self._items, self._batch_images = (
+            items,
+            images.shape[0],
+        )  # logged after the optimiser step, on log steps
         # The reference's gradient for the global batch (the normaliser is already global): recipe.py.
         return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0])
+
+    def _logs_this_batch(self) -> bool:
+        """Whether the loss items are read back and logged after this batch: on the optimiser steps Lightning's
+        loggers write (every ``log_every_n_steps``, Lightning's own rule ``should_update_logs``; every step under
+        ``fast_dev_run``), and on an epoch's last batch and the run's last step, so that the callbacks
+        (``EarlyStopping``, ``ModelCheckpoint`` on a training loss) always find the newest values there."""
+        trainer = self.trainer
+        if trainer.fast_dev_run:
+            return True
+        epoch_loop = trainer.fit_loop.epoch_loop
+        if epoch_loop.batch_progress.is_last_batch:
+            return True
+        if epoch_loop._should_accumulate():
+            return False
+        if trainer.max_steps > 0 and trainer.global_step + 1 >= trainer.max_steps:
+            return True
+        return bool(getattr(trainer._logger_connector, "should_update_logs", True))
 
     def optimizer_step(
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
@@ -319,25 +366,84 @@ class YOLO11Module(L.LightningModule):
         """Step, unless a loss of this step's batches was NaN/inf on any rank: then every rank skips it.
 
         The closure (training_step + backward; DDP's gradient all-reduce runs there on every rank) is run
-        first so the decision can come between backward and the update. Skipped: no parameter, optimiser or
-        clipping update, gradients dropped; ``train/skipped_steps`` counts them.
+        first, so the decision comes between backward and the update. It stays on the device: the optimiser
+        gets it as ``found_inf`` (PyTorch's fused SGD/AdamW skip the update on it, as under a GradScaler),
+        and under a GradScaler a skipped step's gradients are made non-finite so that the scaler skips it.
+        Skipped: no parameter or optimiser-state update; ``train/skipped_steps`` counts them. An optimiser
+        that takes no ``found_inf`` gets the decision from one host read per step.
         """
         loss = optimizer_closure() if optimizer_closure is not None else None
-        stepped = not self.step_guard.should_skip()
-        if not stepped:
-            optimizer.zero_grad(set_to_none=True)
-            if self.trainer.is_global_zero:
-                log.warning(
-                    "step %d: NaN/inf loss on at least one rank; optimiser step skipped on all ranks "
-                    "(%d skipped, %d in a row, limit %d)", self.trainer.global_step, self.step_guard.skipped,
-                    self.step_guard.consecutive, self.step_guard.max_consecutive,
-                )  # fmt: skip
+        flag = self.step_guard.close_window()
+        torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+        step = self.trainer.global_step
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        if flag is not None and scaler is None and not torch_optimizer.defaults.get("fused"):
+            # An optimiser that takes no found_inf: decide on the host (one read per step).
+            if self.step_guard.read(self.step_guard.counters().tolist()):
+                optimizer.zero_grad(set_to_none=True)
+                self._warned_step = step
+                self._warn_skipped(step)
+            else:
+                optimizer.step(closure=lambda: loss)
         else:
-            # The closure already ran: hand its loss back (mixed-precision plugins need a non-None result).
-            optimizer.step(closure=lambda: loss)
-        self.loop_recipe.after_optimizer_step(self.trainer, optimizer, batch_idx, stepped)
+            if flag is not None and scaler is not None:
+                _poison_gradients(torch_optimizer, flag)  # the scaler's own check then skips the step
+            elif flag is not None:
+                torch_optimizer.found_inf = flag
+            try:
+                # The closure already ran: hand its loss back (mixed-precision plugins need a non-None result).
+                optimizer.step(closure=lambda: loss)
+            finally:
+                torch_optimizer.__dict__.pop("found_inf", None)
+        self.loop_recipe.after_optimizer_step(self.trainer, optimizer, batch_idx)
+        # The values exchanged at the previous step are read now (their copy has landed), this step's published.
+        self.settle_step_exchange()
+        if self._logs_this_batch():
+            self._log_step(step)
+        self.step_exchange.publish(self.step_guard.counters())
+        self._published_step = step
+
+    def _log_step(self, step: int) -> None:
+        """Log the loss items and the skipped-step count of this optimiser step: its one host read, on the steps
+        the loggers write. The progress bar and the loggers then hold host values (a device value logged every
+        step would be read back every step)."""
+        counters = self.step_guard.counters()
+        parts = [
+            self._items.detach().float().flatten(),
+            *([counters.float()] if counters is not None else []),
+        ]
+        host = torch.cat([p.to(parts[0].device) for p in parts]).cpu()
+        for name, value in zip(self.task.loss_items, host):
+            self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=self._batch_images)
+        if counters is not None:
+            self._read_guard(host[len(self.task.loss_items) :].tolist(), step)
         if self.step_guard.skipped:
-            self.log("train/skipped_steps", float(self.step_guard.skipped), rank_zero_only=True)
+            self.log("train/skipped_steps", torch.tensor(float(self.step_guard.skipped)), rank_zero_only=True)
+
+    def settle_step_exchange(self) -> None:
+        """Read what the last optimiser step published (flags summed over ranks, the guard's counters):
+        warns about a skipped step, raises ``NonFiniteLossError`` at the limit. Called at every step and before
+        checkpoints and epoch ends (``checkpoint_callbacks``); reading a step twice does nothing more."""
+        if self.step_exchange.advance() and self.step_exchange.extra:
+            self._read_guard(self.step_exchange.extra, self._published_step)
+
+    def _read_guard(self, counters: list[float], step: int) -> None:
+        """The guard's counters as of optimiser step ``step``, read on the host: warn once if it was skipped."""
+        if self.step_guard.read(counters) and step != self._warned_step:
+            self._warned_step = step
+            self._warn_skipped(step)
+
+    def _warn_skipped(self, step: int) -> None:
+        if self.trainer.is_global_zero:
+            log.warning(
+                "step %d: NaN/inf loss on at least one rank; optimiser step skipped on all ranks "
+                "(%d skipped, %d in a row, limit %d)", step, self.step_guard.skipped,
+                self.step_guard.consecutive, self.step_guard.max_consecutive,
+            )  # fmt: skip
+
+    def on_train_start(self) -> None:
+        self.step_exchange.reset()  # nothing exchanged yet in this fit
+        self._published_step = self._warned_step = -1
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["nonfinite_steps"] = self.step_guard.state_dict()
@@ -375,18 +481,22 @@ class YOLO11Module(L.LightningModule):
         self._log_map(self.test_map, "test")
 
     def _log_map(self, metric: DetectionMAP, prefix: str) -> None:
-        # compute() gathers every rank's detections, so each rank logs the same global value.
+        # compute() gathers every rank's detections and returns the same global values on every rank, on the
+        # metric's device: logged without Lightning's sync (a mean of equal values would only add a barrier
+        # and an all-reduce per key).
         for name, value in metric.compute().items():
-            # Already global: the "sync" is a mean of equal values, which keeps every rank's logger in step.
-            self.log(
-                f"{prefix}/{name}",
-                value,
-                prog_bar=name in ("mAP50-95", "mAP50", "mask_mAP50-95"),
-                sync_dist=True,
-            )
+            self.log(f"{prefix}/{name}", value, prog_bar=name in ("mAP50-95", "mAP50", "mask_mAP50-95"))
         metric.reset()
 
     def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Any]:
         """Per image, in original image pixels: detection, an (n, 6) tensor ``[x1, y1, x2, y2, score, class]``;
         segmentation, ``{"detections": (n, 6), "masks": (n, h0, w0) bool}`` (``tasks.SegmentTask.predict``)."""
         return self.task.predict(self, batch)
+
+
+def _poison_gradients(optimizer: torch.optim.Optimizer, flag: Tensor) -> None:
+    """Add inf to every gradient when ``flag`` is 1 (0 otherwise): a GradScaler then skips the step by its own
+    check, on the device. One fused add over the gradients per step (a few microseconds on a GPU)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grads:
+        torch._foreach_add_(grads, torch.where(flag > 0, float("inf"), 0.0))

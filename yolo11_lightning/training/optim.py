@@ -111,6 +111,10 @@ def build_optimizer(model: nn.Module, recipe: OptimizerRecipe, global_batch: int
 
     Group 0 must be the biases: the warmup ramps its LR from ``warmup_bias_lr`` down to lr0.
     Weight decay is scaled by the images per optimiser step over the nominal batch.
+
+    PyTorch's fused kernel where the parameters' device has one (CUDA, CPU, ...): one launch per step, and it
+    skips an update on a device flag (``found_inf``), which lets the non-finite guard skip a step without
+    reading the device. The same update rule as the reference's (foreach) SGD/AdamW, to float rounding.
     """
     biases, norm_weights, weights = parameter_groups(model)
     accumulate = nominal_accumulation(global_batch, recipe.nominal_batch)
@@ -120,13 +124,36 @@ def build_optimizer(model: nn.Module, recipe: OptimizerRecipe, global_batch: int
         {"params": weights, "weight_decay": decay},
         {"params": norm_weights, "weight_decay": 0.0},
     ]
+    fused = _fused_kernels_for([*biases, *weights, *norm_weights])
     if recipe.name == "SGD":
-        return torch.optim.SGD(groups, lr=recipe.lr0, momentum=recipe.momentum, nesterov=True)
+        optimizer = torch.optim.SGD(
+            groups, lr=recipe.lr0, momentum=recipe.momentum, nesterov=True, fused=fused
+        )
+        if fused:
+            # Fused SGD starts its momentum buffers uninitialised when its first step is skipped; zeros give
+            # the first step's rule exactly (buffer = gradient, dampening 0) and survive a skipped step.
+            for param in optimizer.param_groups[0]["params"] + weights + norm_weights:
+                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
+        return optimizer
     if recipe.name == "AdamW":
-        return torch.optim.AdamW(groups, lr=recipe.lr0, betas=(recipe.momentum, 0.999))
+        return torch.optim.AdamW(groups, lr=recipe.lr0, betas=(recipe.momentum, 0.999), fused=fused)
     if recipe.name == "auto":
         raise ValueError("optimizer 'auto' must be resolved first (OptimizerRecipe.resolve)")
     raise ValueError(f"optimizer must be 'SGD', 'AdamW' or 'auto', got {recipe.name!r}")
+
+
+# Device types with fused SGD/AdamW kernels (PyTorch's own list, plus a registered out-of-tree device).
+_FUSED_DEVICES = ("cuda", "cpu", "xpu", "mps")
+
+
+def _fused_kernels_for(params: list[nn.Parameter]) -> bool | None:
+    """True when every parameter is a float tensor on a device with fused kernels (else None: PyTorch's
+    default, foreach)."""
+    devices = {*_FUSED_DEVICES, torch._C._get_privateuse1_backend_name()}
+    ok = all(
+        p.device.type in devices and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params
+    )
+    return True if params and ok else None
 
 
 class WarmupSchedule:

@@ -101,7 +101,7 @@ class ReferenceRecipe(Callback):
         max_epochs = max(trainer.max_epochs or 1, 1)
         self.schedule = WarmupSchedule(recipe, max_epochs, int(trainer.num_training_batches))
         if self._restored_gradients is not None:  # after the strategy moved the model to its device
-            self._restore_gradients(pl_module, self._restored_gradients)
+            self._restore_gradients(trainer, pl_module, self._restored_gradients)
             self._restored_gradients = None
 
     # ------------------------------------------------------------------------------- per batch
@@ -169,10 +169,10 @@ class ReferenceRecipe(Callback):
         self.carried_is_global = True
 
     def after_optimizer_step(
-        self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, batch_idx: int, stepped: bool
+        self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, batch_idx: int
     ) -> None:
         """Close the accumulation window after the optimiser step of ``batch_idx`` (taken or skipped)."""
-        if stepped and self.fixed_accumulation is None:
+        if self.fixed_accumulation is None:
             optimizer.zero_grad(set_to_none=True)
         if self.schedule is not None:
             self.last_step_index = self.global_batch_index(trainer, batch_idx)
@@ -188,8 +188,11 @@ class ReferenceRecipe(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         if self.carrying and self.carried_is_global:  # the open window's gradient, the same on every rank
+            # Unscaled (the true gradient): under 16-mixed the parameters' .grad hold it times the GradScaler's
+            # scale, and a resume under another precision or scale must not apply that factor.
+            scale = _gradient_scale(trainer)
             checkpoint["carried_gradients"] = {
-                name: param.grad.detach().cpu().clone()
+                name: (param.grad.detach().float() / scale).cpu()
                 for name, param in pl_module.named_parameters()
                 if param.grad is not None
             }
@@ -202,8 +205,12 @@ class ReferenceRecipe(Callback):
             self.last_step_index = int(checkpoint["last_step_batch_index"])
         self._restored_gradients = checkpoint.get("carried_gradients")
 
-    def _restore_gradients(self, pl_module: L.LightningModule, gradients: dict[str, torch.Tensor]) -> None:
+    def _restore_gradients(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: dict[str, torch.Tensor]
+    ) -> None:
+        """Put a checkpoint's (unscaled) carried gradients back, times this run's GradScaler scale if any."""
         parameters = dict(pl_module.named_parameters())
+        scale = _gradient_scale(trainer)
         unknown = sorted(set(gradients) - set(parameters))
         if unknown:
             raise ValueError(
@@ -216,5 +223,11 @@ class ReferenceRecipe(Callback):
                     f"carried gradient of {name} has shape {tuple(gradient.shape)}, not {tuple(param.shape)}"
                 )
             # empty_like keeps the parameter's memory layout (channels-last), as autograd's own gradients do.
-            param.grad = torch.empty_like(param).copy_(gradient)
+            param.grad = torch.empty_like(param).copy_(gradient * scale)
         self.carrying = self.carried_is_global = bool(gradients)
+
+
+def _gradient_scale(trainer: L.Trainer) -> float:
+    """The factor the parameters' gradients carry: the GradScaler's scale under 16-mixed, else 1 (a host read)."""
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0

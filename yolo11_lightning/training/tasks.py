@@ -104,7 +104,7 @@ class SegmentTask(Task):
     def loss(self, criterion: DetectionLoss, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         masks, overlap = self._masks(batch)
         criterion.overlap = overlap  # type: ignore[attr-defined]
-        return criterion(outputs, batch["targets"], masks)
+        return criterion(outputs, batch["targets"], masks, batch.get("targets_per_image"))
 
     def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
         return SegmentationMAP(class_names, reference_style=reference_style)
