@@ -297,7 +297,7 @@ def buckets(a: Anatomy, bucket_bytes: int = BUCKET_BYTES) -> list[tuple[int, flo
 
 @dataclass(frozen=True)
 class Options:
-    """The DDP settings (and, for the sensitivity rows, the step-time assumptions) a row of the tables uses."""
+    """The DDP settings (and, in the sensitivity rows, the step-time assumptions) of a table row."""
 
     batch: int = BATCH
     grad_bytes_factor: float = 1.0  # 0.5: bf16_compress_hook
@@ -368,9 +368,9 @@ def mb(nbytes: float) -> str:
     return f"{nbytes / 1e6:.2f}"
 
 
-def report(models: list[Anatomy]) -> None:
-    """Print every table of the README section."""
-    print("### Inputs per model (640 px, 80 classes)\n")
+def report_inputs(models: list[Anatomy]) -> None:
+    """Parameters, FLOPs, bytes, host ops and buffers of each scale."""
+    print("#### Inputs per model (640 px, 80 classes)\n")
     rows = []
     for a in models:
         act = sum(c.hbm_bytes for c in a.calls) * TRAIN_TO_FORWARD
@@ -384,9 +384,12 @@ def report(models: list[Anatomy]) -> None:
         "aten ops/step", "BN running stats bytes", "all buffers bytes",
     ], rows))  # fmt: skip
     print(f"\nH100 SXM ridge point: {PEAK_FLOPS * MATH_EFFICIENCY / (HBM_BYTES_S * MEMORY_EFFICIENCY):.0f} "
-          "FLOP/byte at the assumed efficiencies (a layer below it is bound by memory).\n")  # fmt: skip
+          "FLOP/byte at the assumed efficiencies (a layer below it is bound by memory).")  # fmt: skip
 
-    print("### Step time on one H100 (per-GPU batch, 640 px)\n")
+
+def report_steps(models: list[Anatomy]) -> None:
+    """Step time on one H100 for each per-GPU batch: GPU roofline, host floor, the slower one."""
+    print("#### Step time on one H100 (per-GPU batch, 640 px)\n")
     rows = []
     for a in models:
         for b in BATCHES:
@@ -403,7 +406,43 @@ def report(models: list[Anatomy]) -> None:
         "ms at 30% MFU",
     ], rows))  # fmt: skip
 
-    print("\n### Gradient all-reduce per step (fp32 gradients; bf16 hook: half the bytes)\n")
+
+def report_crosschecks(models: list[Anatomy]) -> None:
+    """This model against published YOLOv5 training speeds."""
+    print("#### Cross-checks against published training speeds\n")
+    rows = []
+    for a in models:
+        days = YOLOV5_V100_DAYS[a.scale]
+        published = COCO_TRAIN_IMAGES * YOLOV5_EPOCHS / (days * 86400)
+        v100 = max(gpu_seconds(a, 64, V100_PEAK_FLOPS, V100_HBM_BYTES_S), host_seconds(a))
+        rows.append([
+            f"yolo11{a.scale} / YOLOv5{a.scale}", f"{64 / v100:.0f}", days, f"{published:.0f}",
+            f"{64 / v100 / published:.2f}",
+        ])  # fmt: skip
+    print(table(["model (this model / published)", "this model on a V100, batch 64, img/s",
+                 "YOLOv5 README: days for 300 epochs", "= img/s", "ratio"], rows))  # fmt: skip
+    one, eight = (COCO_TRAIN_IMAGES / YOLOV5L_A100_EPOCH_S[n] for n in (1, 8))
+    mfu = one * YOLOV5L_GFLOPS * 1e9 * TRAIN_TO_FORWARD / A100_PEAK_FLOPS
+    efficiency = pct(eight / one / 8)
+    print(f"\nYOLOv5l on A100s (multi-GPU tutorial, 16 per GPU): {one:.1f} img/s on 1 GPU ({pct(mfu)} of the "
+          f"A100's dense fp16 peak), {eight:.0f} on 8 = {efficiency} scaling efficiency.")  # fmt: skip
+
+
+def report_allreduce(models: list[Anatomy]) -> None:
+    """Gradient bytes, DDP buckets and the all-reduce time on each setup."""
+    print("#### Gradient all-reduce per step (fp32 gradients; bf16 hook: half the bytes)\n")
+    rows = []
+    for net in SETUPS:
+        network = (
+            [f"{net.node_bytes_s / 1e9:.2f}", f"{net.alpha_s * 1e6:.0f}"] if net.nodes > 1 else ["-", "-"]
+        )
+        rows.append(
+            [net.name, net.gpus, f"{NVLINK_BUS_BYTES_S / 1e9:.0f}", f"{NVLINK_ALPHA_S * 1e6:.0f}", *network]
+        )
+    print(table([
+        "setup", "GPUs", "NVLink bus GB/s", "NVLink us/step", "network GB/s per node", "network us/step",
+    ], rows))  # fmt: skip
+    print()
     rows = []
     for a in models:
         bk = buckets(a)
@@ -414,10 +453,14 @@ def report(models: list[Anatomy]) -> None:
                 ms(sum(allreduce_seconds(n / 2, net) for n, _ in bk)),
             ])  # fmt: skip
     print(table([
-        "model", "setup", "gradient MB", "buckets", "last bucket MB", "all-reduce ms fp32", "all-reduce ms bf16",
+        "model", "setup", "gradient MB", "buckets", "last bucket MB", "all-reduce ms fp32",
+        "all-reduce ms bf16",
     ], rows))  # fmt: skip
 
-    print(f"\n### Scaling efficiency (per-GPU batch {BATCH}, DDP defaults, step_1GPU / step_N)\n")
+
+def report_efficiency(models: list[Anatomy]) -> None:
+    """Step, all-reduce, exposed communication and scaling efficiency at the main batch."""
+    print(f"#### Scaling efficiency (per-GPU batch {BATCH}, DDP defaults, step_1GPU / step_N)\n")
     rows = []
     for a in models:
         for net in SETUPS:
@@ -428,13 +471,36 @@ def report(models: list[Anatomy]) -> None:
                 pct(s.efficiency), f"{rate:,.0f}", f"{COCO_TRAIN_IMAGES / rate:.1f}",
             ])  # fmt: skip
     print(table([
-        "model", "setup", "step ms (1 GPU)", "all-reduce ms", "last bucket ms", "exposed comm ms", "efficiency",
-        "img/s (all GPUs)", "COCO epoch s",
+        "model", "setup", "step ms (1 GPU)", "all-reduce ms", "last bucket ms", "exposed comm ms",
+        "efficiency", "img/s (all GPUs)", "COCO epoch s",
     ], rows))  # fmt: skip
 
-    print("\n### What would change the picture (efficiency; the first row is the table above)\n")
+
+def report_loader(models: list[Anatomy]) -> None:
+    """DataLoader workers a GPU needs at the measured per-worker rate."""
+    print("#### Loader workers per GPU (one step's images, 1.3x headroom)\n")
+    rate = WORKER_IMAGES_S * SERVER_CORE_SPEEDUP
+    rows = []
+    for a in models:
+        for b in BATCHES:
+            need = b / step_seconds(a, Options(batch=b)) * LOADER_HEADROOM
+            workers = math.ceil(need / rate)
+            node = GPUS_PER_NODE * (workers + 1)  # + the rank's own main process
+            rows.append([
+                f"yolo11{a.scale}", b, f"{need / LOADER_HEADROOM:.0f}", workers, node,
+                " / ".join(f"{node / c:.0%}" for c in NODE_CORES),
+            ])  # fmt: skip
+    print(table([
+        "model", "batch", "img/s per GPU", "workers per GPU", "cores per 8-GPU node (workers + main)",
+        f"share of {' / '.join(str(c) for c in NODE_CORES)} cores",
+    ], rows))  # fmt: skip
+
+
+def report_changes(models: list[Anatomy]) -> None:
+    """Efficiency under other DDP settings, batches and step-time assumptions."""
+    print("#### What would change the picture (efficiency; the first row is the table above)\n")
     variants = [
-        ("DDP defaults, batch 16", Options()),
+        (f"DDP defaults, batch {BATCH}", Options()),
         ("bf16_compress_hook (half the bytes)", Options(grad_bytes_factor=0.5)),
         ("bucket_cap_mb 5", Options(bucket_bytes=5 * 1024 * 1024)),
         ("broadcast_buffers=False", Options(broadcast_buffers=False)),
@@ -452,45 +518,30 @@ def report(models: list[Anatomy]) -> None:
         for net in SETUPS[1:] if name != variants[0][0] else SETUPS:
             rows.append([name, net.name, *(pct(scaled(a, net, opt).efficiency) for a in models)])
     print(table(["variant", "setup", *(f"yolo11{a.scale}" for a in models)], rows))
+    print()
     for a in models:
         saved = [ms(broadcast_seconds(a.buffer_bytes, net)) for net in SETUPS]
-        copy = 4 * a.params * GRAD_BYTES / (HBM_BYTES_S * MEMORY_EFFICIENCY)
-        print(f"\nyolo11{a.scale}: broadcast_buffers=False saves one broadcast of {a.buffer_bytes:,} bytes per "
-              f"forward ({' / '.join(saved)} ms on the setups above); gradient_as_bucket_view (on in the DDP "
-              f"presets) saves copying the gradients into and out of the buckets, {ms(copy)} ms of HBM "
-              "traffic per step.", end="")  # fmt: skip
-    print("\n")
+        copy = 4 * a.params * GRAD_BYTES / (HBM_BYTES_S * MEMORY_EFFICIENCY)  # in and out: read + write each
+        print(f"- yolo11{a.scale}: broadcast_buffers=False saves one broadcast of {a.buffer_bytes:,} bytes "
+              f"per forward ({' / '.join(saved)} ms on the four setups); gradient_as_bucket_view (on in the "
+              f"DDP presets) saves copying {mb(a.params * GRAD_BYTES)} MB of gradients into and out of the "
+              f"buckets, {ms(copy)} ms of HBM traffic per step.")  # fmt: skip
 
-    print("### Loader workers per GPU (one step's images, 1.3x headroom)\n")
-    rate = WORKER_IMAGES_S * SERVER_CORE_SPEEDUP
-    rows = []
-    for a in models:
-        for b in BATCHES:
-            need = b / step_seconds(a, Options(batch=b)) * LOADER_HEADROOM
-            workers = math.ceil(need / rate)
-            node = GPUS_PER_NODE * (workers + 1)  # + the rank's own main process
-            rows.append([
-                f"yolo11{a.scale}", b, f"{need / LOADER_HEADROOM:.0f}", workers, node,
-                " / ".join(f"{node / c:.0%}" for c in NODE_CORES),
-            ])  # fmt: skip
-    print(table([
-        "model", "batch", "img/s per GPU", "workers per GPU", "cores per 8-GPU node (workers + main)",
-        f"share of {' / '.join(str(c) for c in NODE_CORES)} cores",
-    ], rows))  # fmt: skip
 
-    print("\n### Cross-checks against published training speeds\n")
-    rows = []
-    for a in models:
-        days = YOLOV5_V100_DAYS[a.scale]
-        published = COCO_TRAIN_IMAGES * YOLOV5_EPOCHS / (days * 86400)
-        v100 = max(gpu_seconds(a, 64, V100_PEAK_FLOPS, V100_HBM_BYTES_S), host_seconds(a))
-        rows.append([f"yolo11{a.scale} / YOLOv5{a.scale}", f"{64 / v100:.0f}", days, f"{published:.0f}"])
-    print(table(["model (ours / published)", "this model on a V100, batch 64, img/s",
-                 "YOLOv5 README: days for 300 epochs", "= img/s"], rows))  # fmt: skip
-    one, eight = (COCO_TRAIN_IMAGES / YOLOV5L_A100_EPOCH_S[n] for n in (1, 8))
-    mfu = one * YOLOV5L_GFLOPS * 1e9 * TRAIN_TO_FORWARD / A100_PEAK_FLOPS
-    print(f"\nYOLOv5l on A100s (multi-GPU tutorial, 16 per GPU): {one:.1f} img/s on 1 GPU ({pct(mfu)} of the A100's "
-          f"dense fp16 peak), {eight:.0f} on 8 = {pct(eight / one / 8)} scaling efficiency.")  # fmt: skip
+def report(models: list[Anatomy]) -> None:
+    """Print every table of the README section, in its order, a blank line between them."""
+    blocks = [
+        report_inputs,
+        report_steps,
+        report_crosschecks,
+        report_allreduce,
+        report_efficiency,
+        report_loader,
+    ]
+    for i, block in enumerate([*blocks, report_changes]):
+        if i:
+            print()
+        block(models)
 
 
 def main() -> None:
