@@ -265,19 +265,24 @@ def run_worker(
     )
 
 
+def window_ends(count: int, skip: int, cycle: int = 1) -> tuple[int, int]:
+    """Indices of the two stamps ``steady_rate`` reads among ``count`` step stamps: the end of step ``skip - 1``
+    and the end of the last whole ``cycle`` after it (the stamps to take after a device sync)."""
+    if skip < 1:
+        raise ValueError("skip must be >= 1: the first step has no start stamp")
+    if count < skip + cycle:
+        raise ValueError(f"need at least {skip + cycle} steps, got {count}")
+    return skip - 1, skip - 1 + (count - skip) // cycle * cycle
+
+
 def steady_rate(stamps: Sequence[float], items_per_step: int, skip: int, cycle: int = 1) -> float:
     """Items per second between step ``skip`` and the last whole ``cycle`` of steps after it.
 
     ``stamps[i]`` is the time step i ended. Whole accumulation cycles keep the share of optimiser
     steps exact; the first ``skip`` steps (allocator warm-up, first optimiser step) are left out.
     """
-    if len(stamps) < skip + cycle:
-        raise ValueError(f"need at least {skip + cycle} steps, got {len(stamps)}")
-    steps = (len(stamps) - skip) // cycle * cycle
-    start, end = stamps[skip - 1] if skip else None, stamps[skip - 1 + steps]
-    if start is None:
-        raise ValueError("skip must be >= 1: the first step has no start stamp")
-    return items_per_step * steps / (end - start)
+    first, last = window_ends(len(stamps), skip, cycle)
+    return items_per_step * (last - first) / (stamps[last] - stamps[first])
 
 
 # ------------------------------------------------------------------------------------ oracle

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Container, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,16 +33,23 @@ def train_oracle_until(trainer: Any, done: Callable[[Any], bool]) -> None:
         trainer.train()
 
 
-def batch_end_stamps() -> tuple[Any, list[float]]:
-    """A Lightning callback and the list it fills: ``time.perf_counter()`` after every training batch, once
-    the batch's device work is done (the stamps ``steady_rate`` takes)."""
+def batch_end_stamps(synced: Container[int]) -> tuple[Any, list[float]]:
+    """A Lightning callback and the list it fills: ``time.perf_counter()`` at the end of every training batch.
+
+    Before the stamps whose index is in ``synced`` (the ends of the measured window, the indices
+    ``steady_rate`` reads) the device's queued work is waited for, so the time between two synced stamps covers
+    the device work of the batches between them. The other stamps are host times, which a GPU may trail. No
+    sync after every batch: that drains the GPU's queue each step and understates its throughput. On a CPU
+    ``sync`` does nothing and every stamp is exact.
+    """
     import lightning as L
 
     stamps: list[float] = []
 
     class Stamps(L.Callback):
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:  # type: ignore[no-untyped-def]
-            sync(pl_module.device)
+            if len(stamps) in synced:
+                sync(pl_module.device)
             stamps.append(time.perf_counter())
 
     return Stamps(), stamps

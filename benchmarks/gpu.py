@@ -1,147 +1,349 @@
-"""GPU training figures: mixed precision, channels_last and torch.compile on/off; peak memory; host syncs.
+"""GPU figures in one prepared run: sync audit, 1-GPU DDP fits, training images/s, data pipeline, memory.
 
-    python benchmarks/gpu.py                     # needs CUDA; yolo11n at 640, batch 64; about 5 minutes
-    python benchmarks/gpu.py --scale s --batch 32 --memory-scales n,s,m,l,x --memory-batches 16,32,64
-    python benchmarks/gpu.py --cpu-smoke         # the same code paths on CPU at toy sizes (no figures)
+    python benchmarks/gpu.py --out DIR            # needs CUDA; all sections within --budget (460 s)
+    python benchmarks/gpu.py --cpu-smoke          # every section's code path on CPU at toy sizes (65-90 s)
+    python benchmarks/gpu.py --sections throughput,data --budget 200    # a subset (names: --help)
 
-Sections (each variant in a fresh process, so compile caches and memory counters start clean):
-  1. step throughput through the real ``fit`` loop, fed from batches held in memory (the data pipeline
-     would otherwise set the pace), for: fp32, bf16-mixed, bf16-mixed + channels_last, the same with
-     ``compile``, and 16-mixed + channels_last. images/s over the steps after a warm-up (compile happens
-     there);
-  2. the same loop on the real data pipeline (mosaic, ``--workers`` loader processes), ours with
-     16-mixed beside the oracle trainer with AMP (fp16 autocast), same batch and workers;
-  3. peak GPU memory (``max_memory_allocated``) of a training step (forward, loss, backward, SGD step)
-     per scale and batch, bf16-mixed;
-  4. host syncs of the training step: the CUDA sync debug mode in "warn" during a few steps after
-     warm-up, counted by the source line that asked (Lightning's progress bar reads the logged losses
-     once per step, and the NaN/inf guard reads one flag per optimiser step: those are expected).
-Not run by the test suite; prints "no CUDA" and exits when there is no GPU (unless --cpu-smoke).
+On a lent H200 (no network): ``bash benchmarks/gpu_wheels.sh`` here first (the wheels the machine lacks, into
+``.whl/``), then one device call runs ``bash benchmarks/gpu_run.sh`` with ``.whl`` carried: it installs the
+wheels to /tmp/site and runs this script with ``--out $OUT`` (benchmarks/README.md, "GPU", has the exact call).
+
+One parent process runs each section as its own subprocess (its own process group) with its own timeout, in
+order of value, so that a budget cut loses the least valuable ones; a section that fails or times out records
+its status and output tail and the run goes on; one that would not fit in what is left of ``--budget`` is
+recorded as "skipped: budget". After every section ``gpu.json`` (every figure, versions, GPU, driver,
+commit, each section's status) and ``gpu.md`` (the tables, also printed at the end) are rewritten in
+``--out``, with ``sections.log`` (each section's output): a run killed from outside keeps what it measured.
+
+Sections, in this order:
+  sync-audit      ``pytest tests/test_gpu_syncs.py`` (CUDA-only tests: no host sync in a single-GPU
+                  training step nor in a 1-rank NCCL DDP step): passed / failed and the output tail;
+  ddp-*           ``yolo11-lightning fit --config configs/quickstart.yaml`` on one GPU through NCCL DDP
+                  (``--trainer.strategy ddp --trainer.devices 1``), 3 epochs with validation, synthetic
+                  data (256 train / 64 val at 320, batch 32), under 16-mixed and bf16-mixed: every logged
+                  loss and val/mAP50-95 in metrics.csv finite;
+  prepare         512 COCO-like JPEGs (``data_speed.make_dataset``, 80 classes) and real training batches
+                  from them (mosaic on), saved once for the throughput sections;
+  yolo11{n,s} *   training images/s through ``fit`` (the CLI's default callbacks: EMA, checkpoints,
+                  throughput meter, progress bar) at 640, batch 64 (n) / 32 (s), batches served from
+                  memory so the data pipeline does not set the pace, one optimiser step per batch: fp32
+                  with TF32 off and on, bf16-mixed, bf16-mixed + channels_last (each one change from the
+                  row before; the layout of the fp32 rows is NCHW); peak memory of the measured window;
+  data            the DataModule's train loader (mosaic, recent partners, 640, batch 16, pinned) with 1 and
+                  8 workers: images/s and images/s per worker;
+  * compile       bf16-mixed + channels_last + ``compile`` (its own timeout: "skipped" when compiling does
+                  not finish);
+  memory          peak memory of a bare bf16 training step per scale and batch;
+  sync-sites      host syncs per step of a 1-rank DDP ``fit`` counted by the source line that asked
+                  (``torch.cuda.set_sync_debug_mode("warn")``): what to fix when sync-audit fails;
+  yolo11n tf32-cl fp32 with TF32 + channels_last (is NHWC also right for fp32?).
+
+Timing: the host stamps the ends of the measured window only; the device is synchronised once when the
+warm-up ends (cuDNN autotuning and compiling happen there) and once after the last measured step, never per
+step. A window lasts ``--window`` seconds (at least 10 steps). The oracle is not needed (a lent machine lacks
+it); ``throughput.py`` compares with it where it is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import csv
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
 import warnings
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import _common as C
-import _fit as F
 import torch
 
-THROUGHPUT_VARIANTS = (
-    # name, precision, channels_last, compile
-    ("fp32", "32-true", False, False),
-    ("bf16-mixed", "bf16-mixed", False, False),
-    ("bf16 + channels_last", "bf16-mixed", True, False),
-    ("bf16 + channels_last + compile", "bf16-mixed", True, True),
-    ("fp16-mixed + channels_last", "16-mixed", True, False),
-)
+REPO = C.REPO
+MARGIN_S = 5.0  # kept back from a section's timeout at the deadline, for writing the results
+TAIL_CHARS = 3000  # output kept in gpu.json per section that did not end well
+LOG_CHARS = 200_000  # output kept in sections.log per section
+
+# key -> (label, Lightning precision, channels_last, compile, fp32 precision of matmuls and convolutions:
+# "ieee" TF32 off, "tf32" on, None torch's defaults)
+VARIANTS: dict[str, tuple[str, str, bool, bool, str | None]] = {
+    "fp32": ("fp32 (TF32 off)", "32-true", False, False, "ieee"),
+    "tf32": ("fp32, TF32 on", "32-true", False, False, "tf32"),
+    "bf16": ("bf16-mixed", "bf16-mixed", False, False, None),
+    "bf16-cl": ("bf16-mixed + channels_last", "bf16-mixed", True, False, None),
+    "compile": ("bf16-mixed + channels_last + compile", "bf16-mixed", True, True, None),
+    "tf32-cl": ("fp32, TF32 on + channels_last", "32-true", True, False, "tf32"),
+}
+MAIN_VARIANTS = ("fp32", "tf32", "bf16", "bf16-cl")
+LOSS_COLUMNS = ("train/box_loss", "train/cls_loss", "train/dfl_loss")
+MAP_COLUMN = "val/mAP50-95"
 
 
-def _device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
+# ------------------------------------------------------------------------------------ settings
+@dataclass
+class Settings:
+    """Sizes of one run: the GPU run's, or toy ones for ``--cpu-smoke``."""
 
-
-# ------------------------------------------------------------------------------------ in-memory data
-def memory_datamodule(args: argparse.Namespace) -> Any:
-    """A DataModule serving ``--held-batches`` real training batches from memory, over and over."""
-    import lightning as L
-    from torch.utils.data import DataLoader
-
-    from yolo11_lightning import YOLODataModule
-
-    source = YOLODataModule(
-        dataset=args.yaml, batch_size=args.batch, image_size=args.image_size, num_workers=0, seed=0
+    size: int = 640
+    batches: dict[str, int] = field(default_factory=lambda: {"n": 64, "s": 32})
+    held: int = 4  # distinct batches held in memory
+    warmup: int = 8  # steps before the window (cuDNN autotuning, compiling)
+    window_s: float = 4.0
+    min_steps: int = 10
+    max_steps: int = 500
+    jpegs: int = 512
+    prepare_workers: int = 8
+    data_workers: tuple[int, ...] = (1, 8)
+    data_batch: int = 16
+    data_epochs: int = 3  # timed epochs, after one that starts the workers
+    ddp: dict[str, Any] = field(
+        default_factory=lambda: {"train": 256, "val": 64, "size": 320, "batch": 32, "workers": 4}
     )
-    source.setup("fit")
-    loader = iter(source.train_dataloader())
-    held = [next(loader) for _ in range(args.held_batches)]
-    steps = args.warmup + args.steps
+    memory_scales: tuple[str, ...] = ("n", "s", "m")
+    memory_batches: tuple[int, ...] = (16, 32, 64)
+    audit_warmup: int = 3
+    audit_steps: int = 5
+    compile_timeout: float = 240.0
+
+    @classmethod
+    def smoke(cls) -> Settings:
+        return cls(
+            size=64, batches={"n": 4}, held=2, warmup=1, window_s=0.2, min_steps=2, max_steps=4, jpegs=16,
+            prepare_workers=0, data_workers=(1, 2), data_batch=4, data_epochs=1,
+            ddp={"train": 16, "val": 8, "size": 64, "batch": 8, "workers": 1}, memory_scales=("n",),
+            memory_batches=(2,), audit_warmup=1, audit_steps=2, compile_timeout=8.0,
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ helpers (workers)
+def _new_tf32_api() -> bool:
+    """torch >= 2.9's ``fp32_precision`` flags (mixing them with the legacy ``allow_tf32`` flags, even to read
+    one, is refused by torch: one API is used for both setting and reading)."""
+    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+
+
+def set_fp32_precision(mode: str | None) -> None:
+    """TF32 for fp32 matmuls and cuDNN convolutions: "ieee" off, "tf32" on, None leaves torch's defaults."""
+    if mode is None:
+        return
+    backends = torch.backends
+    if _new_tf32_api():
+        backends.cuda.matmul.fp32_precision = mode
+        backends.cudnn.conv.fp32_precision = mode
+        backends.cudnn.rnn.fp32_precision = mode
+    else:
+        backends.cuda.matmul.allow_tf32 = mode == "tf32"
+        backends.cudnn.allow_tf32 = mode == "tf32"
+
+
+def tf32_state() -> dict[str, str]:
+    """The fp32 precision of matmuls and cuDNN convolutions now: "tf32" or "ieee" (torch's "none": inherited)."""
+    backends = torch.backends
+    if _new_tf32_api():
+        return {
+            "matmul": backends.cuda.matmul.fp32_precision,
+            "cudnn_conv": backends.cudnn.conv.fp32_precision,
+        }
+    tf32 = {True: "tf32", False: "ieee"}
+    return {
+        "matmul": tf32[bool(backends.cuda.matmul.allow_tf32)],
+        "cudnn_conv": tf32[bool(backends.cudnn.allow_tf32)],
+    }
+
+
+def held_datamodule(batches: list[dict[str, Any]], source: Any, length: int) -> Any:
+    """A DataModule whose train loader serves ``batches`` (already collated) ``length`` times in turn."""
+    import lightning as L
+    from torch.utils.data import DataLoader, Dataset
+
+    class Repeat(Dataset):
+        def __len__(self) -> int:
+            return length
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return batches[i % len(batches)]
 
     class Held(L.LightningDataModule):
-        batch_size = args.batch
+        batch_size = int(batches[0]["images"].shape[0])
         num_classes = source.num_classes
         class_names = source.class_names
-        num_train_samples = source.num_train_samples  # optimizer 'auto' decides from it, as on real data
+        num_train_samples = length * batch_size
 
         def train_dataloader(self) -> DataLoader:
-            batches = [held[i % len(held)] for i in range(steps)]
-            return DataLoader(batches, batch_size=None, shuffle=False, pin_memory=True)
+            return DataLoader(Repeat(), batch_size=None, shuffle=False, pin_memory=False)
 
     return Held()
 
 
-# ------------------------------------------------------------------------------------ workers
-def run_step_variant(args: argparse.Namespace) -> dict[str, Any]:
-    """One throughput variant (section 1 or ours in section 2); returns images/s."""
+def load_held(path: str) -> list[dict[str, Any]]:
+    """The batches ``prepare`` saved; pinned on a CUDA machine (copied to the device without blocking)."""
+    batches = torch.load(path, weights_only=True)
+    if torch.cuda.is_available():
+        batches = [{k: v.pin_memory() if torch.is_tensor(v) else v for k, v in b.items()} for b in batches]
+    return batches
+
+
+def steady_window(warmup: int, seconds: float, min_steps: int, max_steps: int) -> Any:
+    """A callback timing the steady state of training without a sync per step.
+
+    After ``warmup`` batches it synchronises the device, stamps the start and resets the peak-memory
+    counter; then it reads only the host clock, and once ``seconds`` have passed (and at least ``min_steps``,
+    at most ``max_steps``) it synchronises, stamps the end and stops the run.
+    """
     import lightning as L
 
-    from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.machine import MachineSettings
+    class Window(L.Callback):
+        def __init__(self) -> None:
+            self.done, self.fit_start, self.start, self.end, self.steps = 0, 0.0, 0.0, 0.0, 0
+            self.peak_gib = float("nan")
 
-    stamps_callback, stamps = F.batch_end_stamps()
-    if args.real_data:
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            self.fit_start = time.perf_counter()
+
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if self.end:
+                return
+            self.done += 1
+            cuda = pl_module.device.type == "cuda"
+            if self.done == warmup:
+                C.sync(pl_module.device)
+                self.start = time.perf_counter()
+                if cuda:
+                    torch.cuda.reset_peak_memory_stats(pl_module.device)
+                return
+            steps = self.done - warmup
+            if steps <= 0:
+                return
+            if (time.perf_counter() - self.start >= seconds and steps >= min_steps) or steps >= max_steps:
+                C.sync(pl_module.device)
+                self.end, self.steps = time.perf_counter(), steps
+                if cuda:
+                    self.peak_gib = torch.cuda.max_memory_allocated(pl_module.device) / 2**30
+                trainer.should_stop = True
+
+    return Window()
+
+
+# ------------------------------------------------------------------------------------ workers
+def work_prepare(spec: dict[str, Any]) -> dict[str, Any]:
+    """COCO-like JPEGs with a dataset yaml, and real training batches from them saved for the throughput
+    sections (each file written once, reused by later runs)."""
+    import yaml
+    from data_speed import make_dataset
+
+    from yolo11_lightning import YOLODataModule
+
+    root = Path(spec["root"])
+    start = time.perf_counter()
+    make_dataset(root, spec["jpegs"])  # skips the images already written
+    generated = time.perf_counter() - start
+    data_yaml = root / "data.yaml"
+    names = [f"class{i}" for i in range(80)]
+    data_yaml.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/train",
+                                         "names": names}))  # fmt: skip
+    for batch, path in spec["held"].items():
+        if Path(path).exists():
+            continue
         data = YOLODataModule(
-            dataset=args.yaml,
-            batch_size=args.batch,
-            image_size=args.image_size,
-            num_workers=args.workers,
-            close_mosaic=0,
-        )
-    else:
-        data = memory_datamodule(args)
-    # nominal_batch = batch: one optimiser step per batch, as a GPU run with a large batch does.
-    module = YOLO11Module(
-        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names,
-        warmup_epochs=0.0, log_images=0, nominal_batch=args.batch, channels_last=args.channels_last,
+            dataset=str(data_yaml), batch_size=int(batch), image_size=spec["size"],
+            num_workers=spec["workers"], seed=0, close_mosaic=0, pin_memory=False, persistent_workers=False,
+        )  # fmt: skip
+        data.setup("fit")
+        loader = iter(data.train_dataloader())
+        held = [next(loader) for _ in range(spec["count"])]
+        del loader
+        torch.save(held, f"{path}.tmp")
+        os.replace(f"{path}.tmp", path)
+    return {"jpegs": spec["jpegs"], "generate_s": generated, "seconds": time.perf_counter() - start}
+
+
+def work_throughput(spec: dict[str, Any]) -> dict[str, Any]:
+    """Images/s of one variant through ``fit`` on held batches, and the window's peak memory."""
+    import _fit as F
+
+    _, precision, channels_last, compile_, fp32 = VARIANTS[spec["variant"]]
+    set_fp32_precision(fp32)
+    batches = load_held(spec["held"])
+    batch = int(batches[0]["images"].shape[0])
+    window = steady_window(spec["warmup"], spec["window_s"], spec["min_steps"], spec["max_steps"])
+    length = spec["warmup"] + spec["max_steps"] + 1
+    options = {
+        "channels_last": channels_last,
+        "compile": compile_,
+        "nominal_batch": batch,
+        "optimizer": "SGD",
+    }
+    trainer, module, source = F.our_fit_parts(
+        spec["yaml"], spec["scale"], spec["size"], batch, 0, length, spec["workdir"], callbacks=[window],
+        module_options=options, trainer_options={"precision": precision, "benchmark": True},
     )  # fmt: skip
-    trainer = L.Trainer(
-        accelerator=_device(), devices=1, precision=args.precision, max_steps=args.warmup + args.steps,
-        limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-        enable_model_summary=False, callbacks=[stamps_callback, MachineSettings(compile=args.compile)],
-    )  # fmt: skip
-    if torch.cuda.is_available():
-        torch.backends.cudnn.benchmark = True
-        torch.cuda.reset_peak_memory_stats()
-    trainer.fit(module, data)
-    rate = C.steady_rate(stamps, args.batch, skip=args.warmup)
-    peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else float("nan")
-    return {"rate": rate, "peak_gib": peak}
+    trainer.fit(module, held_datamodule(batches, source, length))
+    if not window.steps:
+        raise RuntimeError(f"the run ended after {window.done} batches, before the window closed")
+    return {
+        "rate": batch * window.steps / (window.end - window.start), "steps": window.steps,
+        "window_s": window.end - window.start, "warmup_s": window.start - window.fit_start,
+        "peak_gib": window.peak_gib, "batch": batch, "tf32": tf32_state(), "precision": precision,
+        "channels_last": channels_last, "compile": compile_, "cudnn_benchmark": torch.backends.cudnn.benchmark,
+    }  # fmt: skip
 
 
-def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
-    """The oracle trainer with AMP on the real data pipeline (section 2)."""
-    trainer = F.oracle_trainer(
-        args.yaml, args.scale, args.image_size, args.batch, args.workers, torch.get_num_threads(),
-        args.workdir, amp=torch.cuda.is_available(), nbs=args.batch,
-    )  # fmt: skip
-    stamps: list[float] = []
+def work_data(spec: dict[str, Any]) -> dict[str, Any]:
+    """Images/s of the DataModule's train loader (mosaic, default partners) per worker count.
 
-    def stamp(tr: Any) -> bool:
-        C.sync(tr.device)
-        stamps.append(time.perf_counter())
-        return len(stamps) >= args.warmup + args.steps
+    One epoch starts the workers (persistent), then ``epochs`` epochs are timed from ``iter`` to the last
+    batch; the epoch has a multiple of 8 batches, so every worker count here gets whole rounds of them.
+    """
+    from yolo11_lightning import YOLODataModule
 
-    F.train_oracle_until(trainer, stamp)
-    return {"rate": C.steady_rate(stamps, args.batch, skip=args.warmup), "peak_gib": float("nan")}
+    out: dict[str, Any] = {}
+    for workers in spec["workers"]:
+        data = YOLODataModule(
+            dataset=spec["yaml"], batch_size=spec["batch"], image_size=spec["size"], num_workers=workers,
+            seed=0, close_mosaic=0, pin_memory=torch.cuda.is_available(),
+        )  # fmt: skip
+        data.setup("fit")
+        loader = data.train_dataloader()
+        sampler = data._train_sampler
+        images, seconds = 0, 0.0
+        for epoch in range(spec["epochs"] + 1):
+            sampler.set_epoch(epoch)
+            start, count = time.perf_counter(), 0
+            for batch in loader:
+                count += int(batch["images"].shape[0])
+            if epoch:
+                images, seconds = images + count, seconds + time.perf_counter() - start
+        rate = images / seconds
+        out[str(workers)] = {"rate": rate, "per_worker": rate / workers, "images": images}
+        del loader, data
+    return {"workers": out, "cpus": os.cpu_count()}
 
 
-def run_memory(args: argparse.Namespace) -> dict[str, Any]:
-    """Peak memory of a training step per scale and batch (section 3)."""
+def work_memory(spec: dict[str, Any]) -> dict[str, Any]:
+    """Peak memory of a bare bf16-mixed training step (forward, loss, backward, SGD) per scale and batch."""
     from yolo11_lightning import YOLO11Module
 
-    device = _device()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = spec["size"]
     out: dict[str, float] = {}
-    for scale in args.memory_scales.split(","):
-        for batch in (int(b) for b in args.memory_batches.split(",")):
+    for scale in spec["scales"]:
+        for batch in spec["batches"]:
             torch.manual_seed(0)
             module = YOLO11Module(scale=scale, num_classes=80, log_images=0).to(device).train()
             optimizer = torch.optim.SGD(module.parameters(), lr=1e-3, momentum=0.9, nesterov=True)
-            images = torch.randint(0, 256, (batch, 3, args.image_size, args.image_size), dtype=torch.uint8)
+            images = torch.randint(0, 256, (batch, 3, size, size), dtype=torch.uint8)
             n = batch * 8  # 8 boxes per image
             targets = torch.cat([
                 torch.arange(batch).repeat_interleave(8)[:, None].float(),  # image index
@@ -166,154 +368,546 @@ def run_memory(args: argparse.Namespace) -> dict[str, Any]:
                 peak = float("inf")
             out[f"{scale},{batch}"] = peak
             del module, optimizer, images, targets
-    return {"memory": out}
+    return {"peak_gib": out}
 
 
-def run_sync_audit(args: argparse.Namespace) -> dict[str, Any]:
-    """Count host syncs per training step by source line (section 4)."""
+def work_sync_sites(spec: dict[str, Any]) -> dict[str, Any]:
+    """Host syncs per training step of a 1-rank DDP ``fit``, counted by the source line that asked."""
+    import _fit as F
     import lightning as L
 
-    from yolo11_lightning import YOLO11Module
-
-    data = memory_datamodule(args)
-    module = YOLO11Module(
-        scale=args.scale, num_classes=data.num_classes, class_names=data.class_names,
-        warmup_epochs=0.0, log_images=0, nominal_batch=args.batch,
-    )  # fmt: skip
+    batches = load_held(spec["held"])
+    batch = int(batches[0]["images"].shape[0])
+    length = spec["warmup"] + spec["steps"]
     sites: Counter[str] = Counter()
-    audited = {"steps": 0}
+    audited: dict[str, Any] = {"steps": 0, "backend": "-"}
+    cuda = torch.cuda.is_available()
 
     def where() -> str:
         frames = [f for f in traceback.extract_stack()[:-3] if "warnings" not in f.filename]
-        ours = [f for f in frames if "yolo11_lightning" in f.filename or "lightning" in f.filename]
+        ours = [f for f in frames if "lightning" in f.filename]  # yolo11_lightning's or Lightning's
         frame = (ours or frames)[-1]
-        return f"{frame.filename.split('site-packages/')[-1].split('/work/main/')[-1]}:{frame.lineno} {frame.name}"
+        name = frame.filename.split("site-packages/")[-1].replace(f"{REPO}/", "")
+        return f"{name}:{frame.lineno} {frame.name}"
 
     class Audit(L.Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-            if batch_idx == args.warmup and torch.cuda.is_available():
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            if torch.distributed.is_initialized():  # the process group the DDP strategy built
+                audited["backend"] = torch.distributed.get_backend()
+
+        def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            if batch_idx == spec["warmup"] and cuda:
                 torch.cuda.set_sync_debug_mode("warn")
 
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-            if batch_idx >= args.warmup:
+        def on_train_batch_end(
+            self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+        ) -> None:
+            if batch_idx >= spec["warmup"]:
                 audited["steps"] += 1
 
-    def record(message, category, filename, lineno, file=None, line=None) -> None:
+    def record(
+        message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
         if "synchroniz" in str(message):
             sites[where()] += 1
 
-    trainer = L.Trainer(
-        accelerator=_device(), devices=1, precision="bf16-mixed" if torch.cuda.is_available() else "32-true",
-        max_steps=args.warmup + args.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_model_summary=False, callbacks=[Audit()],
+    trainer, module, source = F.our_fit_parts(
+        spec["yaml"], "n", spec["size"], batch, 0, length, spec["workdir"], callbacks=[Audit()],
+        module_options={"nominal_batch": batch, "optimizer": "SGD"},
+        trainer_options={"precision": "bf16-mixed", "strategy": "ddp", "use_distributed_sampler": False},
     )  # fmt: skip
     previous = warnings.showwarning
-    warnings.showwarning = record
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("always")
             warnings.showwarning = record
-            trainer.fit(module, data)
+            trainer.fit(module, held_datamodule(batches, source, length))
     finally:
-        if torch.cuda.is_available():
+        if cuda:
             torch.cuda.set_sync_debug_mode("default")
         warnings.showwarning = previous
     steps = max(audited["steps"], 1)
-    return {"sites": {k: v / steps for k, v in sites.most_common()}, "steps": steps}
+    return {
+        "sites": {k: v / steps for k, v in sites.most_common()},
+        "steps": steps,
+        "backend": audited["backend"],
+    }
+
+
+WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    "prepare": work_prepare, "throughput": work_throughput, "data": work_data, "memory": work_memory,
+    "sync-sites": work_sync_sites,
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ sections (parent)
+@dataclass
+class Section:
+    """One subprocess of the run: its command, time limits and how its output is read."""
+
+    name: str
+    group: str  # which table: audit, ddp, prepare, throughput, data, memory, sync-sites
+    argv: list[str]
+    timeout: float
+    need: float  # not started with less than this left of the budget
+    spec: dict[str, Any] = field(default_factory=dict)
+    skip: str = ""  # a reason not to run it at all
+    timeout_status: str = "timeout after {:.0f} s"
+    one_timeout: bool = False  # after a timeout of this group's, its later sections are skipped (a hang)
+    needs: str = ""  # the section whose files it reads: skipped when that one did not end "ok"
+
+
+def worker_section(name: str, group: str, kind: str, spec: dict[str, Any], timeout: float, need: float,
+                   **kwargs: Any) -> Section:  # fmt: skip
+    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--spec", json.dumps(spec)]
+    return Section(name, group, argv, timeout, need, spec, **kwargs)
+
+
+def ddp_section(precision: str, s: Settings, work: Path, cuda: bool) -> Section:
+    """The CLI fit of the quickstart config on one device through DDP, 3 epochs with validation."""
+    d = s.ddp
+    root = work / f"ddp_{precision}"
+    argv = [
+        sys.executable, "-m", "yolo11_lightning", "fit", "--config", "configs/quickstart.yaml",
+        "--trainer.accelerator", "gpu" if cuda else "cpu", "--trainer.devices", "1",
+        "--trainer.strategy", "ddp", "--trainer.precision", precision, "--trainer.max_epochs", "3",
+        "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(root), "--data.synthetic_dir", str(work / f"synthetic_{d['size']}"),
+        "--data.synthetic_train", str(d["train"]), "--data.synthetic_val", str(d["val"]),
+        "--data.synthetic_image_size", str(d["size"]), "--data.image_size", str(d["size"]),
+        "--data.batch_size", str(d["batch"]), "--data.num_workers", str(d["workers"]),
+    ]  # fmt: skip
+    spec = {"precision": precision, "root": str(root), "epochs": 3, **d}
+    return Section(f"ddp {precision}", "ddp", argv, timeout=120, need=45, spec=spec, one_timeout=True)
+
+
+def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool) -> list[Section]:
+    """Every section in order of value: a budget cut drops the last ones."""
+    smoke = "skipped: CPU smoke (same code path as {})"
+    jpeg_root = work / f"coco_like_{s.jpegs}"
+    data_yaml = str(jpeg_root / "data.yaml")
+    held = {str(b): str(work / f"held_{s.size}_{b}_{s.held}.pt") for b in sorted(set(s.batches.values()))}
+    first_scale = next(iter(s.batches))
+    sections = [
+        Section("sync-audit", "audit",
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu_syncs.py"],
+                timeout=120, need=30,
+                skip="" if (REPO / "tests/test_gpu_syncs.py").exists() else "missing (tests/test_gpu_syncs.py)"),
+        ddp_section("16-mixed", s, work, cuda),
+        ddp_section("bf16-mixed", s, work, cuda),
+        worker_section("prepare", "prepare", "prepare", {
+            "root": str(jpeg_root), "jpegs": s.jpegs, "size": s.size, "held": held, "count": s.held,
+            "workers": min(s.prepare_workers, os.cpu_count() or 1),
+        }, timeout=120, need=20),
+    ]  # fmt: skip
+    if args.cpu_smoke:
+        sections[1].skip = smoke.format("bf16-mixed: 16-mixed is bf16 on a CPU")
+
+    def throughput(scale: str, variant: str, timeout: float, need: float, **kwargs: Any) -> Section:
+        batch = s.batches[scale]
+        spec = {
+            "variant": variant, "scale": scale, "size": s.size, "held": held[str(batch)], "yaml": data_yaml,
+            "warmup": s.warmup, "window_s": s.window_s, "min_steps": s.min_steps, "max_steps": s.max_steps,
+            "workdir": str(work / f"fit_{scale}_{variant}"),
+        }  # fmt: skip
+        return worker_section(
+            f"yolo11{scale} {variant}",
+            "throughput",
+            "throughput",
+            spec,
+            timeout,
+            need,
+            needs="prepare",
+            **kwargs,
+        )
+
+    for scale in s.batches:
+        for variant in MAIN_VARIANTS:
+            section = throughput(scale, variant, timeout=90, need=25)
+            if args.cpu_smoke and variant in ("tf32", "bf16"):
+                section.skip = smoke.format("fp32 / bf16-cl")
+            sections.append(section)
+    sections.append(worker_section("data", "data", "data", {
+        "yaml": data_yaml, "workers": list(s.data_workers), "batch": s.data_batch, "size": s.size,
+        "epochs": s.data_epochs,
+    }, timeout=90, need=25, needs="prepare"))  # fmt: skip
+    for scale in s.batches:
+        sections.append(throughput(scale, "compile", timeout=s.compile_timeout, need=min(90.0, s.compile_timeout),
+                                   timeout_status="skipped: compiling not done in {:.0f} s"))  # fmt: skip
+    sections.append(worker_section("memory", "memory", "memory", {
+        "size": s.size, "scales": list(s.memory_scales), "batches": list(s.memory_batches),
+    }, timeout=90, need=25))  # fmt: skip
+    sections.append(worker_section("sync-sites", "sync-sites", "sync-sites", {
+        "held": held[str(s.batches[first_scale])], "yaml": data_yaml, "size": s.size,
+        "warmup": s.audit_warmup, "steps": s.audit_steps, "workdir": str(work / "sync_sites"),
+    }, timeout=90, need=30, needs="prepare"))  # fmt: skip
+    sections.append(throughput(first_scale, "tf32-cl", timeout=90, need=25))
+    if args.cpu_smoke:
+        sections[-1].skip = smoke.format("fp32 / bf16-cl")
+    if args.sections:
+        wanted = set(args.sections.split(","))
+        chosen = [
+            x for x in sections if x.name in wanted or x.group in wanted or x.name.split()[-1] in wanted
+        ]
+        if any(x.group in ("throughput", "data", "sync-sites") for x in chosen):
+            wanted.add("prepare")  # they read its files
+        sections = [x for x in sections if x in chosen or x.name in wanted]
+    return sections
+
+
+def section_env() -> dict[str, str]:
+    """The parent's environment with the repository first on PYTHONPATH (the package is used uninstalled)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    env.update(PYTHONUNBUFFERED="1", YOLO_OFFLINE="1", WANDB_MODE="offline")
+    return env
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL a section's process, its process group and any descendant that left the group."""
+    try:
+        import psutil
+
+        children = psutil.Process(proc.pid).children(recursive=True)
+    except Exception:  # psutil missing, or the process is gone
+        children = []
+    for child in children:
+        with contextlib.suppress(Exception):  # already exited
+            child.kill()
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone already
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.kill()
+
+
+def run_section(section: Section, deadline: float, logs: Path) -> dict[str, Any]:
+    """Run one section within its timeout and the budget left; its record for gpu.json (never raises)."""
+    record: dict[str, Any] = {"name": section.name, "group": section.group, "status": "", "seconds": 0.0,
+                              "spec": section.spec}  # fmt: skip
+    if section.skip:
+        record["status"] = section.skip
+        return record
+    left = deadline - time.monotonic() - MARGIN_S
+    if left < section.need:
+        record["status"] = "skipped: budget"
+        record["note"] = f"{max(left, 0):.0f} s left, needs {section.need:.0f}"
+        return record
+    timeout = min(section.timeout, left)
+    record["timeout_s"] = round(timeout, 1)
+    log_path = logs / f"{len(list(logs.iterdir())):02d}.log"
+    record["log"] = str(log_path)
+    start = time.monotonic()
+    timed_out = False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(section.argv, cwd=REPO, env=section_env(), stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_tree(proc)
+            proc.wait()
+    record["seconds"] = round(time.monotonic() - start, 1)
+    record["returncode"] = proc.returncode
+    output = log_path.read_text(errors="replace")
+    if timed_out:
+        record["status"] = section.timeout_status.format(timeout)
+        record["tail"] = output[-TAIL_CHARS:]
+        return record
+    try:
+        status, figures = READERS[section.group](section, output, proc.returncode)
+    except Exception as e:  # a reader's own failure is the section's, not the run's
+        status, figures = f"failed: reading its output ({type(e).__name__}: {e})", {}
+    record["status"], record["figures"] = status, figures
+    if status not in ("ok", "passed"):
+        record["tail"] = output[-TAIL_CHARS:]
+    return record
+
+
+def worker_result(output: str) -> dict[str, Any] | None:
+    """The dict a worker emitted (its last tagged line), or None."""
+    for line in reversed(output.splitlines()):
+        if line.startswith(C.RESULT_TAG):
+            return json.loads(line[len(C.RESULT_TAG) :])
+    return None
+
+
+def read_worker(section: Section, output: str, returncode: int) -> tuple[str, dict[str, Any]]:
+    result = worker_result(output)
+    if returncode != 0 or result is None:
+        oom = "OutOfMemoryError" in output or "CUDA out of memory" in output
+        return f"failed (exit {returncode}{', out of memory' if oom else ''})", result or {}
+    return "ok", result
+
+
+def read_pytest(section: Section, output: str, returncode: int) -> tuple[str, dict[str, Any]]:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else ""
+    if returncode == 0 and "passed" in summary:
+        status = "passed"
+    elif returncode == 0 and "skipped" in summary:
+        status = "skipped: no CUDA" if not torch.cuda.is_available() else "skipped (see tail)"
+    elif returncode == 5:
+        status = "no tests collected"
+    else:
+        status = f"failed (exit {returncode})"
+    return status, {"summary": summary, "tail": "\n".join(lines[-15:])}
+
+
+def read_ddp(section: Section, output: str, returncode: int) -> tuple[str, dict[str, Any]]:
+    """metrics.csv of the fit: every loss and mAP row finite, one mAP per epoch."""
+    spec = section.spec
+    backend = next((line.split("=", 1)[1].strip() for line in output.splitlines()
+                    if line.startswith("distributed_backend=")), "-")  # fmt: skip
+    files = sorted(Path(spec["root"]).glob("lightning_logs/version_*/metrics.csv"), key=os.path.getmtime)
+    figures: dict[str, Any] = {"backend": backend}
+    if returncode != 0 or not files:
+        return f"failed (exit {returncode}{'' if files else ', no metrics.csv'})", figures
+    with open(files[-1], newline="") as f:
+        rows = list(csv.DictReader(f))
+    losses = {c: [float(r[c]) for r in rows if r.get(c)] for c in LOSS_COLUMNS}
+    maps = [float(r[MAP_COLUMN]) for r in rows if r.get(MAP_COLUMN)]
+    values = [v for column in losses.values() for v in column] + maps
+    finite = bool(values) and all(math.isfinite(v) for v in values)
+    skipped = [float(r["train/skipped_steps"]) for r in rows if r.get("train/skipped_steps")]
+    figures.update({
+        "loss_rows": len(losses[LOSS_COLUMNS[0]]), "last_losses": {c: v[-1] for c, v in losses.items() if v},
+        "map50_95": maps, "finite": finite, "skipped_steps": max(skipped, default=0.0),
+    })  # fmt: skip
+    problems = []
+    if not finite:
+        problems.append("a loss or mAP is not finite (or none was logged)")
+    if len(maps) != spec["epochs"]:
+        problems.append(f"{len(maps)} mAP rows for {spec['epochs']} epochs")
+    if torch.cuda.is_available() and backend != "nccl":
+        problems.append(f"backend {backend}, not nccl")
+    return ("failed: " + "; ".join(problems)) if problems else "ok", figures
+
+
+READERS: dict[str, Callable[[Section, str, int], tuple[str, dict[str, Any]]]] = {
+    "audit": read_pytest, "ddp": read_ddp, "prepare": read_worker, "throughput": read_worker,
+    "data": read_worker, "memory": read_worker, "sync-sites": read_worker,
+}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------ machine, report
+def _dist_version(*names: str) -> str:
+    for name in names:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return "-"
+
+
+def machine() -> dict[str, Any]:
+    """GPU (from nvidia-smi: no CUDA context in the parent), driver, CPU and the versions that matter."""
+    info: dict[str, Any] = {"cpu": C.cpu_name(), "cores": os.cpu_count(), "load": C.load_average(),
+                            "python": sys.version.split()[0], "torch": torch.__version__,
+                            "cuda": torch.version.cuda or "-"}  # fmt: skip
+    try:
+        info["cudnn"] = torch.backends.cudnn.version() if torch.cuda.is_available() else "-"
+    except Exception:  # cuDNN missing from the build
+        info["cudnn"] = "-"
+    for key, names in {"lightning": ("lightning", "pytorch-lightning"), "torchmetrics": ("torchmetrics",),
+                       "torchvision": ("torchvision",), "jsonargparse": ("jsonargparse",),
+                       "faster_coco_eval": ("faster-coco-eval",),
+                       "opencv": ("opencv-python-headless", "opencv-python"), "numpy": ("numpy",)}.items():  # fmt: skip
+        info[key] = _dist_version(*names)
+    try:
+        query = "--query-gpu=name,driver_version,memory.total"
+        smi = subprocess.run(["nvidia-smi", query, "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=30).stdout.strip().splitlines()  # fmt: skip
+        name, driver, memory = (x.strip() for x in smi[0].split(","))
+        info.update(gpu=name, driver=driver, gpu_memory=memory)
+    except Exception:  # no nvidia-smi (CPU machine)
+        info.update(gpu="-", driver="-", gpu_memory="-")
+    return info
+
+
+def commit() -> str:
+    """``git describe --always --dirty`` here, else what gpu_wheels.sh wrote into .whl/COMMIT (the device's
+    copy of the tree has no .git)."""
+    try:
+        proc = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                              text=True, timeout=10)  # fmt: skip
+        if proc.returncode == 0 and proc.stdout.strip():
+            return proc.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    marker = REPO / ".whl" / "COMMIT"
+    return f"{marker.read_text().strip()} (from .whl/COMMIT)" if marker.is_file() else "unknown"
+
+
+def fmt(value: Any, digits: str = ".1f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, digits)
+
+
+def render(report: dict[str, Any]) -> str:
+    """gpu.md: the header, the section statuses, then one table per group that ran."""
+    m, records = report["machine"], report["sections"]
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_group.setdefault(r["group"], []).append(r)
+    figures = lambda r: r.get("figures") or {}  # noqa: E731
+    out = [
+        f"# benchmarks/gpu.py{' --cpu-smoke (the figures mean nothing)' if report['cpu_smoke'] else ''}",
+        "",
+        f"GPU {m['gpu']} ({m['gpu_memory']}, driver {m['driver']}); CPU {m['cpu']}, {m['cores']} cores, "
+        f"load {m['load']}; python {m['python']}, torch {m['torch']} (CUDA {m['cuda']}, cuDNN {m['cudnn']}), "
+        f"lightning {m['lightning']}, torchmetrics {m['torchmetrics']}, jsonargparse {m['jsonargparse']}, "
+        f"faster-coco-eval {m['faster_coco_eval']}, opencv {m['opencv']}; commit {report['commit']}; "
+        f"budget {report['budget_s']:.0f} s, wall {report['wall_s']:.0f} s, {report['started']}.",
+        "",
+        C.format_table(
+            ["section", "status", "s"], [[r["name"], r["status"], fmt(r["seconds"])] for r in records]
+        ),
+    ]
+
+    def table(caption: str, headers: list[str], rows: list[list[Any]]) -> None:
+        if rows:
+            out.extend(["", f"**{caption}**", "", C.format_table(headers, rows)])
+
+    rows = []
+    for r in by_group.get("ddp", []):
+        f = figures(r)
+        losses = f.get("last_losses", {})
+        rows.append([r["spec"]["precision"], r["status"], f.get("backend", "-"), f.get("loss_rows", "-"),
+                     " / ".join(fmt(losses.get(c), ".3f") for c in LOSS_COLUMNS),
+                     " ".join(fmt(v, ".4f") for v in f.get("map50_95", [])) or "-", fmt(r["seconds"])])  # fmt: skip
+    d = by_group.get("ddp", [{}])[0].get("spec", {})
+    table(f"1-GPU DDP fit through the CLI, quickstart config, 3 epochs with validation ({d.get('train')} / "
+          f"{d.get('val')} synthetic images at {d.get('size')}, batch {d.get('batch')})",
+          ["precision", "status", "backend", "loss rows", "last box / cls / dfl loss", "val mAP50-95 per epoch",
+           "s"], rows)  # fmt: skip
+
+    rows, base = [], {}
+    for r in by_group.get("throughput", []):
+        f, spec = figures(r), r["spec"]
+        ok = r["status"] == "ok"
+        if ok and spec["variant"] == "fp32":
+            base[spec["scale"]] = f["rate"]
+        ratio = C.ratio(f["rate"], base.get(spec["scale"], float("nan"))) if ok else "-"
+        rows.append([f"yolo11{spec['scale']}", f.get("batch", "-"), VARIANTS[spec["variant"]][0],
+                     fmt(f.get("rate")) if ok else "-", ratio, f.get("steps", "-"), fmt(f.get("warmup_s")),
+                     fmt(f.get("peak_gib"), ".2f"), r["status"]])  # fmt: skip
+    size = next((r["spec"]["size"] for r in by_group.get("throughput", [])), "-")
+    table(
+        f"Training images/s through fit at {size}, batches held in memory, one optimiser step per batch; "
+        "steady window after the warm-up (device synced at its two ends only); peak memory of the window",
+        ["model", "batch", "variant", "img/s", "vs fp32", "steps", "warm-up s", "peak GiB", "status"],
+        rows,
+    )
+
+    for r in by_group.get("data", []):
+        f, spec = figures(r), r["spec"]
+        rows = [[w, fmt(v["rate"]), fmt(v["per_worker"])] for w, v in f.get("workers", {}).items()]
+        table(f"Data pipeline: the DataModule's train loader (mosaic, {spec['size']} px, batch {spec['batch']}, "
+              f"COCO-like JPEGs), {spec['epochs']} epochs after a start-up one, {f.get('cpus', '-')} CPUs: "
+              f"{r['status']}", ["workers", "img/s", "img/s per worker"], rows)  # fmt: skip
+
+    for r in by_group.get("memory", []):
+        f, spec = figures(r).get("peak_gib", {}), r["spec"]
+        rows = [
+            [f"yolo11{s}", *(fmt(f.get(f"{s},{b}"), ".2f") for b in spec["batches"])] for s in spec["scales"]
+        ]
+        table(f"Peak memory (GiB) of a bare bf16-mixed training step at {spec['size']}: {r['status']}",
+              ["scale", *(f"batch {b}" for b in spec["batches"])], rows)  # fmt: skip
+
+    for r in by_group.get("sync-sites", []):
+        f = figures(r)
+        rows = [[site, f"{count:.2f}"] for site, count in f.get("sites", {}).items()] or [["none", "0"]]
+        table(
+            f"Host syncs per step of a 1-rank DDP fit (bf16-mixed, backend {f.get('backend', '-')}, "
+            f"{f.get('steps', '-')} steps audited): {r['status']}",
+            ["asked for by", "per step"],
+            rows,
+        )
+
+    for r in by_group.get("audit", []):
+        tail = figures(r).get("tail") or r.get("tail", "")
+        out.extend(["", f"**Sync audit (tests/test_gpu_syncs.py): {r['status']}**"])
+        if tail:
+            out.extend(["", "```", tail.strip()[-TAIL_CHARS:], "```"])
+    return "\n".join(out) + "\n"
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> str:
+    """gpu.json and gpu.md, each replaced whole (a run killed mid-write leaves the previous ones)."""
+    text = render(report)
+    for name, content in (("gpu.json", json.dumps(report, indent=1, default=str)), ("gpu.md", text)):
+        tmp = out_dir / f".{name}.tmp"
+        tmp.write_text(content)
+        os.replace(tmp, out_dir / name)
+    return text
 
 
 # ------------------------------------------------------------------------------------ parent
 def main() -> None:
-    parser = C.parser(__doc__, worker=("step", "oracle", "memory", "sync"), hidden=("--yaml", "--workdir"))
-    parser.add_argument("--scale", default="n")
-    parser.add_argument("--image-size", type=int, default=640)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=30, help="measured steps per variant")
-    parser.add_argument("--warmup", type=int, default=10, help="steps left out (compile happens here)")
-    parser.add_argument("--held-batches", type=int, default=4, help="distinct batches held in memory")
-    parser.add_argument("--workers", type=int, default=8, help="loader workers of the real-data runs")
-    parser.add_argument("--memory-scales", default="n,s,m")
-    parser.add_argument("--memory-batches", default="16,32,64")
-    parser.add_argument("--sections", default="1,2,3,4")
-    parser.add_argument("--cpu-smoke", action="store_true", help="run every section on CPU at toy sizes")
-    parser.add_argument("--precision", default="32-true", help=argparse.SUPPRESS)
-    parser.add_argument("--channels-last", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--compile", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--real-data", action="store_true", help=argparse.SUPPRESS)
+    parser = C.parser(__doc__, worker=tuple(WORKERS), hidden=("--spec",))
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default: a new temp dir)")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="seconds for all sections (460; smoke 300)"
+    )
+    parser.add_argument(
+        "--sections", default="", help="comma-separated section names or groups (default all)"
+    )
+    parser.add_argument("--window", type=float, default=None, help="seconds of each throughput window (5)")
+    parser.add_argument("--cpu-smoke", action="store_true", help="every section on CPU at toy sizes")
     args = parser.parse_args()
-
-    run = {"step": run_step_variant, "oracle": run_oracle, "memory": run_memory, "sync": run_sync_audit}
-    if C.run_as_worker(args, run):
+    if C.run_as_worker(args, lambda a: WORKERS[a.worker](json.loads(a.spec))):
         return
 
-    if not torch.cuda.is_available() and not args.cpu_smoke:
-        print("no CUDA device: nothing to measure (use --cpu-smoke to exercise the code paths on CPU)")
+    started = time.monotonic()
+    cuda = torch.cuda.is_available()
+    out_dir = args.out or Path(tempfile.mkdtemp(prefix="gpu_bench_"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    settings = Settings.smoke() if args.cpu_smoke else Settings()
+    if args.window is not None:
+        settings.window_s = args.window
+    budget = args.budget if args.budget is not None else 300.0 if args.cpu_smoke else 460.0
+    deadline = started + budget
+    work = C.default_workdir() / ("gpu_smoke" if args.cpu_smoke else "gpu")
+    logs = work / f"logs_{os.getpid()}"
+    logs.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "budget_s": budget, "wall_s": 0.0,
+        "cpu_smoke": args.cpu_smoke, "commit": commit(), "machine": machine(), "settings": settings.__dict__,
+        "sections": [],
+    }  # fmt: skip
+    print(C.machine_info(), flush=True)
+    if not cuda and not args.cpu_smoke:
+        report["note"] = "no CUDA device: nothing measured (--cpu-smoke runs the code paths on CPU)"
+        write_report(out_dir, report)
+        print(report["note"])
         return
-    if args.cpu_smoke:  # toy sizes: checks that every section runs, the figures mean nothing
-        args.image_size, args.batch, args.steps, args.warmup, args.workers = 64, 4, 2, 1, 0
-        args.memory_scales, args.memory_batches, args.held_batches = "n", "2", 2
-    threads = torch.get_num_threads()
-    workdir = C.default_workdir()
-    images = max((args.warmup + args.steps) * args.batch, 64)
-    yaml = C.synthetic_yaml(workdir, num_train=images, num_val=8, image_size=args.image_size)
-    common = [
-        "--scale", args.scale, "--image-size", str(args.image_size), "--batch", str(args.batch),
-        "--steps", str(args.steps), "--warmup", str(args.warmup), "--held-batches", str(args.held_batches),
-        "--workers", str(args.workers), "--yaml", str(yaml), "--workdir", str(workdir / "gpu"),
-        "--memory-scales", args.memory_scales, "--memory-batches", args.memory_batches,
-    ]  # fmt: skip
-    sections = set(args.sections.split(","))
-    C.print_machine_info(threads)
-
-    def worker(kind: str, *flags: str) -> dict[str, Any]:
-        return C.run_worker(__file__, [kind, *common, *flags], threads, timeout=1800)
-
-    if "1" in sections:
-        rows = []
-        base = None
-        for name, precision, channels_last, compile_ in THROUGHPUT_VARIANTS:
-            if args.cpu_smoke and (precision == "16-mixed" or compile_):
-                continue  # fp16 autocast needs a GPU; compiling on a small CPU takes minutes
-            flags = ["--precision", precision, *(["--channels-last"] if channels_last else [])]
-            flags += ["--compile"] if compile_ else []
-            out = worker("step", *flags)
-            base = base or out["rate"]
-            rows.append([name, out["rate"], f"{out['rate'] / base:.2f}", out["peak_gib"]])
-            print(f"  {name}: {out['rate']:.1f} img/s", flush=True)
-        C.print_table(f"1. yolo11{args.scale} training step through fit, {args.image_size}x{args.image_size}, batch "
-                      f"{args.batch}, batches held in memory; images/s over {args.steps} steps after {args.warmup}",
-                      ["variant", "img/s", "vs fp32", "peak GiB"], rows)  # fmt: skip
-
-    if "2" in sections:
-        precision = "16-mixed" if torch.cuda.is_available() else "32-true"
-        ours = worker("step", "--real-data", "--precision", precision)
-        rows = [[f"ours ({precision})", ours["rate"], "-"]]
-        if C.oracle_available():
-            ref = worker("oracle")
-            rows[0][2] = C.ratio(ours["rate"], ref["rate"])
-            rows.append([f"oracle (AMP {'on' if torch.cuda.is_available() else 'off'})", ref["rate"], "1.00"])
-        C.print_table(
-            f"2. real data pipeline (mosaic, {args.workers} workers), yolo11{args.scale}, batch {args.batch}",
-            ["side", "img/s", "ours/oracle"],
-            rows,
-        )
-
-    if "3" in sections:
-        memory = worker("memory")["memory"]
-        scales = args.memory_scales.split(",")
-        batches = args.memory_batches.split(",")
-        rows = [[f"yolo11{s}", *(memory[f"{s},{b}"] for b in batches)] for s in scales]
-        C.print_table(
-            f"3. peak GPU memory (GiB) of a bf16-mixed training step at {args.image_size}x{args.image_size}",
-            ["scale", *(f"batch {b}" for b in batches)],
-            rows,
-        )
-
-    if "4" in sections:
-        audit = worker("sync")
-        rows = [[site, f"{count:.2f}"] for site, count in audit["sites"].items()] or [["none", "0"]]
-        caption = f"4. host syncs per training step (bf16-mixed, {audit['steps']} steps audited)"
-        C.print_table(caption, ["asked for by", "per step"], rows)
+    sections = build_sections(args, settings, work, cuda)
+    text = write_report(out_dir, report)
+    hung: set[str] = set()  # groups whose hang should not cost the budget twice
+    ended: dict[str, str] = {}  # section name -> status
+    with open(out_dir / "sections.log", "w") as section_log:
+        for section in sections:
+            print(f"[{time.monotonic() - started:5.0f} s] {section.name} ...", flush=True)
+            if section.group in hung and not section.skip:
+                section.skip = f"skipped: an earlier {section.group} section timed out"
+            if section.needs and ended.get(section.needs, "ok") != "ok" and not section.skip:
+                section.skip = f"skipped: {section.needs} {ended[section.needs]}"
+            record = run_section(section, deadline, logs)
+            if section.one_timeout and record["status"].startswith("timeout"):
+                hung.add(section.group)
+            ended[section.name] = record["status"]
+            report["sections"].append(record)
+            report["wall_s"] = time.monotonic() - started
+            print(
+                f"[{report['wall_s']:5.0f} s] {section.name}: {record['status']} ({record['seconds']} s)",
+                flush=True,
+            )
+            if record.get("log"):
+                section_log.write(f"\n===== {section.name}: {record['status']}\n")
+                section_log.write(Path(record["log"]).read_text(errors="replace")[-LOG_CHARS:])
+                section_log.flush()
+            text = write_report(out_dir, report)
+    print("\n" + text, flush=True)
+    print(f"results: {out_dir}/gpu.json, gpu.md, sections.log")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     torch.set_num_threads(args.threads)
     accumulate, batches = _settings(args)
-    stamps_callback, stamps = F.batch_end_stamps()
+    # The window steady_rate reads: from the end of the first cycle to the end of the last one.
+    stamps_callback, stamps = F.batch_end_stamps(synced=C.window_ends(batches, accumulate, accumulate))
     options = {"channels_last": not args.nchw, "compile": args.compile}
     trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, batches // accumulate, args.workdir,
@@ -52,7 +53,8 @@ def run_oracle(args: argparse.Namespace) -> dict[str, Any]:
     stamps: list[float] = []
 
     def stamp(tr: Any) -> bool:
-        C.sync(tr.device)
+        if len(stamps) in C.window_ends(batches, tr.accumulate, tr.accumulate):  # the window's ends only
+            C.sync(tr.device)
         stamps.append(time.perf_counter())
         return len(stamps) >= batches
 
