@@ -14,6 +14,7 @@ import yaml
 from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
 REPO = Path(__file__).resolve().parents[1]
+BF16_HOOK = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook"
 
 
 def resolved(args: list[str], capsys: pytest.CaptureFixture) -> dict:
@@ -41,3 +42,16 @@ def test_gpu_presets_size_the_loaders_from_the_cores(
     if preset != "gpu":  # DDP: no copy of rank 0's BatchNorm statistics before every forward
         strategy = config["trainer"]["strategy"]["init_args"]
         assert strategy["broadcast_buffers"] is False and strategy["ddp_comm_hook"] is None
+
+
+def test_ethernet_adds_bf16_compression_and_keeps_the_multinode_strategy(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(REPO)
+    stacked = ["--config", "configs/model/yolo11s.yaml", "--config", "configs/data/coco.yaml",
+               "--config", "configs/trainer/multinode.yaml"]  # fmt: skip
+    plain = resolved(stacked, capsys)["trainer"]["strategy"]
+    compressed = resolved([*stacked, "--config", "trainer/ethernet"], capsys)["trainer"]["strategy"]
+    assert compressed["class_path"] == plain["class_path"] == "lightning.pytorch.strategies.DDPStrategy"
+    assert compressed["init_args"] == {**plain["init_args"], "ddp_comm_hook": BF16_HOOK}
+    assert plain["init_args"]["timeout"] and plain["init_args"]["broadcast_buffers"] is False

@@ -128,28 +128,35 @@ class CpuSyncBatchNorm(LayerSync):
 class CommHookOnCpu(Callback):
     """Registers the strategy's ``ddp_comm_hook`` (``--trainer.strategy.ddp_comm_hook``) on a CPU run and counts its
     calls. Lightning's ``DDPStrategy`` registers it on CUDA only (``_register_ddp_hooks``) and ignores it on CPU;
-    this does there what it does on a GPU. Each rank writes ``out_dir/hook-rank<R>.json``: the hook's import path
-    and how many gradient buckets went through it.
+    this does there what it does on a GPU. Each rank writes ``out_dir/hook-rank<R>.json``: the hook's import path,
+    how many gradient buckets went through it, and whether every averaged gradient it returned is a bf16 number
+    (what a bf16 all-reduce gives; an fp32 one almost never does).
     """
 
     def __init__(self, out_dir: str) -> None:
         self.out_dir = Path(out_dir)
         self.calls = 0
         self.name = ""
+        self.bf16_values = True
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         strategy = trainer.strategy
         hook = strategy._ddp_comm_hook
         self.name = f"{hook.__module__}.{hook.__qualname__}"
 
+        def in_bf16(future: torch.futures.Future) -> torch.Tensor:
+            mean = future.value()[0]
+            self.bf16_values &= torch.equal(mean, mean.to(torch.bfloat16).to(mean.dtype))
+            return mean
+
         # No annotations: DDP compares them with dist.GradBucket at run time, and this module's are strings.
         def counted(state, bucket):  # type: ignore[no-untyped-def]
             self.calls += 1
-            return hook(state, bucket)
+            return hook(state, bucket).then(in_bf16)
 
         strategy.model.register_comm_hook(state=strategy._ddp_comm_state, hook=counted)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        record = {"hook": self.name, "calls": self.calls, "global_step": trainer.global_step}
+        record = {"hook": self.name, "calls": self.calls, "bf16_values": self.bf16_values}
         (self.out_dir / f"hook-rank{trainer.global_rank}.json").write_text(json.dumps(record))
