@@ -17,15 +17,17 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from .agreement import check_ranks_agree
 from .augment import AugmentConfig
 from .batch import collate_detection, collate_segmentation
+from .cpu_cores import cores_per_rank
 from .dataset import TASKS, DetectionDataset, warn_missing_polygons
 from .disk_cache import attach_disk_caches
+from .loader_workers import auto_num_workers, single_threaded_opencv
 from .loader_workers import ignore_stop_signals_in_worker as ignore_stop_signals_in_worker  # re-exported
-from .loader_workers import single_threaded_opencv
 from .node_cache import RankGroup, attach_image_caches
 from .partner_pools import MODES as PARTNER_MODES
 from .partner_pools import dataset_options as partner_options
@@ -47,7 +49,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         dataset: path of a dataset yaml, or "synthetic" to generate the built-in shapes dataset.
         batch_size: GLOBAL batch size over all devices and nodes (per device = batch_size / world_size).
         image_size: training and evaluation image side in pixels.
-        num_workers: DataLoader worker processes per device.
+        num_workers: DataLoader worker processes per device, or ``"auto"`` (the GPU presets): each local rank's
+            cores minus one (``data.loader_workers.auto_num_workers``), resolved in ``setup`` and logged.
         seed: seed of the data order and of the augmentation.
         pin_memory: page-locked batches for faster host-to-GPU copies.
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
@@ -94,7 +97,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         dataset: str = SYNTHETIC,
         batch_size: int = 16,
         image_size: int = 640,
-        num_workers: int = 2,
+        num_workers: int | Literal["auto"] = 2,
         seed: int = 0,
         pin_memory: bool = True,
         persistent_workers: bool = True,
@@ -135,8 +138,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             raise ValueError(
                 f"image_size must be a positive multiple of 32 (the largest stride), got {image_size}"
             )
-        if num_workers < 0:
-            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
+            raise ValueError(f"num_workers must be 'auto' or an int >= 0, got {num_workers!r}")
         if cache_images not in (True, False, "disk"):
             raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
         if mosaic_partners not in PARTNER_MODES:
@@ -150,7 +153,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.dataset = dataset
         self.batch_size = batch_size
         self.image_size = image_size
-        self.num_workers = num_workers
+        self.num_workers = num_workers  # an int once `setup` resolved "auto"
         self.seed = seed
         self.pin_memory = pin_memory
         self.persistent_workers = persistent_workers
@@ -283,6 +286,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         that every rank loaded the same data (``agreement``; all ranks fail together when not); then, with
         ``cache_images``, build the image cache of the new splits (one copy per node, ``node_cache``)."""
         self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
+        if self.num_workers == "auto":  # before the datasets: the "recent" decode cache is sized by it
+            local_ranks = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
+            cores, counted = cores_per_rank(local_ranks)
+            decode_once = self.mosaic_partners == "recent" and not self.cache_images
+            self.num_workers, how = auto_num_workers(cores, decode_once)
+            rank_zero_info(f"num_workers auto: {self.num_workers} per device ({counted}; {how})")
         error: BaseException | None = None
         created: list[str] = []
         try:

@@ -1,10 +1,39 @@
-"""DataLoader worker process setup: stop signals left to the training process, one OpenCV thread."""
+"""DataLoader workers: how many (``num_workers: auto``), and their process setup (stop signals left to the
+training process, one OpenCV thread)."""
 
 from __future__ import annotations
 
 import signal
 
 import cv2
+
+from .partner_pools import RECENT_SPACING, workers_decoding_once
+
+# The most workers ``auto`` gives a device. One worker makes ~290 training images/s at 640 px with mosaic
+# (benchmarks/README.md, "Training data pipeline": 294 with the default "recent" partners, one shared server
+# core), so 16 make ~4700, 2-4x what a GPU consumes (yolo11s at 640 on an H100-class GPU: on the order of
+# 1000-2000 images/s). Each worker beyond that only adds memory: its own copy of the records, its decode
+# cache and its prefetched batches in the shared-memory queue.
+MAX_AUTO_WORKERS = 16
+
+
+def auto_num_workers(cores_per_rank: int, decode_once: bool) -> tuple[int, str]:
+    """Loader workers per device for ``num_workers: auto``, and how they were derived.
+
+    The rank's cores minus one for the training process itself, within [0, ``MAX_AUTO_WORKERS``]. With
+    ``decode_once`` (``"recent"`` mosaic partners decoded from files), rounded down to a divisor of
+    ``RECENT_SPACING`` (1, 2, 4, 8): other counts give the same samples but decode a sample's partners again
+    (``data.partner_pools``: 2.63 decodes per sample with 3 workers against 1.46 with 4), so 8 workers make
+    ~2350 images/s where 11 would make fewer.
+    """
+    workers = min(max(cores_per_rank - 1, 0), MAX_AUTO_WORKERS)
+    how = f"{cores_per_rank} core(s) per rank minus the training process"
+    if workers == MAX_AUTO_WORKERS:
+        how += f", at most {MAX_AUTO_WORKERS}"
+    if decode_once and workers_decoding_once(workers) != workers:
+        workers = workers_decoding_once(workers)
+        how += f", rounded down to a divisor of {RECENT_SPACING} ('recent' mosaic partners decoded once)"
+    return workers, how
 
 
 def ignore_stop_signals_in_worker(worker_id: int) -> None:

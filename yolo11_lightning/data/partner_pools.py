@@ -71,6 +71,14 @@ def recent_decode_cache_size(per_device_batch: int, num_workers: int) -> int:
     return min(own_batches * per_device_batch, MAX_RECENT_DECODE_CACHE)
 
 
+def workers_decoding_once(workers: int) -> int:
+    """The most DataLoader workers, at most ``workers``, whose ``"recent"`` pools lie in their own decode
+    cache (1 decode per sample): the largest divisor of ``RECENT_SPACING`` not above ``workers`` (0 stays 0)."""
+    return max(
+        (w for w in range(1, RECENT_SPACING + 1) if RECENT_SPACING % w == 0 and w <= workers), default=0
+    )
+
+
 def dataset_options(
     mode: str, global_batch: int, per_device_batch: int, num_workers: int
 ) -> dict[str, int | None]:

@@ -46,8 +46,10 @@ ROWS: tuple[DefaultRow, ...] = (
     DefaultRow("batch", "data.batch_size", ""),
     DefaultRow("imgsz", "data.image_size", ""),
     DefaultRow("cache", "data.cache_images", ""),
-    DefaultRow("workers", "data.num_workers", "loader processes per device: 8 per GPU oversubscribes most "
-               "machines (the reference caps it at CPUs / devices, and uses 0 on a CPU)"),
+    DefaultRow("workers", "data.num_workers", "loader processes per device, 2 for CPU runs; the GPU presets set "
+               "`auto`: each local rank's cores minus one, at most 16 (8 with `recent` mosaic partners). The "
+               "reference's 8 per GPU is capped at cores / devices: with 8 cores per GPU or fewer it leaves none "
+               "to the training process"),
     DefaultRow("optimizer", "model.optimizer", ""),
     DefaultRow("seed", "data.seed", ""),
     DefaultRow("deterministic", "trainer.deterministic", "Lightning's default (None): deterministic kernels cost "

@@ -15,7 +15,8 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
-from yolo11_lightning.training.cpu_threads import training_threads, usable_cpus
+from yolo11_lightning.data.cpu_cores import usable_cpus
+from yolo11_lightning.training.cpu_threads import training_threads
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
 
 # Defaults of the settings; YOLO11Module's deprecated arguments of the same names override them.

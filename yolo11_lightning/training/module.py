@@ -468,6 +468,24 @@ class YOLO11Module(L.LightningModule):
     def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         return self.task.evaluate(self, batch, metric)  # {"detections": ...}: ValidationImages draws these
 
+    def on_validation_epoch_start(self) -> None:
+        if self.trainer.state.fn == "fit" and self.trainer.world_size > 1:
+            self._use_rank_zero_buffers()
+
+    def _use_rank_zero_buffers(self) -> None:
+        """Every rank takes rank 0's buffers (BatchNorm statistics; the EMA's, swapped in by its callback before
+        this hook): each validation shard is scored by the one model the checkpoint holds.
+
+        Ranks update their statistics from their own batches. DDP's ``broadcast_buffers`` copies rank 0's
+        before a forward that follows a gradient all-reduce only, so not after an epoch that ends inside an
+        accumulation window, and never when it is off (``tests/test_ddp_buffers.py``).
+        """
+        buffers = dict(self.model.named_buffers())
+        rank_zero = self.trainer.strategy.broadcast({k: v.detach().cpu() for k, v in buffers.items()}, src=0)
+        with torch.no_grad():
+            for name, buffer in buffers.items():
+                buffer.copy_(rank_zero[name])
+
     def validation_step(self, batch: DetectionBatch, batch_idx: int) -> dict[str, Any]:
         return self._evaluate(batch, self.val_map)
 
