@@ -67,10 +67,10 @@ FIRST_BUCKET_BYTES = dist._DEFAULT_FIRST_BUCKET_BYTES  # 1 MiB: DDP's first buck
 BUCKET_BYTES = 25 * 1024 * 1024  # DDP bucket_cap_mb=25 (torch default; Lightning's DDPStrategy keeps it)
 GRAD_BYTES = 4  # DDP all-reduces the fp32 .grad of fp32 parameters, autocast or not
 BACKWARD_SHARE = 2 / 3  # the backward's share of a step: the window the bucket all-reduces can hide in
-SMALL_COLLECTIVES = 4  # per step, exposed: the loss normaliser all-reduce (loss/detection.py), the loss
-# items all-reduce (training/module.py), Lightning's SIGTERM-flag broadcast and the checkpoint callback's
-# stop/save agreement (training/preemption.py: agree), the last two read on the host
-SMALL_BYTES = 16  # bytes of each of those
+SMALL_COLLECTIVES = 1  # per step, exposed: the step exchange (training/step_exchange.py), one all-reduce
+# of the loss normalisers and term sums with the ranks' flags (counted on the emu device, tests/test_gpu_path.py;
+# before it: 4, two all-reduces behind barriers, Lightning's SIGTERM broadcast and the stop agreement)
+SMALL_BYTES = 32  # 4 loss values + 4 flags, float32
 
 
 @dataclass(frozen=True)
@@ -302,7 +302,7 @@ class Options:
     batch: int = BATCH
     grad_bytes_factor: float = 1.0  # 0.5: bf16_compress_hook
     bucket_bytes: int = BUCKET_BYTES
-    broadcast_buffers: bool = True  # DDP's default (Lightning keeps it)
+    broadcast_buffers: bool = False  # the DDP presets' setting (DDP's own default is True)
     gpu_scale: float = 1.0  # GPU time x this (2: the roofline twice too optimistic)
     host_scale: float = 1.0  # host time x this
     mfu: float | None = None  # GPU time from the FLOPs at this MFU instead of the roofline
@@ -460,7 +460,7 @@ def report_allreduce(models: list[Anatomy]) -> None:
 
 def report_efficiency(models: list[Anatomy]) -> None:
     """Step, all-reduce, exposed communication and scaling efficiency at the main batch."""
-    print(f"#### Scaling efficiency (per-GPU batch {BATCH}, DDP defaults, step_1GPU / step_N)\n")
+    print(f"#### Scaling efficiency (per-GPU batch {BATCH}, the DDP presets, step_1GPU / step_N)\n")
     rows = []
     for a in models:
         for net in SETUPS:
@@ -500,10 +500,10 @@ def report_changes(models: list[Anatomy]) -> None:
     """Efficiency under other DDP settings, batches and step-time assumptions."""
     print("#### What would change the picture (efficiency; the first row is the table above)\n")
     variants = [
-        (f"DDP defaults, batch {BATCH}", Options()),
+        (f"DDP presets, batch {BATCH}", Options()),
         ("bf16_compress_hook (half the bytes)", Options(grad_bytes_factor=0.5)),
         ("bucket_cap_mb 5", Options(bucket_bytes=5 * 1024 * 1024)),
-        ("broadcast_buffers=False", Options(broadcast_buffers=False)),
+        ("broadcast_buffers=True (DDP's default)", Options(broadcast_buffers=True)),
         ("per-GPU batch 8 (ddp_8gpu.yaml's 64 global)", Options(batch=8)),
         ("per-GPU batch 32", Options(batch=32)),
         ("batch 32 + bf16 hook + bucket 5 MB + no buffer broadcast",

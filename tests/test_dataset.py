@@ -48,8 +48,8 @@ def test_batch_contract(records):
     for augment in (True, False):
         dataset = DetectionDataset(records, SIZE, augment=augment, seed=1)
         batch = collate_detection([dataset[(2, i)] for i in (0, 3, 8)])  # 8: background image, no labels
-        assert set(batch) == {"images", "targets", "indices", "orig_sizes", "scales", "pads", "paths",
-                              "substitutes", "substituted", "unreadable", "missing"}  # fmt: skip
+        assert set(batch) == {"images", "targets", "targets_per_image", "indices", "orig_sizes", "scales", "pads",
+                              "paths", "substitutes", "substituted", "unreadable", "missing"}  # fmt: skip
         assert (
             batch["substitutes"].tolist() == [-1, -1, -1]
             and batch["unreadable"] == []
