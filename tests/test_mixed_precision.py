@@ -158,6 +158,22 @@ def test_fp16_nan_step_is_skipped_by_the_scaler_and_counted(
     assert "step 2: NaN/inf loss on at least one rank; optimiser step skipped" in caplog.text
 
 
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_mixed_precision_trains_with_the_default_clipping(tiny_dataset: Path, tmp_path: Path, precision: str) -> None:
+    """The fused optimiser under Lightning's mixed-precision plugin, gradient clipping on (the default 10):
+    Lightning refuses to clip a fused optimiser itself, the module does it."""
+    torch.manual_seed(0)
+    data = _data(tiny_dataset)
+    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, optimizer="SGD",
+                          warmup_epochs=0.0, log_images=0, nominal_batch=8)  # fmt: skip
+    assert module.hparams.grad_clip_norm > 0
+    keep = KeepWeights()
+    trainer = _trainer(tmp_path, precision, [keep], max_steps=3, enable_checkpointing=False)
+    trainer.fit(module, data)
+    assert trainer.optimizers[0].defaults["fused"]
+    assert torch.isfinite(keep.weights[3]).all() and not torch.equal(keep.weights[3], keep.weights[0])
+
+
 def test_fp16_nan_limit_names_fp16_overflow_before_divergence() -> None:
     from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
 

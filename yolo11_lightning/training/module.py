@@ -11,6 +11,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
@@ -295,12 +296,14 @@ class YOLO11Module(L.LightningModule):
         if not clip:
             return
         torch_optimizer = getattr(optimizer, "optimizer", optimizer)
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        if scaler is not None and getattr(torch_optimizer, "_step_supports_amp_scaling", False):
-            # Under 16-mixed Lightning leaves the unscaling of a fused optimiser to its step and refuses to clip
-            # it. Unscaled here (what Lightning does for the other optimisers), the clip is right, and the
-            # scaler's step hands the fused kernel its found-inf flag: no host read.
-            scaler.unscale_(torch_optimizer)
+        plugin = self.trainer.precision_plugin
+        if isinstance(plugin, MixedPrecision) and getattr(torch_optimizer, "_step_supports_amp_scaling", False):
+            # Lightning's mixed-precision plugin refuses to clip a fused optimiser (it would unscale inside its
+            # step), even under bf16 where nothing is scaled. Under 16-mixed it is unscaled here first (what
+            # Lightning does for the other optimisers), so the clip is right and the scaler's step hands the
+            # fused kernel its found-inf flag: no host read.
+            if plugin.scaler is not None:
+                plugin.scaler.unscale_(torch_optimizer)
             params = [p for group in torch_optimizer.param_groups for p in group["params"]]
             torch.nn.utils.clip_grad_norm_(params, clip)
             return
