@@ -20,9 +20,15 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .color import augment_hsv
-from .polygons import apply_matrix, boxes_from_polygons, flip_horizontal, flip_vertical, resample
-from .transforms import (
+from yolo11_lightning.data.color import augment_hsv
+from yolo11_lightning.data.polygons import (
+    apply_matrix,
+    boxes_from_polygons,
+    flip_horizontal,
+    flip_vertical,
+    resample,
+)
+from yolo11_lightning.data.transforms import (
     affine_boxes,
     box_candidates,
     clip_boxes,

@@ -20,22 +20,24 @@ import lightning as L
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
-from .agreement import check_ranks_agree
-from .augment import AugmentConfig
-from .batch import collate_detection, collate_segmentation
-from .cpu_cores import cores_per_rank
-from .dataset import TASKS, DetectionDataset, warn_missing_polygons
-from .disk_cache import attach_disk_caches
-from .loader_workers import auto_num_workers, single_threaded_opencv
-from .loader_workers import ignore_stop_signals_in_worker as ignore_stop_signals_in_worker  # re-exported
-from .node_cache import RankGroup, attach_image_caches
-from .partner_pools import MODES as PARTNER_MODES
-from .partner_pools import dataset_options as partner_options
-from .sampler import ElasticDistributedSampler, ShardedEvalSampler
-from .sampler_checkpoint import TrainSamplerCheckpoint
-from .sources.config import DatasetConfig, DatasetError, load_dataset_config
-from .sources.split import build_label_cache, label_cache_locations, load_split
-from .synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
+from yolo11_lightning.data.agreement import check_ranks_agree
+from yolo11_lightning.data.augment import AugmentConfig
+from yolo11_lightning.data.batch import collate_detection, collate_segmentation
+from yolo11_lightning.data.cpu_cores import cores_per_rank
+from yolo11_lightning.data.dataset import TASKS, DetectionDataset, warn_missing_polygons
+from yolo11_lightning.data.disk_cache import attach_disk_caches
+from yolo11_lightning.data.loader_workers import auto_num_workers, single_threaded_opencv
+from yolo11_lightning.data.loader_workers import (
+    ignore_stop_signals_in_worker as ignore_stop_signals_in_worker,  # re-exported
+)
+from yolo11_lightning.data.node_cache import RankGroup, attach_image_caches
+from yolo11_lightning.data.partner_pools import MODES as PARTNER_MODES
+from yolo11_lightning.data.partner_pools import dataset_options as partner_options
+from yolo11_lightning.data.sampler import ElasticDistributedSampler, ShardedEvalSampler
+from yolo11_lightning.data.sampler_checkpoint import TrainSamplerCheckpoint
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.split import build_label_cache, label_cache_locations, load_split
+from yolo11_lightning.data.synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 
 log = logging.getLogger(__name__)
 

@@ -36,28 +36,36 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .augment import AugmentConfig, augment_train_sample
-from .batch import collate_detection as collate_detection  # re-exported: the batch contract is data.batch
-from .batch import image_tensor
-from .batch import stack_images as stack_images
-from .eval_shapes import eval_resized_shape, rect_batches
-from .image_cache import ImageCache, resized_shape
-from .image_io import ImageReadError
-from .image_loading import BLANK_SUBSTITUTE as BLANK_SUBSTITUTE  # re-exported: moved to data.image_loading
-from .image_loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
-from .image_loading import RecordImageLoader
-from .masks import rasterize
-from .packed_records import PackedRecords as PackedRecords  # re-exported: moved to data.packed_records
-from .partner_pools import RECENT_BATCHES, pool_positions, recent_decode_cache_size
-from .polygons import letterbox_polygons
-from .sample_seeds import MIN_PARTNER_POOL as MIN_PARTNER_POOL  # re-exported: moved to data.sample_seeds
-from .sample_seeds import SAMPLE_STREAM as SAMPLE_STREAM
-from .sample_seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
-from .sample_seeds import partner_stride, sample_rng
-from .sample_seeds import substitute_index as substitute_index
-from .sampler import epoch_order
-from .sources.records import ImageRecord
-from .transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
+from yolo11_lightning.data.augment import AugmentConfig, augment_train_sample
+from yolo11_lightning.data.batch import (
+    collate_detection as collate_detection,  # re-exported: the batch contract is data.batch
+)
+from yolo11_lightning.data.batch import image_tensor
+from yolo11_lightning.data.batch import stack_images as stack_images
+from yolo11_lightning.data.eval_shapes import eval_resized_shape, rect_batches
+from yolo11_lightning.data.image_cache import ImageCache, resized_shape
+from yolo11_lightning.data.image_io import ImageReadError
+from yolo11_lightning.data.image_loading import (
+    BLANK_SUBSTITUTE as BLANK_SUBSTITUTE,  # re-exported: moved to data.image_loading
+)
+from yolo11_lightning.data.image_loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
+from yolo11_lightning.data.image_loading import RecordImageLoader
+from yolo11_lightning.data.masks import rasterize
+from yolo11_lightning.data.packed_records import (
+    PackedRecords as PackedRecords,  # re-exported: moved to data.packed_records
+)
+from yolo11_lightning.data.partner_pools import RECENT_BATCHES, pool_positions, recent_decode_cache_size
+from yolo11_lightning.data.polygons import letterbox_polygons
+from yolo11_lightning.data.sample_seeds import (
+    MIN_PARTNER_POOL as MIN_PARTNER_POOL,  # re-exported: moved to data.sample_seeds
+)
+from yolo11_lightning.data.sample_seeds import SAMPLE_STREAM as SAMPLE_STREAM
+from yolo11_lightning.data.sample_seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
+from yolo11_lightning.data.sample_seeds import partner_stride, sample_rng
+from yolo11_lightning.data.sample_seeds import substitute_index as substitute_index
+from yolo11_lightning.data.sampler import epoch_order
+from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
 
 TASKS = ("detect", "segment")
 

@@ -29,8 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from .image_cache import GIB, ImageCache
-from .node_cache import CacheSource, RankGroup, _agree_or_raise, _decode_threads, _fill, _layout, fingerprint
+from yolo11_lightning.data.image_cache import GIB, ImageCache
+from yolo11_lightning.data.node_cache import (
+    CacheSource,
+    RankGroup,
+    _agree_or_raise,
+    _decode_threads,
+    _fill,
+    _layout,
+    fingerprint,
+)
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .image_io import ImageReadError
-from .sources.records import ImageRecord
+from yolo11_lightning.data.image_io import ImageReadError
+from yolo11_lightning.data.sources.records import ImageRecord
 
 log = logging.getLogger(__name__)
 

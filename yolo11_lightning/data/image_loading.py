@@ -11,14 +11,14 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from .augment import Labelled
-from .eval_shapes import eval_resize, eval_resized_shape
-from .image_cache import resized_shape
-from .image_io import ImageReadError, decode_scale, read_image_retrying
-from .polygons import RESAMPLE_POINTS, resample_all, to_pixels, with_box_outlines
-from .sample_seeds import substitute_index
-from .sources.records import ImageRecord
-from .transforms import resize_long_side, xywhn_to_xyxy
+from yolo11_lightning.data.augment import Labelled
+from yolo11_lightning.data.eval_shapes import eval_resize, eval_resized_shape
+from yolo11_lightning.data.image_cache import resized_shape
+from yolo11_lightning.data.image_io import ImageReadError, decode_scale, read_image_retrying
+from yolo11_lightning.data.polygons import RESAMPLE_POINTS, resample_all, to_pixels, with_box_outlines
+from yolo11_lightning.data.sample_seeds import substitute_index
+from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.transforms import resize_long_side, xywhn_to_xyxy
 
 # First entropy word of the generator choosing the substitute of an unreadable training image.
 SUBSTITUTE_STREAM = 2

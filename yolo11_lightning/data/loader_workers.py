@@ -7,7 +7,7 @@ import signal
 
 import cv2
 
-from .partner_pools import RECENT_SPACING, workers_decoding_once
+from yolo11_lightning.data.partner_pools import RECENT_SPACING, workers_decoding_once
 
 # The most workers ``auto`` gives a device. One worker makes ~290 training images/s at 640 px with mosaic
 # (benchmarks/README.md, "Training data pipeline": 294 with the default "recent" partners, one shared server

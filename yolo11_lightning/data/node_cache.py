@@ -42,9 +42,9 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from .agreement import split_hash
-from .image_cache import GIB, ImageCache, cache_layout, check_cache_memory, memory_budget
-from .shm_segment import (
+from yolo11_lightning.data.agreement import split_hash
+from yolo11_lightning.data.image_cache import GIB, ImageCache, cache_layout, check_cache_memory, memory_budget
+from yolo11_lightning.data.shm_segment import (
     HEADER_BYTES,
     PREFIX,
     VERSION,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .sources.records import ImageRecord
+from yolo11_lightning.data.sources.records import ImageRecord
 
 
 class PackedRecords:

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .image_cache import GIB
+from yolo11_lightning.data.image_cache import GIB
 
 log = logging.getLogger("yolo11_lightning.data.node_cache")
 

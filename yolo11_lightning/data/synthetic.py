@@ -33,8 +33,10 @@ import cv2
 import numpy as np
 import yaml
 
-from .synthetic_shapes import SYNTHETIC_CLASS_NAMES as SYNTHETIC_CLASS_NAMES  # re-exported: moved there
-from .synthetic_shapes import _polygon_area, _sample, _segment_sample
+from yolo11_lightning.data.synthetic_shapes import (
+    SYNTHETIC_CLASS_NAMES as SYNTHETIC_CLASS_NAMES,  # re-exported: moved there
+)
+from yolo11_lightning.data.synthetic_shapes import _polygon_area, _sample, _segment_sample
 
 SYNTHETIC_YAML = "data.yaml"
 SYNTHETIC_COCO_YAML = "coco.yaml"

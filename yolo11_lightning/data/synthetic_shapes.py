@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 
 if TYPE_CHECKING:
-    from .synthetic import _Params
+    from yolo11_lightning.data.synthetic import _Params
 
 SYNTHETIC_CLASS_NAMES = ("rectangle", "ellipse", "triangle", "diamond", "cross", "hexagon", "star", "ring")
 _SEGMENT_STREAM = 1  # seeds the segmentation set's images apart from the detection set's
