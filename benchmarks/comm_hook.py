@@ -92,7 +92,7 @@ def run_variant(args: argparse.Namespace) -> None:
                 state = {k: v.detach().clone() for k, v in pl_module.model.named_parameters()}
                 snapshots[trainer.global_step] = state
 
-    from yolo11_lightning.training.checkpoint_callbacks import BestCheckpoint, LastCheckpoint
+    from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 
     L.seed_everything(0)  # the same initial weights in every variant
     global_batch = 2 * args.per_rank_batch

@@ -7,7 +7,7 @@ both sides (SGD lr0 0.01, 1 warmup epoch, mosaic off for the last 2 epochs), one
 
     python benchmarks/convergence.py --mode easy --epochs 20 --train 256 --val 32
 
-``--mode hard`` (default): the harder set of ``yolo11_lightning.data.synthetic_hard`` (look-alike classes,
+``--mode hard`` (default): the harder set of ``yolo11_lightning.data.synthetic.hard`` (look-alike classes,
 clutter, small and overlapping objects, non-square images). Each job is one (side, setting, horizon,
 seed, variant) and runs in its own process; its result is saved as JSON under ``--workdir/results`` and
 a job whose JSON exists is skipped, so the run is incremental and a partial run still gives figures::
@@ -38,7 +38,7 @@ CPU time is user + system of the job's process tree (``os.wait4``), DataLoader w
 (``make_synthetic_dataset(task="segment")``: 3 classes, exact polygons), ours (``YOLO11Module(task="segment")``)
 beside the oracle's ``SegmentationTrainer``, the explicit SGD recipe of ``SEG_RECIPE`` on both sides; the same
 job runner, JSON and report as the hard mode, with box AND mask mAP50-95. The oracle's final EMA model is read
-from its ``last.pt`` by our safe reader (``nn.weights.load_model(path, task=None)``) and scored by our
+from its ``last.pt`` by our safe reader (``model_files.weights.load_model(path, task=None)``) and scored by our
 evaluator, as ours is::
 
     nice -n 10 python benchmarks/convergence.py --mode seg --epochs 20 --seeds 0 1 --jobs 1
@@ -61,6 +61,8 @@ from typing import Any
 import _common as C
 import _fit as F
 import torch
+
+from yolo11_lightning.model_files.weights import from_reference
 
 RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
 SGD_RECIPE = {"optimizer": "SGD", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 3.0}
@@ -93,11 +95,11 @@ def _validate(module: Any, yaml: str, image_size: int, workdir: Path) -> float:
 
 def _score(model_state: dict, yaml: str, image_size: int, workdir: Path) -> float:
     """mAP50-95 of a reference-format state dict, by our evaluator on the val split."""
-    from yolo11_lightning import YOLO11, YOLO11Module, YOLODataModule
+    from yolo11_lightning import YOLO11Module, YOLODataModule
 
     data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0)
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0)
-    module.model.load_state_dict(YOLO11.from_ultralytics(model_state).state_dict())
+    module.model.load_state_dict(from_reference(model_state).state_dict())
     return _validate(module, yaml, image_size, workdir)
 
 
@@ -293,7 +295,7 @@ def _score_file(path: str | Path, yaml: str, image_size: int, workdir: Path) -> 
     """Our evaluator's figures of the model in a file the oracle wrote (its ``last.pt``: the final EMA
     weights, optimiser stripped), read by our safe reader with the task taken from the file."""
     from yolo11_lightning import YOLO11Module
-    from yolo11_lightning.nn.weights import load_model
+    from yolo11_lightning.model_files.weights import load_model
 
     model = load_model(path, task=None)
     module = YOLO11Module(scale=model.scale, num_classes=model.num_classes, task=model.task, log_images=0)
@@ -304,7 +306,7 @@ def _score_file(path: str | Path, yaml: str, image_size: int, workdir: Path) -> 
 # ------------------------------------------------------------------------------------ hard mode: driver
 def hard_yaml(args: argparse.Namespace) -> Path:
     """The hard set (hard mode) or the synthetic segmentation set, 3 classes, square (seg mode)."""
-    from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
+    from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
 
     if args.mode == "seg":
         return C.synthetic_yaml(C.default_workdir(), args.train, args.val, args.image_size, 3, task="segment")

@@ -31,7 +31,7 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 import _common as C
 from data_speed import make_dataset
 
-from yolo11_lightning.data.sampler import ElasticDistributedSampler
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
 
 STAGES = [
     "decode",
@@ -78,10 +78,10 @@ class StageTimer:
 
 def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable[[list], int]:
     """Our dataset with timed stages; returns fetch(keys) -> number of images."""
-    import yolo11_lightning.data.augment as augment
+    import yolo11_lightning.data.augment.pipeline as augment
+    import yolo11_lightning.data.augment.transforms as transforms
     import yolo11_lightning.data.dataset as dataset
-    import yolo11_lightning.data.image_loading as image_loading
-    import yolo11_lightning.data.transforms as transforms
+    import yolo11_lightning.data.images.loading as image_loading
 
     for owner, name, stage in [
         (image_loading, "read_image_retrying", "decode"),  # the loading moved out of data.dataset

@@ -52,7 +52,7 @@ def run_ours(args: argparse.Namespace) -> None:
     if (
         args.without_stop_check
     ):  # LastCheckpoint agrees on stop signals (one scalar all-reduce) per optimiser step
-        from yolo11_lightning.training.checkpoint_callbacks import LastCheckpoint
+        from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 
         trainer.callbacks = [c for c in trainer.callbacks if not isinstance(c, LastCheckpoint)]
     trainer.fit(module, data)

@@ -38,7 +38,7 @@ def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from yolo11_lightning.data.dataset import DetectionDataset
-    from yolo11_lightning.data.node_cache import RankGroup, build_image_caches
+    from yolo11_lightning.data.images.node_cache import RankGroup, build_image_caches
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import load_split
 

@@ -57,7 +57,7 @@ def trace_ours(args: argparse.Namespace, epochs: int, recipe: dict[str, Any]) ->
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.ema import ModelEMA, ramped_decay
+    from yolo11_lightning.training.callbacks.ema import ModelEMA, ramped_decay
 
     torch.set_num_threads(args.threads)
     L.seed_everything(0)
@@ -193,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     if C.run_as_worker(args, worker):
         return
-    from yolo11_lightning.data.synthetic_hard import make_hard_synthetic_dataset
+    from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
 
     yaml = make_hard_synthetic_dataset(
         C.default_workdir() / f"hard_{args.train}_16_48x64", args.train, 16, (48, 64)

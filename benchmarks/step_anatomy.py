@@ -157,7 +157,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             C.sync(pl_module.device)
             recorder.stop("#floor")
 
-    from yolo11_lightning.training.throughput import Throughput
+    from yolo11_lightning.training.callbacks.throughput import Throughput
 
     trainer, module, data = F.our_fit_parts(
         args.yaml, args.scale, args.image_size, args.batch, args.workers, args.steps // accumulate, args.workdir,

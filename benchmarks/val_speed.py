@@ -31,6 +31,8 @@ from typing import Any
 import _common as C
 import torch
 
+from yolo11_lightning.model_files.weights import from_reference, save_weights
+
 
 def make_weights(
     workdir: Path, scale: str, yaml: Path, image_size: int, candidates: int
@@ -46,7 +48,7 @@ def make_weights(
     from torch import nn
     from ultralytics.nn.tasks import DetectionModel
 
-    from yolo11_lightning import YOLO11, YOLODataModule
+    from yolo11_lightning import YOLODataModule
 
     data = YOLODataModule(
         dataset=str(yaml), batch_size=16, image_size=image_size, num_workers=0, rect_val=False
@@ -80,7 +82,7 @@ def make_weights(
         workdir / f"ours_{scale}_{image_size}.weights",
     )
     torch.save({"model": ref, "train_args": {}}, ref_path)
-    YOLO11.from_ultralytics(ref.state_dict()).save_weights(ours_path)
+    save_weights(from_reference(ref.state_dict()), ours_path)
     return ref_path, ours_path, bias
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from yolo11_lightning.data.sampler import epoch_order
+from yolo11_lightning.data.sampling.sampler import epoch_order
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

@@ -16,8 +16,8 @@ from yolo11_lightning.data.cpu_cores import cgroup_cpu_limit, cores_per_rank
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.training import machine
+from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.cpu_threads import training_threads
-from yolo11_lightning.training.machine import MachineSettings
 
 
 def test_training_threads_leave_the_workers_their_cores() -> None:

@@ -239,7 +239,7 @@ def npz_cases() -> dict[str, bytes]:
 def _loaders():
     """name -> callable(path): every public way a user's file gets loaded."""
     from yolo11_lightning import YOLO11, YOLO11Module
-    from yolo11_lightning.export import load_model, load_weights
+    from yolo11_lightning.model_files.weights import load_model, load_weights
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
     from yolo11_lightning.training.run_identity import CheckpointSummary
 
@@ -414,7 +414,7 @@ def test_the_guard_reads_what_torch_writes(tmp_path: Path) -> None:
 
     import torch
 
-    from yolo11_lightning.nn import torch_file
+    from yolo11_lightning.model_files import torch_file
 
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
     data = {

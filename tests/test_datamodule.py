@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from yolo11_lightning.data.datamodule import YOLODataModule
-from yolo11_lightning.data.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
 
 os.environ.setdefault("WANDB_MODE", "offline")
 
@@ -104,8 +104,8 @@ def test_close_mosaic_epoch_reaches_the_train_dataset(synthetic):
 
 def test_mosaic_partners_modes_reach_the_dataset(synthetic):
     """Default ``recent``: the global batch and 3 earlier ones; ``dataset``: any image; ``batch``: the batch."""
-    from yolo11_lightning.data.partner_pools import pool_positions
-    from yolo11_lightning.data.sampler import epoch_order
+    from yolo11_lightning.data.sampling.partner_pools import pool_positions
+    from yolo11_lightning.data.sampling.sampler import epoch_order
 
     dm = make_dm(synthetic)
     dm.setup("fit")

@@ -8,12 +8,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.data import image_cache as image_cache_module
-from yolo11_lightning.data.augment import AugmentConfig
+from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.dataset import DetectionDataset, PackedRecords, collate_detection, partner_stride
 from yolo11_lightning.data.eval_shapes import eval_resized_shape
-from yolo11_lightning.data.image_cache import ImageCache, estimate_cache_bytes
-from yolo11_lightning.data.sampler import ElasticDistributedSampler, epoch_order
+from yolo11_lightning.data.images import cache as image_cache_module
+from yolo11_lightning.data.images.cache import ImageCache, estimate_cache_bytes
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sources.records import ImageRecord
 
 SIZE = 96

@@ -14,14 +14,9 @@ import pytest
 import torch
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.export import (
-    export_onnx,
-    load_model,
-    load_weights,
-    main,
-    onnx_max_abs_diff,
-    save_weights,
-)
+from yolo11_lightning.export.command import main
+from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff
+from yolo11_lightning.model_files.weights import load_model, load_weights, save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +79,7 @@ def test_weights_round_trip_loads_without_lightning(tmp_path: Path) -> None:
     # A fresh interpreter: the file alone rebuilds the model, and Lightning is never imported.
     code = (
         "import sys, torch\n"
-        "from yolo11_lightning.export import load_weights\n"
+        "from yolo11_lightning.model_files.weights import load_weights\n"
         f"m = load_weights({str(path)!r})\n"
         f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
         "with torch.no_grad():\n"
@@ -182,7 +177,7 @@ def test_export_command_onnx_checks_parity(trained_checkpoint: Path, tmp_path: P
 def test_checkpoint_io_reads_real_checkpoints_through_the_guard(
     trained_checkpoint: Path, tmp_path: Path
 ) -> None:
-    from yolo11_lightning.nn import CheckpointError
+    from yolo11_lightning.model_files.reference import CheckpointError
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
 
     ours = AtomicCheckpointIO().load_checkpoint(trained_checkpoint)
@@ -203,7 +198,7 @@ def test_checkpoint_io_names_a_reference_file(tmp_path: Path) -> None:
     pytest.importorskip("ultralytics")
     from model_oracle import reference_model, save_like_release
 
-    from yolo11_lightning.nn.torch_file import ModelObjectsError
+    from yolo11_lightning.model_files.torch_file import ModelObjectsError
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
 
     path = save_like_release(reference_model("n", 4), tmp_path / "yolo11n.pt")

@@ -15,10 +15,7 @@ import numpy as np
 import pytest
 from data_files import jpeg_with_orientation
 
-from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.image_io import decode_scale, read_image
-from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.transforms import (
+from yolo11_lightning.data.augment.transforms import (
     FILL_VALUE,
     is_scale_translation,
     place_tiles,
@@ -26,6 +23,9 @@ from yolo11_lightning.data.transforms import (
     warp_image,
     warp_tiles,
 )
+from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.images.io import decode_scale, read_image
+from yolo11_lightning.data.sources.records import ImageRecord
 
 
 def smooth(height: int, width: int, seed: int) -> np.ndarray:

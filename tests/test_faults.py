@@ -23,9 +23,9 @@ from cli_runs import SCRIPTS, TINY_FIT, cli_env, ddp, fit_args, records, run_cli
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
-from yolo11_lightning.training.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.lightning_cli import default_callbacks, run_lightning_cli
 
 FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
@@ -190,7 +190,7 @@ def test_hung_rank_is_named_with_every_ranks_stacks_and_no_rank_is_left_behind(
 
     (The timeout must also cover start-up: it bounds the ranks' first connection to the store too.)
     """
-    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.callbacks.hang_watchdog.HangWatchdog",
                 "--trainer.callbacks.deadline", "5"]  # fmt: skip
     hang = ["--trainer.max_epochs", "1", "--trainer.callbacks+=fault_callbacks.HangOnRank",
             "--trainer.callbacks.rank", "1", "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "150"]  # fmt: skip
@@ -239,7 +239,7 @@ def test_rank_stuck_beyond_exit_after_ends_itself_with_its_stacks_written(
 ) -> None:
     """A rank stuck where no timeout reaches it (here: 1 rank asleep in a step) ends itself `exit_after`
     seconds into the stall, exit code 86, after writing its stacks; nothing is left to wait for it."""
-    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.callbacks.hang_watchdog.HangWatchdog",
                 "--trainer.callbacks.deadline", "2", "--trainer.callbacks.exit_after", "4"]  # fmt: skip
     hang = ["--trainer.callbacks+=fault_callbacks.HangOnRank", "--trainer.callbacks.rank", "0",
             "--trainer.callbacks.step", "1", "--trainer.callbacks.seconds", "300"]  # fmt: skip

@@ -56,7 +56,7 @@ def _fit(tmp_path: Path, precision: str, strategy: str) -> int:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
     from yolo11_lightning.training.lightning_cli import default_callbacks
 
     dataset = make_synthetic_dataset(tmp_path / "data", num_train=96, num_val=8, image_size=96)

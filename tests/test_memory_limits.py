@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from yolo11_lightning.data import image_cache
-from yolo11_lightning.data.image_cache import GIB, ImageCache, cgroup_memory_limits, memory_budget
+from yolo11_lightning.data.images import cache as image_cache
+from yolo11_lightning.data.images.cache import GIB, ImageCache, cgroup_memory_limits, memory_budget
 from yolo11_lightning.data.sources.records import ImageRecord
 
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from yolo11_lightning import YOLO11Module, YOLODataModule
 from yolo11_lightning.nn import YOLO11
-from yolo11_lightning.training.checkpoint_callbacks import LastCheckpoint
+from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 
 
 # ------------------------------------------------------------------------------------------ bf16 decode
@@ -49,7 +49,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[YOLO11Module, YOL
     """yolo11n trained from scratch on the synthetic shapes at 96 px (about half a minute): confident
     predictions, as a trained checkpoint has (a random network's scores are near-ties that any rounding
     reorders), on 96 validation images."""
-    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("bf16")
     dataset = make_synthetic_dataset(root / "data", num_train=192, num_val=96, image_size=96, seed=0)
@@ -290,8 +290,8 @@ def test_resume_with_an_open_non_finite_window_on_a_device_and_export_leaves_the
 import tempfile, torch, emulated_gpu as emu
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.nn import YOLO11
-from yolo11_lightning.training.checkpoint_callbacks import LastCheckpoint
-from yolo11_lightning.export import export_onnx
+from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
+from yolo11_lightning.export.onnx import export_onnx
 guard = NonFiniteStepGuard()
 guard.load_state_dict({"skipped": 1, "consecutive": 0, "window_nonfinite": True})
 guard.observe(torch.tensor([1.0, 2.0], device="emu"))

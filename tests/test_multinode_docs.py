@@ -127,5 +127,5 @@ def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
             ["fit", "--config", "configs/quickstart.yaml", *shlex.split(option), "--print_config"]
         )
     callbacks = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
-    assert {"class_path": "yolo11_lightning.training.hang_watchdog.HangWatchdog",
+    assert {"class_path": "yolo11_lightning.training.callbacks.hang_watchdog.HangWatchdog",
             "init_args": {"deadline": 120.0, "interval": None, "exit_after": None}} in callbacks  # fmt: skip

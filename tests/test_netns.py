@@ -148,7 +148,7 @@ def test_node_cut_off_mid_epoch_ends_both_nodes_naming_the_peer_then_resumes(
     """node1's link goes down in epoch 0: node0's rank fails by the collective timeout naming rank 1 on
     node1; node1's rank names the unreachable store, ends, and the script ends torchrun, which is left
     blocked: nothing runs on either host afterwards. With the link up, `--ckpt_path last` finishes."""
-    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.hang_watchdog.HangWatchdog",
+    watchdog = ["--trainer.callbacks+=yolo11_lightning.training.callbacks.hang_watchdog.HangWatchdog",
                 "--trainer.callbacks.deadline", str(DEADLINE)]  # fmt: skip
     slow = ["--trainer.callbacks+=fault_callbacks.SlowBatches", "--trainer.callbacks.seconds", "0.5"]
     args = fit_args(tiny_dataset, tmp_path, "rec", *strategy(), *watchdog, *slow)

@@ -19,10 +19,11 @@ import pytest
 import torch
 from cli_runs import SCRIPTS, run, tail
 
-from yolo11_lightning.data import image_cache, node_cache
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.node_cache import RankGroup, attach_image_caches
-from yolo11_lightning.data.shm_segment import (
+from yolo11_lightning.data.images import cache as image_cache
+from yolo11_lightning.data.images import node_cache
+from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
+from yolo11_lightning.data.images.shm_segment import (
     PREFIX,
     SegmentHeader,
     SegmentPart,
@@ -61,7 +62,7 @@ def _wait_stale(path: Path, seconds: float = 30.0) -> str | None:
 _CRASH = """
 import os, signal, sys
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.node_cache import attach_image_caches
+from yolo11_lightning.data.images.node_cache import attach_image_caches
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.split import build_label_cache, load_split
 config = load_dataset_config(sys.argv[1])
@@ -215,7 +216,7 @@ def test_without_shm_each_process_keeps_its_own_copy(
 ) -> None:
     monkeypatch.setenv("YOLO11_SHM_DIR", str(tmp_path / "absent"))
     cached, plain = _datasets(splits), _datasets(splits)
-    with caplog.at_level(logging.INFO, logger="yolo11_lightning.data.node_cache"):
+    with caplog.at_level(logging.INFO, logger="yolo11_lightning.data.images.node_cache"):
         attach_image_caches(cached)
     assert isinstance(cached[1].image_cache.storage, torch.Tensor)
     assert "one copy per rank" in caplog.text and "absent does not exist" in caplog.text
@@ -250,7 +251,7 @@ def test_disk_cache_is_written_once_beside_the_labels_and_reused_without_decodin
     tmp_path: Path, monkeypatch
 ) -> None:
     from yolo11_lightning.data.datamodule import YOLODataModule
-    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
 
     yaml = make_synthetic_dataset(
         tmp_path / "ds", num_train=8, num_val=3, image_size=64, num_classes=2, seed=0

@@ -1,5 +1,4 @@
 """notebooks/quickstart.ipynb runs top to bottom (tiny settings from QUICKSTART_* variables) and shows images."""
-
 from __future__ import annotations
 
 import base64
@@ -9,6 +8,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+
+from yolo11_lightning.model_files.weights import save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 NOTEBOOK = REPO / "notebooks" / "quickstart.ipynb"
@@ -40,7 +41,7 @@ def test_quickstart_notebook_runs_and_shows_predictions(
 
     # "Pretrained" weights with 80 classes: the fine-tuning cell must re-initialise the class head for 3.
     pretrained = tmp_path / "pretrained80.pth"
-    YOLO11("n", 80).save_weights(pretrained)
+    save_weights(YOLO11("n", 80), pretrained)
     workdir = tmp_path / "work"
     for key, value in {**TINY, "QUICKSTART_DIR": str(workdir), "QUICKSTART_WEIGHTS": str(pretrained)}.items():
         monkeypatch.setenv(key, value)  # the kernel inherits this process's environment

@@ -22,7 +22,8 @@ os.environ["YOLO_OFFLINE"] = "1"  # before any import of the reference package
 
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.export import export_onnx, load_model, onnx_tolerance
+from yolo11_lightning.export.onnx import export_onnx, onnx_tolerance
+from yolo11_lightning.model_files.weights import load_model
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("ultralytics")
@@ -248,7 +249,7 @@ def test_oracle_map_on_our_onnx_equals_its_pt(interop: SimpleNamespace) -> None:
 
 
 def test_our_validate_scores_onnx_like_the_checkpoint(interop: SimpleNamespace) -> None:
-    from yolo11_lightning.export_check import compare
+    from yolo11_lightning.export.check import compare
 
     fixed = compare(interop.model, interop.fixed, str(interop.data), (SIZE, SIZE), dynamic=False, batch_size=4,
                     num_workers=0, accelerator="cpu")  # fmt: skip
@@ -256,7 +257,7 @@ def test_our_validate_scores_onnx_like_the_checkpoint(interop: SimpleNamespace) 
     assert 0.3 < fixed.checkpoint["mAP50-95"] < 0.95
     assert abs(fixed.difference("mAP50-95")) <= 1e-3 and abs(fixed.difference("mAP50")) <= 1e-3
     # A fixed-shape file fed another shape says what to do instead of scoring a different preprocessing.
-    from yolo11_lightning.onnx_runner import OnnxDetector
+    from yolo11_lightning.export.runtime import OnnxDetector
 
     with pytest.raises(ValueError, match=r"fixed\.onnx: exported with a fixed 160x160 input, got a 96x160 batch.*"
                                          r"--data\.rect_val false --data\.image_size 160.*--dynamic"):  # fmt: skip
@@ -286,7 +287,7 @@ def test_export_check_data_prints_both_numbers(
 
 
 def test_validate_command_takes_an_onnx_file(interop: SimpleNamespace) -> None:
-    from yolo11_lightning.export_check import _square_batches
+    from yolo11_lightning.export.check import _square_batches
     from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
     square = [f"--data.{k}={str(v).lower()}" for k, v in _square_batches().items()]
@@ -311,7 +312,7 @@ def test_dynamic_file_takes_any_multiple_of_32(interop: SimpleNamespace, tmp_pat
 
     import onnx
 
-    from yolo11_lightning.onnx_runner import OnnxDetector
+    from yolo11_lightning.export.runtime import OnnxDetector
 
     runner = OnnxDetector(interop.dynamic, num_classes=len(NAMES))
     assert (runner.input_shape, runner.names) == (None, list(NAMES.values()))
@@ -342,7 +343,7 @@ def test_dynamic_file_takes_any_multiple_of_32(interop: SimpleNamespace, tmp_pat
 def test_predict_command_runs_an_onnx_file(interop: SimpleNamespace, tmp_path: Path) -> None:
     import json
 
-    from yolo11_lightning.predict import predict
+    from yolo11_lightning.predict.command import predict
 
     runs = {}
     for name, model in (("torch", interop.model), ("onnx", interop.fixed)):

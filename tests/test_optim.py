@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from yolo11_lightning.training.ema import ModelEMA, ramped_decay
+from yolo11_lightning.training.callbacks.ema import ModelEMA, ramped_decay
 from yolo11_lightning.training.optim import (
     OptimizerRecipe,
     WarmupSchedule,

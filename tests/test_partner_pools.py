@@ -1,4 +1,4 @@
-"""Mosaic partner pools (``data.partner_pools``): where partners come from, and what each mode decodes.
+"""Mosaic partner pools (``data.sampling.partner_pools``): where partners come from, and what each mode decodes.
 
 The ``"recent"`` pools must (1) lie in per-device batches the sample's own DataLoader worker has already
 decoded, for any worker count dividing ``RECENT_SPACING`` and any world size dividing the partner stride,
@@ -18,15 +18,15 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.partner_pools import (
+from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
     RECENT_SPACING,
     dataset_options,
     pool_positions,
     recent_decode_cache_size,
 )
-from yolo11_lightning.data.sample_seeds import partner_stride
-from yolo11_lightning.data.sampler import ElasticDistributedSampler
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
+from yolo11_lightning.data.sampling.seeds import partner_stride
 from yolo11_lightning.data.sources.records import ImageRecord
 
 SIZE = 64

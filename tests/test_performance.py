@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from yolo11_lightning import YOLO11Module, YOLODataModule
-from yolo11_lightning.training.ema import ModelEMA, ramped_decay
-from yolo11_lightning.training.machine import MachineSettings
+from yolo11_lightning.training.callbacks.ema import ModelEMA, ramped_decay
+from yolo11_lightning.training.callbacks.machine import MachineSettings
 
 
 def _batch(seed: int = 0, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:

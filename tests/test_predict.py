@@ -13,10 +13,11 @@ import torch
 
 from yolo11_lightning import YOLO11
 from yolo11_lightning.cli import main as cli_main
-from yolo11_lightning.data.image_io import read_image
-from yolo11_lightning.data.transforms import letterbox
+from yolo11_lightning.data.augment.transforms import letterbox
+from yolo11_lightning.data.images.io import read_image
+from yolo11_lightning.model_files.weights import read_weights, save_weights
 from yolo11_lightning.ops.postprocess import letterbox_to_original, non_max_suppression
-from yolo11_lightning.predict_data import SkippedSourceWarning
+from yolo11_lightning.predict.sources import SkippedSourceWarning
 
 # An untrained detector scores everything near its class prior (~1e-3 at 64 px); a low threshold still yields
 # boxes, so drawing, NMS and the json all have work to do.
@@ -27,7 +28,7 @@ CONF = "0.0005"
 def weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp("predict_weights") / "tiny.pth"
-    YOLO11("n", 3, names=["rectangle", "ellipse", "triangle"]).save_weights(path)
+    save_weights(YOLO11("n", 3, names=["rectangle", "ellipse", "triangle"]), path)
     return path
 
 
@@ -80,7 +81,7 @@ def test_options_reach_the_postprocessing(tiny_dataset: Path, weights: Path, tmp
     results = json.loads((out / "predictions.json").read_text())
     assert sorted(p.name for p in out.iterdir()) == ["predictions.json", "predictions.jsonl"]  # --no-save
 
-    model = YOLO11.from_weights(weights).eval()
+    model = read_weights(weights).eval()
     rgb = read_image(str(image_path))
     boxed, scale, pad = letterbox(rgb, 64, scaleup=True)
     x = torch.from_numpy(boxed.transpose(2, 0, 1).copy())[None].float() / 255
@@ -231,8 +232,8 @@ def test_colliding_names_digit_names_and_a_truncated_video(
 def test_results_written_so_far_survive_a_crash_and_a_failing_writer(
     tiny_dataset: Path, weights: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import yolo11_lightning.predict as predict_module
-    import yolo11_lightning.prediction_writer as writer_module  # where the annotated copies are saved
+    import yolo11_lightning.predict.command as predict_module
+    import yolo11_lightning.predict.writer as writer_module  # where the annotated copies are saved
     from yolo11_lightning.training.module import YOLO11Module
 
     source = tmp_path / "in"

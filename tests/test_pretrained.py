@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from yolo11_lightning import YOLO11, YOLO11Module
-from yolo11_lightning.training.weights import WeightsMismatchError, load_pretrained
+from yolo11_lightning.model_files.weights import from_reference, save_weights
+from yolo11_lightning.training.pretrained import WeightsMismatchError, load_pretrained
 
 
 def test_weights_from_80_classes_into_3(tmp_path: Path) -> None:
@@ -19,7 +20,7 @@ def test_weights_from_80_classes_into_3(tmp_path: Path) -> None:
         for p in source.parameters():
             p.add_(torch.randn_like(p) * 0.01)  # distinguishable from a fresh initialisation
     path = tmp_path / "coco80.pth"
-    source.save_weights(path)
+    save_weights(source, path)
 
     module = YOLO11Module(scale="n", num_classes=3, class_names=["a", "b", "c"], weights=str(path))
     ours, theirs = module.model.state_dict(), source.state_dict()
@@ -35,7 +36,7 @@ def test_weights_from_80_classes_into_3(tmp_path: Path) -> None:
 
 def _saved(tmp_path: Path, scale: str, num_classes: int = 80) -> Path:
     path = tmp_path / f"{scale}{num_classes}.pth"
-    YOLO11(scale, num_classes).save_weights(path)
+    save_weights(YOLO11(scale, num_classes), path)
     return path
 
 
@@ -57,7 +58,7 @@ def test_weights_strict_false_loads_what_fits(tmp_path: Path) -> None:
         for p in source.parameters():
             p.add_(1.0)
     path = tmp_path / "s80.pth"
-    source.save_weights(path)
+    save_weights(source, path)
     model = YOLO11("n", 3)
     fresh = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.warns(
@@ -89,7 +90,7 @@ def test_reference_file_right_scale_other_classes_loads(tmp_path: Path) -> None:
     loaded, skipped = load_pretrained(model, path)
     assert skipped and all(k.startswith("head.cv3.") for k in skipped)
     assert loaded == len(model.state_dict()) - len(skipped)
-    reference = YOLO11.from_ultralytics(path).state_dict()
+    reference = from_reference(path).state_dict()
     for key in ("layers.0.conv.weight", "layers.10.m.0.attn.qkv.conv.weight", "head.cv2.2.2.bias"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
 

@@ -1,4 +1,4 @@
-"""The reference loop recipe callback (training/recipe.py): its state, and checkpoints from before it."""
+"""The reference loop recipe callback (training/callbacks/recipe.py): its state, and checkpoints from before it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import lightning as L
 import torch
 
 from yolo11_lightning.data.datamodule import YOLODataModule
-from yolo11_lightning.training.checkpoint_callbacks import LastCheckpoint
+from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
+from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe
 from yolo11_lightning.training.module import YOLO11Module
-from yolo11_lightning.training.recipe import ReferenceRecipe
 
 
 def test_last_step_index_round_trips_through_the_callback_state() -> None:

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from yolo11_lightning.data.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
 
 GLOBAL_BATCH = 12  # divisible by world sizes 1, 2, 3 and 4
 

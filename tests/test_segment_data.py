@@ -18,7 +18,7 @@ import pytest
 import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data import check_data, synthetic
+from yolo11_lightning.data import check_data
 from yolo11_lightning.data.batch import collate_detection, collate_segmentation
 from yolo11_lightning.data.masks import instance_masks, overlap_mask, polygon_mask, rasterize
 from yolo11_lightning.data.polygons import (
@@ -36,6 +36,7 @@ from yolo11_lightning.data.polygons import (
 from yolo11_lightning.data.sources import load_dataset_config, load_split
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.rle import decode_rle
+from yolo11_lightning.data.synthetic import shapes as synthetic
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 

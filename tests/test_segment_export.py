@@ -21,8 +21,10 @@ import pytest
 import torch
 from data_files import pattern, write_image
 
-from yolo11_lightning.data.transforms import letterbox
-from yolo11_lightning.export import load_model, main, onnx_output_diffs, onnx_tolerance
+from yolo11_lightning.data.augment.transforms import letterbox
+from yolo11_lightning.export.command import main
+from yolo11_lightning.export.onnx import onnx_output_diffs, onnx_tolerance
+from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.ops.letterbox import letterbox_to_original
 from yolo11_lightning.ops.masks import crop_masks, mask_logits, masks_at_input, segment_image
 from yolo11_lightning.ops.postprocess import non_max_suppression
@@ -164,7 +166,7 @@ def test_oracle_predicts_our_onnx_like_ours_in_torch(seg_export: SimpleNamespace
 
 
 def test_onnx_runner_returns_predictions_and_protos(seg_export: SimpleNamespace) -> None:
-    from yolo11_lightning.onnx_runner import OnnxDetector
+    from yolo11_lightning.export.runtime import OnnxDetector
 
     runner = OnnxDetector(seg_export.onnx, num_classes=3, task="segment")
     assert OnnxDetector(seg_export.onnx, task=None).task == "segment"
@@ -190,7 +192,7 @@ def test_dynamic_seg_export_takes_other_sizes(seg_export: SimpleNamespace) -> No
     """``dynamic=True``: free height and width on both outputs; another size matches PyTorch."""
     from ultralytics.nn.autobackend import AutoBackend
 
-    from yolo11_lightning.export import export_onnx
+    from yolo11_lightning.export.onnx import export_onnx
 
     path = export_onnx(seg_export.model, seg_export.root / "dynamic.onnx", SIZE, dynamic=True)
     x = torch.rand(1, 3, 96, 192, generator=torch.Generator().manual_seed(3))

@@ -27,8 +27,16 @@ from test_crafted_files import (
 )
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.nn import CheckpointError, Segment, SegmentOutput
-from yolo11_lightning.nn.weights import WeightsMismatchError, load_model, load_pretrained, load_weights
+from yolo11_lightning.model_files.reference import CheckpointError
+from yolo11_lightning.model_files.weights import (
+    WeightsMismatchError,
+    from_reference,
+    load_model,
+    load_pretrained,
+    load_weights,
+    save_weights,
+)
+from yolo11_lightning.nn import Segment, SegmentOutput
 
 # Exact parameter counts of the reference YOLO11-seg at nc=80 (docs/reference.md).
 SEG_PARAMS_NC80 = {"n": 2_876_848, "s": 10_113_248, "m": 22_420_896, "l": 27_678_368, "x": 62_142_656}
@@ -128,9 +136,10 @@ def _save_seg_release(model: torch.nn.Module, path: Path, names: dict[int, str])
 _LOAD_AND_RUN = """
 import json, torch
 from yolo11_lightning import YOLO11
+from yolo11_lightning.model_files.weights import from_reference
 results = {}
 for name in NAMES:
-    model = YOLO11.from_ultralytics(f"{name}.pt").eval()
+    model = from_reference(f"{name}.pt").eval()
     with torch.no_grad():
         preds, protos = model(torch.load(f"{name}.x.pt"))
     torch.save((preds, protos), f"{name}.ours.pt")
@@ -172,8 +181,8 @@ def test_reference_checkpoint_parity_without_reference_package(tmp_path: Path) -
 
 
 def test_weights_file_keeps_the_task(tmp_path: Path, seg_n: YOLO11) -> None:
-    seg_n.save_weights(tmp_path / "seg.pth")
-    YOLO11("n", 5).save_weights(tmp_path / "det.pth")
+    save_weights(seg_n, tmp_path / "seg.pth")
+    save_weights(YOLO11("n", 5), tmp_path / "det.pth")
     assert "task" not in torch.load(tmp_path / "det.pth", weights_only=True)  # detection files as before
     loaded = load_weights(tmp_path / "seg.pth")
     assert loaded.task == "segment" and loaded.num_classes == 5
@@ -192,7 +201,7 @@ def test_pretrained_seg_weights_and_wrong_task(tmp_path: Path) -> None:
     model = YOLO11("n", 3, task="segment")
     loaded, skipped = load_pretrained(model, seg_file)  # another class count: all but the class branch
     assert skipped and all(k.startswith("head.cv3.") for k in skipped)
-    reference = YOLO11.from_ultralytics(seg_file).state_dict()
+    reference = from_reference(seg_file).state_dict()
     for key in ("head.proto.upsample.weight", "head.cv4.2.2.bias", "layers.0.conv.weight"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
     tasks = pytest.importorskip("ultralytics.nn.tasks")
@@ -264,7 +273,7 @@ def test_info_shows_the_task(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_own_seg_weights_into_a_detector(tmp_path: Path, seg_n: YOLO11) -> None:
     """Our own weights file of another task: refused when strict, its fitting layers loaded when not."""
-    seg_n.save_weights(tmp_path / "seg.pth")
+    save_weights(seg_n, tmp_path / "seg.pth")
     with pytest.raises(
         WeightsMismatchError, match=r"seg\.pth: holds a segmentation model .*not a detection model"
     ):

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.batch import collate_segmentation
-from yolo11_lightning.nn.weights import load_model
+from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.segment_evaluation import SegmentationMAP, decode_runs, mask_runs
@@ -306,7 +306,8 @@ def test_predict_step_masks_in_original_image_size() -> None:
 def test_predict_source_on_a_seg_checkpoint_writes_rle(fitted, tmp_path: Path) -> None:
     from faster_coco_eval.core import mask as mask_utils
 
-    from yolo11_lightning.predict import RESULTS_JSON, main
+    from yolo11_lightning.predict.command import main
+    from yolo11_lightning.predict.writer import RESULTS_JSON
 
     _, _, _, path = fitted
     images = tmp_path / "images"
@@ -364,7 +365,7 @@ def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> 
 
     from cli_runs import TINY_FIT, ddp, run_cli, tail
 
-    from yolo11_lightning.data.synthetic import make_synthetic_dataset
+    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
     from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
     dataset = make_synthetic_dataset(tmp_path / "seg", num_train=8, num_val=7, image_size=64, task="segment")

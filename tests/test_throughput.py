@@ -14,8 +14,8 @@ from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from yolo11_lightning.training.callbacks.throughput import Throughput, _GpuIdle
 from yolo11_lightning.training.lightning_cli import default_callbacks
-from yolo11_lightning.training.throughput import Throughput, _GpuIdle
 
 KEYS = ("perf/images_per_second", "perf/images_per_second_per_device", "perf/data_wait_fraction")
 
@@ -98,7 +98,7 @@ def test_one_warning_names_the_fixes_when_data_keeps_the_step_waiting(caplog) ->
     callback = Throughput(
         window=4, warn_fraction=0.01, warn_steps=3
     )  # 10 starved steps: 3 in a row, and more
-    with caplog.at_level(logging.WARNING, logger="yolo11_lightning.training.throughput"):
+    with caplog.at_level(logging.WARNING, logger="yolo11_lightning.training.callbacks.throughput"):
         fit(0.01, callback)
     warnings = [r.getMessage() for r in caplog.records if "waited for data" in r.getMessage()]
     assert len(warnings) == 1 and callback.warned

@@ -8,9 +8,9 @@ import cv2
 import numpy as np
 import pytest
 
-from yolo11_lightning.data.augment import AugmentConfig, Labelled, augment_train_sample
-from yolo11_lightning.data.color import augment_hsv
-from yolo11_lightning.data.transforms import (
+from yolo11_lightning.data.augment.color import augment_hsv
+from yolo11_lightning.data.augment.pipeline import AugmentConfig, Labelled, augment_train_sample
+from yolo11_lightning.data.augment.transforms import (
     FILL_VALUE,
     box_candidates,
     flip_lr,

@@ -6,7 +6,7 @@ they drive; they are imported only when asked for, so ``info`` starts without Li
 the configs shipped in the package (``--config NAME``); ``--version`` prints the version and git revision.
 
 ``predict`` has two forms: with ``--source`` (files, folders, videos) it is the utility in
-``yolo11_lightning.predict``; without it, LightningCLI's predict over the dataset's test/val split.
+``yolo11_lightning.predict.command``; without it, LightningCLI's predict over the dataset's test/val split.
 ``predict --help`` alone shows the utility's help, which names the other form.
 """
 
@@ -19,13 +19,13 @@ from collections.abc import Sequence
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
 UTILITY_COMMANDS = {
     "info": "yolo11_lightning.nn.summary:main",
-    "synthetic": "yolo11_lightning.data.synthetic:main",
+    "synthetic": "yolo11_lightning.data.synthetic.shapes:main",
     "check-data": "yolo11_lightning.data.check_data:main",
-    "export": "yolo11_lightning.export:main",
+    "export": "yolo11_lightning.export.command:main",
     "configs": "yolo11_lightning.packaged_configs:main",
 }
 # `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.
-PREDICT_SOURCE_COMMAND = "yolo11_lightning.predict:main"
+PREDICT_SOURCE_COMMAND = "yolo11_lightning.predict.command:main"
 LIGHTNING_COMMANDS = ("fit", "validate", "test", "predict")
 
 

@@ -86,7 +86,7 @@ class FullDiskForValidationImages(Callback):
     """Saving the validation images fails as on a full disk (``ValidationImages`` runs on rank 0 only)."""
 
     def setup(self, trainer, pl_module, stage):
-        from yolo11_lightning.training import callbacks
+        from yolo11_lightning.training.callbacks import validation_images as callbacks
 
         def no_space(path, image):
             raise OSError(errno.ENOSPC, "No space left on device", path)

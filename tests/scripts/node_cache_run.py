@@ -26,7 +26,7 @@ from torch import nn
 from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.node_cache import PREFIX
+from yolo11_lightning.data.images.node_cache import PREFIX
 
 
 class Tiny(L.LightningModule):

@@ -4,7 +4,7 @@ Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each
 ``batch_size`` is the GLOBAL batch over all devices and nodes; each device loads
 ``batch_size / world_size`` (checked in ``setup``). The train order is defined globally by
 ``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
-resume mid-epoch on any number of devices (``data.sampler_checkpoint``). The DataLoader workers are set up
+resume mid-epoch on any number of devices (``data.sampling.checkpoint``). The DataLoader workers are set up
 by ``data.loader_workers`` (``ignore_stop_signals_in_worker`` is re-exported here).
 """
 
@@ -21,23 +21,27 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import check_ranks_agree
-from yolo11_lightning.data.augment import AugmentConfig
+from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.batch import collate_detection, collate_segmentation
 from yolo11_lightning.data.cpu_cores import cores_per_rank
 from yolo11_lightning.data.dataset import TASKS, DetectionDataset, warn_missing_polygons
-from yolo11_lightning.data.disk_cache import attach_disk_caches
+from yolo11_lightning.data.images.disk_cache import attach_disk_caches
+from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
 from yolo11_lightning.data.loader_workers import auto_num_workers, single_threaded_opencv
 from yolo11_lightning.data.loader_workers import (
     ignore_stop_signals_in_worker as ignore_stop_signals_in_worker,  # re-exported
 )
-from yolo11_lightning.data.node_cache import RankGroup, attach_image_caches
-from yolo11_lightning.data.partner_pools import MODES as PARTNER_MODES
-from yolo11_lightning.data.partner_pools import dataset_options as partner_options
-from yolo11_lightning.data.sampler import ElasticDistributedSampler, ShardedEvalSampler
-from yolo11_lightning.data.sampler_checkpoint import TrainSamplerCheckpoint
+from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
+from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
+from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.split import build_label_cache, label_cache_locations, load_split
-from yolo11_lightning.data.synthetic import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
+from yolo11_lightning.data.synthetic.shapes import (
+    SYNTHETIC_YAML,
+    make_synthetic_dataset,
+    synthetic_class_names,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +61,14 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         pin_memory: page-locked batches for faster host-to-GPU copies.
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
         cache_images: keep decoded, resized images in RAM, one copy per node in ``/dev/shm`` shared by every
-            local rank and worker (``data.node_cache``; refused when it would not fit); ``"disk"``: as
+            local rank and worker (``data.images.node_cache``; refused when it would not fit); ``"disk"``: as
             ``.npy`` memory maps beside the label cache, decoded once and reused by later runs
-            (``data.disk_cache``).
+            (``data.images.disk_cache``).
         mosaic .. hsv_v: augmentation hyper-parameters (``AugmentConfig``; reference defaults).
             ``scale_jitter`` is the reference's ``scale`` (random zoom gain), renamed so it cannot be
             confused with ``--model.scale`` (the network size) in merged hyper-parameters.
         mosaic_partners: where the 3 mosaic partners (and the mixup partner) of a training sample come from
-            (``data.partner_pools``, measured in ``benchmarks/README.md``). ``"recent"`` (default): the
+            (``data.sampling.partner_pools``, measured in ``benchmarks/README.md``). ``"recent"`` (default): the
             sample's global batch and 3 earlier ones, 8 batches apart (64 images), decoded by its own worker
             already when ``num_workers`` divides 8. ``"dataset"``: any image, up to 4 decodes per sample
             without ``cache_images``, as accurate. ``"batch"``: its global batch only, cost accuracy on long

@@ -5,9 +5,9 @@
 unreadable-image fields); ``data.batch.collate_detection`` stacks samples into the batch contract
 (``data.batch.DetectionBatch``, shapes and units there). ``collate_detection``, ``image_tensor`` and
 ``stack_images`` are re-exported here for code that imports them from this module, as are the names moved
-out of it: ``PackedRecords`` (``data.packed_records``), ``partner_stride`` / ``sample_rng`` /
-``substitute_index`` and their stream constants (``data.sample_seeds``), and the substitution constants of
-``data.image_loading``, whose ``RecordImageLoader`` holds the dataset's image loading (``load_resized``).
+out of it: ``PackedRecords`` (``data.sources.packed_records``), ``partner_stride`` / ``sample_rng`` /
+``substitute_index`` and their stream constants (``data.sampling.seeds``), and the substitution constants of
+``data.images.loading``, whose ``RecordImageLoader`` holds the dataset's image loading (``load_resized``).
 
 With ``task="segment"`` a sample also carries ``masks`` (``data.masks.rasterize`` at 1/4 of the image
 side: an (H/4, W/4) index map, or (n, H/4, W/4) per instance) and its ``labels`` rows are in the order
@@ -36,36 +36,40 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from yolo11_lightning.data.augment import AugmentConfig, augment_train_sample
+from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_sample
+from yolo11_lightning.data.augment.transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
 from yolo11_lightning.data.batch import (
     collate_detection as collate_detection,  # re-exported: the batch contract is data.batch
 )
 from yolo11_lightning.data.batch import image_tensor
 from yolo11_lightning.data.batch import stack_images as stack_images
 from yolo11_lightning.data.eval_shapes import eval_resized_shape, rect_batches
-from yolo11_lightning.data.image_cache import ImageCache, resized_shape
-from yolo11_lightning.data.image_io import ImageReadError
-from yolo11_lightning.data.image_loading import (
+from yolo11_lightning.data.images.cache import ImageCache, resized_shape
+from yolo11_lightning.data.images.io import ImageReadError
+from yolo11_lightning.data.images.loading import (
     BLANK_SUBSTITUTE as BLANK_SUBSTITUTE,  # re-exported: moved to data.image_loading
 )
-from yolo11_lightning.data.image_loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
-from yolo11_lightning.data.image_loading import RecordImageLoader
+from yolo11_lightning.data.images.loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
+from yolo11_lightning.data.images.loading import RecordImageLoader
 from yolo11_lightning.data.masks import rasterize
-from yolo11_lightning.data.packed_records import (
-    PackedRecords as PackedRecords,  # re-exported: moved to data.packed_records
-)
-from yolo11_lightning.data.partner_pools import RECENT_BATCHES, pool_positions, recent_decode_cache_size
 from yolo11_lightning.data.polygons import letterbox_polygons
-from yolo11_lightning.data.sample_seeds import (
+from yolo11_lightning.data.sampling.partner_pools import (
+    RECENT_BATCHES,
+    pool_positions,
+    recent_decode_cache_size,
+)
+from yolo11_lightning.data.sampling.sampler import epoch_order
+from yolo11_lightning.data.sampling.seeds import (
     MIN_PARTNER_POOL as MIN_PARTNER_POOL,  # re-exported: moved to data.sample_seeds
 )
-from yolo11_lightning.data.sample_seeds import SAMPLE_STREAM as SAMPLE_STREAM
-from yolo11_lightning.data.sample_seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
-from yolo11_lightning.data.sample_seeds import partner_stride, sample_rng
-from yolo11_lightning.data.sample_seeds import substitute_index as substitute_index
-from yolo11_lightning.data.sampler import epoch_order
+from yolo11_lightning.data.sampling.seeds import SAMPLE_STREAM as SAMPLE_STREAM
+from yolo11_lightning.data.sampling.seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
+from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
+from yolo11_lightning.data.sampling.seeds import substitute_index as substitute_index
+from yolo11_lightning.data.sources.packed_records import (
+    PackedRecords as PackedRecords,  # re-exported: moved to data.packed_records
+)
 from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
 
 TASKS = ("detect", "segment")
 
@@ -109,7 +113,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
         scaleup: enlarge images smaller than ``image_size`` when loading.
         image_cache: decoded, resized images of all records (RAM), or None to read files.
         global_batch_size: the sampler's global batch B. Mosaic/mixup partners are then drawn from the
-            sample's partner pool (``partner_pool``, ``data.partner_pools``): the samples of its global
+            sample's partner pool (``partner_pool``, ``data.sampling.partner_pools``): the samples of its global
             batch at positions congruent to its own modulo ``partner_stride(B)``, and with
             ``partner_batches`` > 1 those of as many earlier global batches, ``RECENT_SPACING`` apart. On
             any world size dividing that stride the pool lies on the sample's own rank, in per-device

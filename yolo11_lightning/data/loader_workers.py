@@ -7,7 +7,7 @@ import signal
 
 import cv2
 
-from yolo11_lightning.data.partner_pools import RECENT_SPACING, workers_decoding_once
+from yolo11_lightning.data.sampling.partner_pools import RECENT_SPACING, workers_decoding_once
 
 # The most workers ``auto`` gives a device. One worker makes ~290 training images/s at 640 px with mosaic
 # (benchmarks/README.md, "Training data pipeline": 294 with the default "recent" partners, one shared server
@@ -23,7 +23,7 @@ def auto_num_workers(cores_per_rank: int, decode_once: bool) -> tuple[int, str]:
     The rank's cores minus one for the training process itself, within [0, ``MAX_AUTO_WORKERS``]. With
     ``decode_once`` (``"recent"`` mosaic partners decoded from files), rounded down to a divisor of
     ``RECENT_SPACING`` (1, 2, 4, 8): other counts give the same samples but decode a sample's partners again
-    (``data.partner_pools``: 2.63 decodes per sample with 3 workers against 1.46 with 4), so 8 workers make
+    (``data.sampling.partner_pools``: 2.63 decodes per sample with 3 workers against 1.46 with 4), so 8 workers make
     ~2350 images/s where 11 would make fewer.
     """
     workers = min(max(cores_per_rank - 1, 0), MAX_AUTO_WORKERS)

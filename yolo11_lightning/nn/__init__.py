@@ -1,13 +1,7 @@
-"""The YOLO11 detector and segmenter in plain PyTorch (imports torch only).
+"""The YOLO11 detector and segmenter in plain PyTorch (imports torch only); model files are ``model_files``."""
 
-``weights`` (model-file I/O) is imported here so that ``YOLO11.from_weights``, ``from_ultralytics`` and
-``save_weights`` exist whichever submodule is imported first.
-"""
-
-from yolo11_lightning.nn import weights
 from yolo11_lightning.nn.attention import C2PSA, Attention, PSABlock
 from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv, Proto
-from yolo11_lightning.nn.checkpoint import CheckpointError
 from yolo11_lightning.nn.head import DFL, Detect, Segment, SegmentOutput
 from yolo11_lightning.nn.yolo11 import SCALES, TASKS, YOLO11
 
@@ -22,7 +16,6 @@ __all__ = [
     "Bottleneck",
     "C3k",
     "C3k2",
-    "CheckpointError",
     "Concat",
     "Conv",
     "DWConv",
@@ -31,5 +24,4 @@ __all__ = [
     "Proto",
     "Segment",
     "SegmentOutput",
-    "weights",
 ]

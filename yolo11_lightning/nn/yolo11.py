@@ -1,6 +1,6 @@
 """YOLO11: the detector (and its segmentation variant) at scales n/s/m/l/x, its builder and BN fusion.
 
-Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``nn.weights``, which
+Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``model_files.weights``, which
 also provides ``YOLO11.from_weights``, ``YOLO11.from_ultralytics`` and ``YOLO11.save_weights``.
 """
 

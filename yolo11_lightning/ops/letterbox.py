@@ -1,7 +1,7 @@
 """The letterbox inverse: boxes in the letterboxed network input -> original image pixels.
 
 A letterboxed image is the original resized by ``scale`` (one factor, or one per axis) and padded by
-``pad = (left, top)`` pixels (``data.transforms.letterbox``); the batch carries both per image
+``pad = (left, top)`` pixels (``data.augment.transforms.letterbox``); the batch carries both per image
 (``data.batch.ImageBatch``), so a box maps back as ``(xy - pad) / scale``, clipped to the original size.
 """
 

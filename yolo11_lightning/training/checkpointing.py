@@ -88,7 +88,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         map_location: Any | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Load with the checks of ``nn.torch_file.load`` (archive, claimed sizes, restricted unpickler), then
+        """Load with the checks of ``model_files.torch_file.load`` (archive, claimed sizes, restricted unpickler), then
         torch's ``weights_only=True`` loader on the same open file; CheckpointError naming the file.
 
         ``weights_only=False`` passed explicitly (a caller that trusts the file) and ``http(s)`` URLs keep
@@ -96,7 +96,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         """
         from lightning.fabric.utilities.cloud_io import get_filesystem
 
-        from yolo11_lightning.nn.torch_file import load
+        from yolo11_lightning.model_files.torch_file import load
 
         target = str(path)
         if weights_only is False or target.startswith(("http://", "https://")):

@@ -8,7 +8,7 @@ kernel. With mmap off and trimming off, freed blocks stay in the heap and the ne
 (the same idea as the jemalloc settings ``torch.backends.xeon.run_cpu`` uses). The cost: the process
 keeps its peak memory until it exits, which a training process reaches every step anyway.
 
-Process-wide, so it is switched on only when a run trains on a CPU (``training.machine.MachineSettings``,
+Process-wide, so it is switched on only when a run trains on a CPU (``training.callbacks.machine.MachineSettings``,
 ``--machine.keep_host_memory``); GPU training allocates activations on the device and is not affected.
 """
 

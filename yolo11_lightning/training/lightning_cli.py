@@ -18,19 +18,19 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.packaged_configs import packaged_config_names
-from yolo11_lightning.training.checkpoint_callbacks import BestCheckpoint, LastCheckpoint
+from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
+from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
+from yolo11_lightning.training.callbacks.machine import MachineSettings
+from yolo11_lightning.training.callbacks.throughput import Throughput
 from yolo11_lightning.training.checkpointing import (
     continue_logger_version,
     find_last_checkpoint,
     use_atomic_checkpoints,
 )
-from yolo11_lightning.training.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
-from yolo11_lightning.training.machine import MachineSettings
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
-from yolo11_lightning.training.throughput import Throughput
 
 # Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
 TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}

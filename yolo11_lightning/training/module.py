@@ -17,15 +17,17 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
+from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.nn import YOLO11
-from yolo11_lightning.onnx_runner import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.training.callbacks import UnreadableImages, ValidationImages
-from yolo11_lightning.training.ema import ModelEMA
-from yolo11_lightning.training.evaluation import DetectionMAP
+from yolo11_lightning.training.callbacks.ema import ModelEMA
+from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings, compile_in_place
+from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
+from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImages
+from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
-from yolo11_lightning.training.machine import MACHINE_DEFAULTS, MachineSettings, compile_in_place
+from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
@@ -33,10 +35,9 @@ from yolo11_lightning.training.optim import (
     build_optimizer,
     nominal_accumulation,
 )
-from yolo11_lightning.training.recipe import ReferenceRecipe, global_batch_size
+from yolo11_lightning.training.pretrained import load_pretrained
 from yolo11_lightning.training.step_exchange import StepExchange
 from yolo11_lightning.training.tasks import get_task
-from yolo11_lightning.training.weights import load_pretrained
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,7 @@ class YOLO11Module(L.LightningModule):
             checkpoints), it overrides the DataModule's value, with a deprecation warning.
         conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
         reference_style_map: also log ``val/mAP50-95_reference_style`` (and ``test/``), the mAP by the
-            reference validator's rules, beside the COCO one (``training.reference_ap``).
+            reference validator's rules, beside the COCO one (``training.metrics.reference_ap``).
         grad_clip_norm: gradient norm clip (0 disables).
         log_images: validation images drawn with predictions each epoch (0 disables).
         max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
@@ -87,7 +88,7 @@ class YOLO11Module(L.LightningModule):
         channels_last: keep weights and activations in NHWC memory layout (on by default: +20-30% training
             images/s on oneDNN CPUs, the layout Tensor Cores want; the numbers stay the same up to float
             rounding). Turn off to train in PyTorch's default NCHW layout.
-        compile, keep_host_memory: deprecated, machine settings now (``training.machine.MachineSettings``,
+        compile, keep_host_memory: deprecated, machine settings now (``training.callbacks.machine.MachineSettings``,
             ``--machine.compile`` / ``--machine.keep_host_memory``), not saved in checkpoints. When given with a
             value other than the default, they override the run's ``MachineSettings``, with a warning.
         task: ``detect`` or ``segment`` (``configs/model/yolo11*-seg.yaml``); must match the data's task (the
@@ -196,10 +197,10 @@ class YOLO11Module(L.LightningModule):
         """Lightning's ``load_from_checkpoint``, after the file passed the guarded reader.
 
         Lightning reads the file with its own loader, not the strategy's checkpoint IO; the guard
-        (``nn.torch_file.load``: archive layout, claimed sizes, restricted unpickler) refuses a crafted file
+        (``model_files.torch_file.load``: archive layout, claimed sizes, restricted unpickler) refuses a crafted file
         first, with an error naming it. Then Lightning restores it with ``weights_only=True``.
         """
-        from yolo11_lightning.nn.torch_file import load
+        from yolo11_lightning.model_files.torch_file import load
 
         if isinstance(checkpoint_path, str | os.PathLike) and "://" not in str(checkpoint_path):
             load(checkpoint_path, map_location="cpu")  # raises CheckpointError on anything but plain data

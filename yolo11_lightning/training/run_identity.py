@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from yolo11_lightning.nn import torch_file
+from yolo11_lightning.model_files import torch_file
 
 # Model/data keys that may differ between a checkpoint and the run resuming it: loader and machine settings,
 # what to draw, where pretrained weights came from (a resume reads its weights from the checkpoint), and how

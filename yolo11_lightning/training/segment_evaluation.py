@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 from torchmetrics.detection import MeanAveragePrecision
 
-from yolo11_lightning.training.evaluation import DetectionMAP
+from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 __all__ = ["SegmentationMAP", "decode_runs", "mask_runs"]
 

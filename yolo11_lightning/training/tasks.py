@@ -25,7 +25,7 @@ from yolo11_lightning.nn.yolo11 import NUM_MASKS
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.masks import image_target_masks, masks_at_protos, segment_image
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.training.evaluation import DetectionMAP
+from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.segment_evaluation import SegmentationMAP
 
 if TYPE_CHECKING:

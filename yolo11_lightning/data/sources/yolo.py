@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.image_io import IMAGE_EXTENSIONS, ImageReadError, probe_image
+from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS, ImageReadError, probe_image
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError

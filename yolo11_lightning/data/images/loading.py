@@ -1,0 +1,150 @@
+"""``RecordImageLoader``: reading a dataset record's image (retries, reduced decode, resize, substitutes).
+
+The loading half of ``DetectionDataset`` (a mixin of it): it reads the attributes ``DetectionDataset``
+sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``task``,
+``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode`` and the per-process
+``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from yolo11_lightning.data.augment.pipeline import Labelled
+from yolo11_lightning.data.augment.transforms import resize_long_side, xywhn_to_xyxy
+from yolo11_lightning.data.eval_shapes import eval_resize, eval_resized_shape
+from yolo11_lightning.data.images.cache import resized_shape
+from yolo11_lightning.data.images.io import ImageReadError, decode_scale, read_image_retrying
+from yolo11_lightning.data.polygons import RESAMPLE_POINTS, resample_all, to_pixels, with_box_outlines
+from yolo11_lightning.data.sampling.seeds import substitute_index
+from yolo11_lightning.data.sources.records import ImageRecord
+
+# First entropy word of the generator choosing the substitute of an unreadable training image.
+SUBSTITUTE_STREAM = 2
+# Candidates tried in turn for an unreadable training image before a blank image stands in.
+MAX_SUBSTITUTE_TRIES = 16
+# ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
+BLANK_SUBSTITUTE = -2
+
+
+class RecordImageLoader:
+    """Mixin of ``DetectionDataset``: a record's image, decoded, resized, or substituted when unreadable."""
+
+    def load_resized(self, index: int) -> tuple[np.ndarray, float]:
+        """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r).
+
+        Evaluation resizes as the reference validator (``eval_shapes.eval_resize``; r is its gain h' / h).
+        """
+        if self.image_cache is not None:
+            rec = self.records[index]
+            shape = resized_shape if self.augment else eval_resized_shape
+            return self.image_cache[index], shape(rec.height, rec.width, self.image_size, self.scaleup)[2]
+        hit = self._decoded.get(index)
+        if hit is not None:
+            self._decoded.move_to_end(index)
+            return hit
+        rec = self.records[index]
+        known = self._unreadable.get(index) if self.augment else None  # evaluation: always read again
+        if known is not None:
+            raise ImageReadError(rec.path, known)
+        try:
+            image, f = self._read(rec.path, rec.height, rec.width)
+            if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
+                raise ImageReadError(
+                    rec.path,
+                    f"decoded size {image.shape[:2]} differs from the record's ({rec.height}, {rec.width}); "
+                    "the file changed since the label cache was built",
+                )
+        except ImageReadError as e:
+            self._unreadable[index] = e.reason
+            raise
+        if self.augment:  # a reduced decode (f > 1) only happens in training
+            item = self._resize(image, rec.height, rec.width, f)
+        else:
+            item = eval_resize(image, self.image_size, self.scaleup)
+        if self.decode_cache_size > 0:
+            self._decoded[index] = item
+            if len(self._decoded) > self.decode_cache_size:
+                self._decoded.popitem(last=False)
+        return item
+
+    def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
+        """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
+
+        Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
+        (``image_io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
+        check then expects ceil(height / f) x ceil(width / f).
+        """
+        if not (self.augment and self.reduced_decode):
+            return read_image_retrying(path, self.read_attempts, self.retry_backoff_s), 1
+        image = read_image_retrying(path, self.read_attempts, self.retry_backoff_s, self.image_size)
+        return image, 1 if image.shape[:2] == (height, width) else decode_scale(
+            height, width, self.image_size
+        )
+
+    def _resize(self, image: np.ndarray, height: int, width: int, f: int) -> tuple[np.ndarray, float]:
+        """The record's (height, width) image, decoded at 1/f scale: resized to long side ``image_size``.
+
+        Shape and scale r are those of ``resize_long_side`` on the full image (``resized_shape``). Pixel i
+        of a 1/f decode covers full pixels [f i, f i + f) (the last one cut at the edge), so the resize
+        factors are those of the full image times f, not the reduced shape's ratio to the target.
+        """
+        if f == 1:
+            return resize_long_side(image, self.image_size, self.scaleup)
+        new_h, new_w, r = resized_shape(height, width, self.image_size, self.scaleup)
+        fx, fy = new_w * f / width, new_h * f / height
+        if fx != 1.0 or fy != 1.0:
+            image = cv2.resize(image, None, fx=fx, fy=fy, interpolation=cv2.INTER_LINEAR)
+        return image[:new_h, :new_w], r
+
+    def _load_labelled(self, index: int) -> Labelled:
+        image, r = self.load_resized(index)
+        rec = self.records[index]
+        boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
+        if self.task != "segment":
+            return Labelled(image, boxes, rec.classes)
+        return Labelled(image, boxes, rec.classes, self._pixel_polygons(rec, rec.width * r, rec.height * r))
+
+    @staticmethod
+    def _pixel_polygons(rec: ImageRecord, width: float, height: float) -> np.ndarray:
+        """The record's outlines in pixels of a width x height image, box rectangles for missing ones,
+        resampled: (n, M, 2) float32, M = ``RESAMPLE_POINTS`` (more for longer outlines)."""
+        boxes = xywhn_to_xyxy(rec.boxes, width, height)
+        return resample_all(with_box_outlines(to_pixels(rec.polygons, width, height), boxes), RESAMPLE_POINTS)
+
+    def _substituting_loader(
+        self, epoch: int, substitutes: dict[int, int], unreadable: list[tuple[str, str]]
+    ):
+        """``_load_labelled`` that replaces an unreadable image by its first readable substitute.
+
+        Records ``substitutes[index] = substitute`` and ``(path, reason)`` of every image it could not read.
+        When ``MAX_SUBSTITUTE_TRIES`` candidates fail too, a blank image without labels stands in
+        (``BLANK_SUBSTITUTE``).
+        """
+
+        def load(index: int) -> Labelled:
+            try:
+                return self._load_labelled(index)
+            except ImageReadError as e:
+                unreadable.append((e.path, e.reason))
+            for attempt in range(MAX_SUBSTITUTE_TRIES):
+                candidate = substitute_index(self.seed, epoch, index, attempt, len(self))
+                try:
+                    sample = self._load_labelled(candidate)
+                except ImageReadError as e:
+                    unreadable.append((e.path, e.reason))
+                    continue
+                substitutes[index] = candidate
+                return sample
+            # Most of the data is gone. Raising here would end this rank alone (the others would wait in
+            # their next collective): a blank sample instead, counted like a substitute, lets the
+            # substitution limit stop every rank together.
+            substitutes[index] = BLANK_SUBSTITUTE
+            rec = self.records[index]
+            height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
+            blank = np.full((height, width, 3), 114, np.uint8)
+            polygons = np.zeros((0, RESAMPLE_POINTS, 2), np.float32) if self.task == "segment" else None
+            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), polygons)
+
+        return load

@@ -1,0 +1,238 @@
+"""A small synthetic detection (or segmentation) dataset: filled shapes on a noisy gradient, exact labels.
+
+The built-in dataset of the quickstart, the notebook and the tests. Each class is a shape
+(rectangle, ellipse, triangle, ...) painted in its own hue band (with jittered hue, saturation,
+brightness and size), bright on a dark background, objects never overlapping: a tiny detector
+learns it in a few epochs. A box is the exact extent of the painted pixels (drawn without
+anti-aliasing), in pixel edges: ``x1 = min column``, ``x2 = max column + 1``.
+
+The segmentation set (``task="segment"``, ``synthetic --task segment``) paints the same shapes as
+polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
+each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
+polygon, whose extent is the box. Its images are its own (another random stream).
+
+Deterministic: image i of a split depends only on (seed, split, i), so changing the number of
+images does not change the others. Layout written under ``out_dir``::
+
+    images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml
+    {train,val}.json  coco.yaml     (with coco=True: the same images described as COCO json)
+
+This module writes the folder (labels, yamls, COCO json, the ``synthetic`` CLI); ``data.synthetic.painter``
+paints the images.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import yaml
+
+from yolo11_lightning.data.synthetic.painter import (
+    SYNTHETIC_CLASS_NAMES as SYNTHETIC_CLASS_NAMES,  # re-exported: moved there
+)
+from yolo11_lightning.data.synthetic.painter import _polygon_area, _sample, _segment_sample
+
+SYNTHETIC_YAML = "data.yaml"
+SYNTHETIC_COCO_YAML = "coco.yaml"
+_MARKER = "synthetic.json"  # the parameters the folder was generated with (written last)
+_SPLITS = ("train", "val")
+TASKS = ("detect", "segment")
+
+
+def synthetic_class_names(num_classes: int = 3) -> list[str]:
+    """Class names of a synthetic dataset with ``num_classes`` classes."""
+    if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
+        raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
+    return list(SYNTHETIC_CLASS_NAMES[:num_classes])
+
+
+@dataclass(frozen=True)
+class _Params:
+    num_train: int
+    num_val: int
+    height: int
+    width: int
+    num_classes: int
+    seed: int
+    max_objects: int
+    min_objects: int
+    coco: bool
+    task: str = "detect"
+
+    def marker(self) -> dict:
+        """What ``synthetic.json`` records; a detection set's marker has no ``task`` (as before it existed)."""
+        out = asdict(self)
+        if out["task"] == "detect":
+            del out["task"]
+        return out
+
+
+def _write_split(
+    out: Path, params: _Params, split_index: int, split: str, count: int, category_ids: list[int]
+):
+    for kind, ext in (("images", "png"), ("labels", "txt")):
+        (out / kind / split).mkdir(parents=True, exist_ok=True)
+        for stale in (out / kind / split).glob(f"{split}_*.{ext}"):  # from an earlier, larger run
+            stale.unlink()
+    coco = {"images": [], "annotations": [], "categories": []}
+    for i in range(count):
+        outlines = None
+        if params.task == "segment":
+            image, classes, outlines = _segment_sample(params, split_index, i)
+            boxes = np.array([[*o.min(0), *o.max(0)] for o in outlines], np.float64).reshape(-1, 4)
+        else:
+            image, classes, boxes = _sample(params, split_index, i)
+        name = f"{split}_{i:05d}"
+        cv2.imwrite(str(out / "images" / split / f"{name}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+        h, w = image.shape[:2]
+        if outlines is None:
+            rows = [
+                f"{c} {(x1 + x2) / 2 / w:.10f} {(y1 + y2) / 2 / h:.10f} {(x2 - x1) / w:.10f} {(y2 - y1) / h:.10f}"
+                for c, (x1, y1, x2, y2) in zip(classes, boxes)
+            ]
+        else:
+            rows = [
+                f"{c} " + " ".join(f"{x / w:.10f} {y / h:.10f}" for x, y in outline)
+                for c, outline in zip(classes, outlines)
+            ]
+        (out / "labels" / split / f"{name}.txt").write_text("".join(r + "\n" for r in rows))
+        coco["images"].append(
+            {"id": i + 1, "file_name": f"images/{split}/{name}.png", "width": w, "height": h}
+        )
+        for k, (c, (x1, y1, x2, y2)) in enumerate(zip(classes, boxes)):
+            ann = {
+                "id": len(coco["annotations"]) + 1,
+                "image_id": i + 1,
+                "category_id": category_ids[c],
+                "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                "area": float((x2 - x1) * (y2 - y1)),
+                "iscrowd": 0,
+            }
+            if outlines is not None:
+                ann["segmentation"] = [[float(v) for v in outlines[k].reshape(-1)]]
+                ann["area"] = _polygon_area(outlines[k])
+            coco["annotations"].append(ann)
+    if params.coco:
+        names = synthetic_class_names(params.num_classes)
+        coco["categories"] = [{"id": cid, "name": n} for cid, n in zip(category_ids, names)]
+        (out / f"{split}.json").write_text(json.dumps(coco))
+
+
+def already_written(
+    out: Path, marker: Path, yaml_path: Path, expected: dict, counts: tuple[int, int]
+) -> bool:
+    """Whether ``out`` holds a finished set of these parameters: the marker (written last) equals
+    ``expected``, the yaml exists and ``images/{train,val}`` hold ``counts`` PNGs."""
+    try:
+        same = json.loads(marker.read_text()) == expected and yaml_path.is_file()
+    except (OSError, ValueError):
+        return False
+    found = tuple(len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS)
+    return same and found == tuple(counts)
+
+
+def make_synthetic_dataset(
+    out_dir: str | Path,
+    num_train: int = 64,
+    num_val: int = 16,
+    image_size: int | tuple[int, int] = 128,
+    num_classes: int = 3,
+    seed: int = 0,
+    max_objects: int = 4,
+    min_objects: int = 1,
+    coco: bool = False,
+    task: str = "detect",
+) -> Path:
+    """Write the dataset (module docstring) and return the path of its YOLO dataset yaml.
+
+    ``image_size`` is an int or (height, width). With ``coco=True`` the same images are also
+    described by ``train.json``/``val.json`` (category ids 1, 3, 5, ...: deliberately not
+    contiguous) and ``coco.yaml``. ``task="segment"`` writes the segmentation set instead: rotated
+    shapes labelled with their exact outlines (YOLO-seg rows, COCO ``segmentation`` polygons). A folder
+    already generated with the same parameters is reused as is (its files, hence label caches, stay
+    untouched).
+    """
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    names = synthetic_class_names(num_classes)
+    height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)
+    if min(height, width) < 16 or not 0 <= min_objects <= max_objects:
+        raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
+    params = _Params(
+        num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco, task
+    )
+    out = Path(out_dir)
+    marker = out / _MARKER
+    yaml_path = out / SYNTHETIC_YAML
+    if already_written(out, marker, yaml_path, params.marker(), (num_train, num_val)):
+        return yaml_path
+    out.mkdir(parents=True, exist_ok=True)
+    marker.unlink(missing_ok=True)
+    category_ids = [2 * k + 1 for k in range(num_classes)]
+    for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
+        _write_split(out, params, split_index, split, count, category_ids)
+    # No `path`: the root is the yaml's folder (here and in the reference), so the folder can move.
+    yaml_path.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))
+    if coco:  # no `names`: the class list comes from the json categories
+        (out / SYNTHETIC_COCO_YAML).write_text(yaml.safe_dump({"train": "train.json", "val": "val.json"}))
+    marker.write_text(json.dumps(params.marker()))
+    return yaml_path
+
+
+def make_synthetic_coco(out_dir: str | Path, **kwargs) -> Path:
+    """Same as ``make_synthetic_dataset(coco=True)`` but returns the COCO dataset yaml."""
+    make_synthetic_dataset(out_dir, coco=True, **kwargs)
+    return Path(out_dir) / SYNTHETIC_COCO_YAML
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``yolo11-lightning synthetic --out DIR [--hard] [--train N --val N --size S --seed S ...]``."""
+    p = argparse.ArgumentParser(prog="yolo11-lightning synthetic", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True, help="output folder")
+    p.add_argument("--train", type=int, default=64, help="number of training images")
+    p.add_argument("--val", type=int, default=16, help="number of validation images")
+    p.add_argument("--size", type=int, nargs="+", help="image size: S, or H W (default 128; --hard: 192 256)")
+    p.add_argument("--classes", type=int, default=3, help=f"1..{len(SYNTHETIC_CLASS_NAMES)}")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-objects", type=int, help="default 4; --hard: 7")
+    p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
+    p.add_argument(
+        "--task", choices=TASKS, default="detect",
+        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation)",
+    )  # fmt: skip
+    p.add_argument(
+        "--hard", action="store_true",
+        help="the harder set of yolo11_lightning.data.synthetic.hard (5 look-alike classes, clutter, "
+        "overlaps; --classes and --coco do not apply)",
+    )  # fmt: skip
+    args = p.parse_args(argv)
+    if args.size is not None and len(args.size) not in (1, 2):
+        p.error("--size takes S or H W")
+    if args.hard and args.coco:
+        p.error("--coco is not available with --hard")
+    if args.hard and args.task != "detect":
+        p.error("--task segment is not available with --hard")
+    sizes = args.size or ([192, 256] if args.hard else [128])
+    size = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
+    try:
+        if args.hard:
+            from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
+
+            path = make_hard_synthetic_dataset(
+                args.out, args.train, args.val, size, args.seed, max_objects=args.max_objects or 7
+            )
+        else:
+            path = make_synthetic_dataset(
+                args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects or 4,
+                coco=args.coco, task=args.task,
+            )  # fmt: skip
+    except ValueError as e:
+        p.error(str(e))
+    print(Path(args.out) / SYNTHETIC_COCO_YAML if args.coco else path)
+    return 0

@@ -1,0 +1,175 @@
+"""ONNX export of a ``YOLO11``, and its parity with PyTorch under ONNX Runtime.
+
+Input ``images`` float (B, 3, H, W) RGB in [0, 1]; output ``output0`` (B, 4 + nc, A), xywh boxes in input pixels
+then class scores (no NMS), exactly ``YOLO11.eval()``'s output. A segmentation model has two outputs,
+``output0`` (B, 4 + nc + 32, A) (each anchor's 32 mask coefficients after the scores) and ``output1`` the
+prototypes (B, 32, H/4, W/4), and the metadata says ``task: segment``. The batch axis is dynamic; the image size
+is fixed at export (the anchor grid becomes constants) unless ``dynamic=True``, which makes height and width
+free axes (multiples of 32; the anchor grid is then computed in the graph). The metadata (``export.metadata``)
+holds the keys the reference's ONNX loader reads, beside ours, so its ``YOLO("model.onnx", task="detect")``
+predicts and validates the file. Imports torch (and onnx/onnxruntime when present), never Lightning.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from yolo11_lightning.export.metadata import metadata_props
+from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.version import package_version
+
+__all__ = [
+    "ONNX_INPUT",
+    "ONNX_OUTPUT",
+    "ONNX_PROTOS",
+    "export_onnx",
+    "onnx_max_abs_diff",
+    "onnx_output_diffs",
+    "onnx_output_names",
+    "onnx_tolerance",
+]
+
+ONNX_INPUT, ONNX_OUTPUT = "images", "output0"
+ONNX_PROTOS = "output1"  # a segmentation model's second output, the mask prototypes
+
+
+def onnx_output_names(model: YOLO11) -> list[str]:
+    """``["output0"]`` for a detector, ``["output0", "output1"]`` (predictions, protos) for a segmenter."""
+    return [ONNX_OUTPUT, ONNX_PROTOS] if model.task == "segment" else [ONNX_OUTPUT]
+
+
+def _cpu_copy(model: YOLO11) -> YOLO11:
+    """A float32 eval-mode copy of ``model`` on the CPU: exporting and checking leave the caller's model (a GPU
+    model in a notebook, a half-precision one, one in train mode) as it was."""
+    return copy.deepcopy(model).float().cpu().eval()
+
+
+def _eval_outputs(model: YOLO11, images: torch.Tensor) -> list[torch.Tensor]:
+    """The eval outputs of ``model`` on the CPU as a list, in ``onnx_output_names`` order."""
+    with torch.no_grad():
+        out = _cpu_copy(model)(images.float().cpu())
+    return list(out) if isinstance(out, tuple | list) else [out]
+
+
+def export_onnx(
+    model: YOLO11,
+    path: str | os.PathLike,
+    image_size: int | tuple[int, int] = 640,
+    opset: int = 17,
+    dynamic: bool = False,
+) -> Path:
+    """Export ``model`` (eval mode) to ONNX with a dynamic batch axis, traced at ``image_size`` (S or (H, W)).
+
+    ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
+    ``image_size``. Uses the TorchScript-based exporter (no extra dependency). The metadata
+    (``onnx_metadata.metadata_props``) is written when the ``onnx`` package is installed. A float32 CPU copy is
+    traced: ``model`` keeps its device, dtype and mode.
+    """
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+    model = _cpu_copy(model)
+    model.check_input(torch.zeros(1, 3, height, width, device="meta"))  # clear error for a bad size
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dummy = torch.zeros(1, 3, height, width)
+    outputs = onnx_output_names(model)
+    axes = {ONNX_INPUT: {0: "batch"}, **{name: {0: "batch"} for name in outputs}}
+    if dynamic:
+        axes = {ONNX_INPUT: {0: "batch", 2: "height", 3: "width"}, ONNX_OUTPUT: {0: "batch", 2: "anchors"}}
+        if ONNX_PROTOS in outputs:
+            axes[ONNX_PROTOS] = {0: "batch", 2: "proto_height", 3: "proto_width"}
+    with warnings.catch_warnings():
+        # Expected: the legacy exporter announces its deprecation, and the tracer notes that shape checks (and,
+        # at a fixed size, the anchor grid) become constants, which is what tracing at one size means.
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        torch.onnx.export(
+            model,
+            (dummy,),
+            str(path),
+            dynamo=False,
+            input_names=[ONNX_INPUT],
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=opset,
+            do_constant_folding=True,
+        )
+    _add_metadata(path, model, (height, width), dynamic, opset)
+    return path
+
+
+def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: bool, opset: int) -> None:
+    try:
+        import onnx
+    except ImportError:  # metadata is a convenience; the graph is complete without it
+        return
+    proto = onnx.load(str(path))
+    props = metadata_props(
+        scale=model.scale,
+        names=model.names or [str(i) for i in range(model.num_classes)],
+        size=size,
+        stride=max(model.strides),
+        dynamic=dynamic,
+        opset=opset,
+        version=package_version(),
+        task=model.task,
+    )
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    # Shape inference leaves the channel axes (4 + nc [+ 32], 32) and the spatial ones symbolic; all are known
+    # except those of a file with free height and width.
+    segment = model.task == "segment"
+    num_masks = model.head.nm if segment else 0
+    known = [{1: 4 + model.num_classes + num_masks}]
+    if not dynamic:
+        known[0][2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
+    if segment:
+        known.append({1: num_masks} if dynamic else {1: num_masks, 2: size[0] // 4, 3: size[1] // 4})
+    for output, axes in zip(proto.graph.output, known):
+        dims = output.type.tensor_type.shape.dim
+        for axis, value in axes.items():
+            dims[axis].ClearField("dim_param")
+            dims[axis].dim_value = value
+    proto.ir_version = min(proto.ir_version, 10)  # newer IR versions are refused by older ONNX Runtimes
+    onnx.save(proto, str(path))
+
+
+def onnx_max_abs_diff(model: YOLO11, onnx_path: str | os.PathLike, images: torch.Tensor) -> float:
+    """Largest |ONNX Runtime - PyTorch| over the eval outputs (both, for a segmenter) for float ``images``
+    (B, 3, H, W)."""
+    return max(onnx_output_diffs(model, onnx_path, images).values())
+
+
+def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch.Tensor) -> dict[str, float]:
+    """Output name -> largest |ONNX Runtime - PyTorch| of that output for float ``images`` (B, 3, H, W).
+
+    Raises ValueError naming the file when its outputs differ in number or shape from the model's.
+    """
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    expected = [t.numpy() for t in _eval_outputs(model, images)]
+    names = [o.name for o in session.get_outputs()]
+    if len(names) != len(expected):
+        raise ValueError(f"{onnx_path}: {len(names)} outputs {names}, PyTorch gives {len(expected)}")
+    got = session.run(names, {ONNX_INPUT: images.float().cpu().numpy()})
+    diffs = {}
+    for name, a, b in zip(names, got, expected):
+        if a.shape != b.shape:
+            raise ValueError(f"{onnx_path}: output {name} shape {a.shape} differs from PyTorch's {b.shape}")
+        diffs[name] = float(np.abs(a - b).max())
+    return diffs
+
+
+def onnx_tolerance(model: YOLO11, images: torch.Tensor) -> float:
+    """Allowed parity gap: 1e-4 plus a few float32 steps of the largest output (boxes are in pixels, and at
+    640 px one float32 step is already 6e-5)."""
+    largest = max(float(t.abs().max()) for t in _eval_outputs(model, images))
+    return 1e-4 + 1e-6 * largest

@@ -1,0 +1,234 @@
+"""Reading reference (Ultralytics) YOLO11 checkpoints without the reference package.
+
+A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled
+``DetectionModel`` (or ``SegmentationModel``) in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
+unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
+to rebuild the state dict (keys ``model.<layer>.<path>``), infer task, scale and class count from the
+tensors (a ``proto`` in the head means segmentation) and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23). The model's
+expected state dicts come from the caller (``model_files.weights``): this module does not import the model.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+from yolo11_lightning.model_files import torch_file
+from yolo11_lightning.model_files.safe_pickle import StandIn
+from yolo11_lightning.model_files.torch_file import CheckpointError
+
+__all__ = [
+    "HEAD_INDEX",
+    "TASK_NAMES",
+    "CheckpointError",
+    "WrongTaskError",
+    "infer_and_map",
+    "load_reference",
+    "rename_key",
+]
+
+HEAD_INDEX = 23  # reference index of the Detect layer
+_MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
+# Tasks we read: our name -> (the word in messages, the reference model class, an example file).
+TASK_NAMES = {
+    "detect": ("detection", "DetectionModel", "yolo11n.pt"),
+    "segment": ("segmentation", "SegmentationModel", "yolo11n-seg.pt"),
+}
+_MODEL_TASKS = {cls: task for task, (_, cls, _) in TASK_NAMES.items()}
+_PROTO_KEY = f"model.{HEAD_INDEX}.proto.cv1.conv.weight"  # only a Segment head has it
+# Reference model classes of other tasks (their files share the backbone, not the head).
+_TASKS = {
+    "ClassificationModel": "classification",
+    "PoseModel": "pose",
+    "OBBModel": "oriented-box (OBB)",
+    "WorldModel": "open-vocabulary (YOLO-World)",
+    "YOLOEModel": "open-vocabulary (YOLOE)",
+    "RTDETRDetectionModel": "RT-DETR",
+}
+
+
+class WrongTaskError(CheckpointError):
+    """A reference file of another task (segmentation, classification, ...); ``task`` names it."""
+
+    def __init__(self, message: str, task: str) -> None:
+        super().__init__(message)
+        self.task = task
+
+
+def load_reference(
+    source: str | os.PathLike | Mapping[str, Any], any_task: bool = False, task: str | None = None
+) -> tuple[dict[str, Tensor], list[str] | None, str]:
+    """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors.
+
+    A pickled model of a task we do not read (classification, pose, ...), or of another task than ``task``
+    when it is given, raises WrongTaskError unless ``any_task``.
+    """
+    if isinstance(source, Mapping):
+        return _extract(source, "state dict", any_task, task)
+    label = os.fspath(source)
+    if not os.path.isfile(label):
+        raise CheckpointError(f"{label}: no such checkpoint file")
+    obj = torch_file.load_reference(label)  # CheckpointError naming the file: unsafe, truncated, ...
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{label}: expected a dict, the file holds a {type(obj).__name__}")
+    return _extract(obj, label, any_task, task)
+
+
+def _extract(
+    obj: Mapping[str, Any], label: str, any_task: bool = False, wanted: str | None = None
+) -> tuple[dict[str, Tensor], list[str] | None, str]:
+    """Find the model in a loaded checkpoint dict (``ema`` first, as the reference does) or accept a
+    plain state dict."""
+    if "ema" in obj or "model" in obj:
+        entry_name = "ema" if obj.get("ema") is not None else "model"
+        entry = obj.get(entry_name)
+        if isinstance(entry, StandIn):
+            cls_name = entry.qualname.rpartition(".")[2]
+            task = _TASKS.get(cls_name)
+            ours = _MODEL_TASKS.get(cls_name)
+            if ours is not None and wanted is not None and ours != wanted:
+                task = TASK_NAMES[ours][0]
+            if task is not None and not any_task:
+                raise WrongTaskError(
+                    f"{label}: holds a {task} model ({entry.qualname}), {_not_a(wanted)}", task
+                )
+            state, names = _walk_module(entry, f"{label}['{entry_name}']")
+            return state, names, f"{label}['{entry_name}'] ({entry.qualname})"
+        if isinstance(entry, Mapping):
+            return _tensor_dict(entry, f"{label}['{entry_name}']"), None, f"{label}['{entry_name}']"
+        raise CheckpointError(
+            f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
+        )
+    return _tensor_dict(obj, label), None, label
+
+
+def _not_a(wanted: str | None) -> str:
+    """The tail of a wrong-task message: what was wanted and which file to use."""
+    word, _, example = TASK_NAMES[wanted or "detect"]
+    if wanted is None:
+        return "not a detection or segmentation model; use a detection or segmentation file (yolo11n.pt, yolo11n-seg.pt)"
+    other = (
+        "not yolo11n-seg.pt or yolo11n-cls.pt" if wanted == "detect" else "not yolo11n.pt or yolo11n-cls.pt"
+    )
+    return f"not a {word} model; use a {word} file ({example}, {other})"
+
+
+def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
+    bad = [k for k, v in obj.items() if not isinstance(k, str) or not isinstance(v, Tensor)]
+    if bad:
+        raise CheckpointError(
+            f"{label}: not a state dict: entry {bad[0]!r} is a {type(obj[bad[0]]).__name__}, not a tensor"
+        )
+    return dict(obj)
+
+
+def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str] | None]:
+    """State dict of a pickled nn.Module stand-in tree, and its ``names`` attribute as a list."""
+    if not isinstance(root.state, dict) or "_modules" not in root.state:
+        raise CheckpointError(f"{label}: {root.qualname} is not a pickled torch module")
+    out: dict[str, Tensor] = {}
+    stack: list[tuple[str, Any]] = [("", root)]
+    seen = 0
+    while stack:
+        prefix, module = stack.pop()
+        seen += 1
+        if seen > _MAX_MODULES:
+            raise CheckpointError(f"{label}: more than {_MAX_MODULES} modules, not a YOLO11 model")
+        state = module.state if isinstance(module, StandIn) else None
+        if not isinstance(state, dict):
+            raise CheckpointError(
+                f"{label}: submodule {prefix.rstrip('.') or '<root>'} is not a pickled module"
+            )
+        skip = state.get("_non_persistent_buffers_set") or set()
+        for group in ("_parameters", "_buffers"):
+            for name, value in (state.get(group) or {}).items():
+                if value is None or (group == "_buffers" and name in skip):
+                    continue
+                if not isinstance(value, Tensor):
+                    raise CheckpointError(
+                        f"{label}: {prefix}{name} is a {type(value).__name__}, not a tensor"
+                    )
+                out[f"{prefix}{name}"] = value
+        children = [(f"{prefix}{name}.", child) for name, child in (state.get("_modules") or {}).items()]
+        stack.extend(c for c in reversed(children) if c[1] is not None)
+    return out, _names(root.state.get("names"))
+
+
+def _names(names: Any) -> list[str] | None:
+    """Reference names are {index: name}; a list[str] when the indices are exactly 0..n-1."""
+    if isinstance(names, Mapping) and sorted(names) == list(range(len(names))):
+        names = [names[i] for i in range(len(names))]
+    if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
+        return list(names)
+    return None
+
+
+def rename_key(key: str) -> str:
+    """``model.<i>.<path>`` -> ``layers.<i>.<path>``, or ``head.<path>`` for the Detect layer."""
+    _, index, rest = key.split(".", 2)
+    return f"head.{rest}" if int(index) == HEAD_INDEX else f"layers.{index}.{rest}"
+
+
+def infer_and_map(
+    state: Mapping[str, Tensor],
+    label: str,
+    expected_state: Callable[[str, int, str], Mapping[str, Tensor]],
+    scales: Iterable[str],
+) -> tuple[str, int, str, dict[str, Tensor]]:
+    """Infer (scale, num_classes, task) from a reference state dict and return them with it under our keys,
+    in fp32. The task is "segment" when the head has a ``proto`` (mask prototypes), else "detect".
+
+    ``expected_state(scale, num_classes, task)`` is the state dict (shapes only: meta tensors do) the model of
+    that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
+    against what the model needs without building one, so this module never imports the model.
+    """
+    keys = list(state)
+    ref_keys = [k for k in keys if k.startswith("model.") and k.split(".")[1].isdigit() and k.count(".") >= 2]
+    if not ref_keys or len(ref_keys) != len(keys):
+        odd = next((k for k in keys if k not in set(ref_keys)), None) if ref_keys else keys[:3]
+        raise CheckpointError(
+            f"{label}: not a reference YOLO detection state dict: expected only 'model.<layer>.*' keys, "
+            f"found {odd!r}"
+        )
+    cls_key, stem_key = f"model.{HEAD_INDEX}.cv3.0.2.weight", "model.0.conv.weight"
+    for key in (cls_key, stem_key):
+        if key not in state or state[key].ndim != 4:
+            raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint: no 4-d tensor {key!r}")
+    nc = int(state[cls_key].shape[0])
+    task = "segment" if _PROTO_KEY in state else "detect"
+    ours = {rename_key(k): v for k, v in state.items()}
+    problems: list[str] = []
+    for scale in scales:
+        expected = expected_state(scale, nc, task)
+        if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
+            continue
+        problems = _compare(expected, ours)
+        if not problems:
+            return scale, nc, task, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
+        problems = [f"scale {scale}: {p}" for p in problems]
+    detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
+    raise CheckpointError(f"{label}: not a YOLO11 {TASK_NAMES[task][0]} checkpoint (nc={nc}): {detail}")
+
+
+def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:
+    """Up to six differences between our expected state dict and a renamed one, named in the file's keys."""
+    ref_name = {k: _reference_key(k) for k in (*expected, *got)}
+    missing = [ref_name[k] for k in expected if k not in got]
+    extra = [ref_name[k] for k in got if k not in expected]
+    shapes = [
+        f"{ref_name[k]!r} is {tuple(got[k].shape)}, expected {tuple(v.shape)}"
+        for k, v in expected.items()
+        if k in got and got[k].shape != v.shape
+    ]
+    out = [f"missing key {k!r}" for k in missing[:2]] + [f"unexpected key {k!r}" for k in extra[:2]]
+    return out + shapes[:2]
+
+
+def _reference_key(key: str) -> str:
+    """Inverse of ``rename_key``."""
+    if key.startswith("head."):
+        return f"model.{HEAD_INDEX}.{key[5:]}"
+    return f"model.{key[len('layers.') :]}"

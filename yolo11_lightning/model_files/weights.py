@@ -1,0 +1,301 @@
+"""Model files: every way a YOLO11 is written to or read from disk, in one place.
+
+- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (only
+  when not detection, so detection files are as before) and the fp32 state dict, plain data that
+  ``torch.load(weights_only=True)`` reads;
+- ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
+  file, a reference ``.pt``) as a YOLO11 in eval mode;
+- ``from_reference``: a reference ``.pt`` (or its state dict), detection or segmentation, the task inferred
+  from the file; read by ``model_files.reference`` which receives the expected state dicts from here and never
+  builds a model itself;
+- ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit.
+
+Every file is checked first (``model_files.torch_file``: archive structure, claimed sizes, restricted unpickler); ours
+are then read by torch's ``weights_only`` loader, reference files by our restricted one. Imports torch only;
+the model class itself does no file I/O.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+from torch import Tensor
+
+from yolo11_lightning.model_files import torch_file
+from yolo11_lightning.model_files.reference import (
+    HEAD_INDEX,
+    TASK_NAMES,
+    WrongTaskError,
+    infer_and_map,
+    load_reference,
+    rename_key,
+)
+from yolo11_lightning.model_files.torch_file import CheckpointError
+from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+
+__all__ = [
+    "CLASS_HEAD",
+    "WEIGHTS_FORMAT",
+    "WeightsMismatchError",
+    "checkpoint_model",
+    "from_reference",
+    "load_model",
+    "load_pretrained",
+    "load_weights",
+    "save_weights",
+]
+
+# Tag of a weights-only file (``save_weights``): plain types and tensors, readable with weights_only=True.
+WEIGHTS_FORMAT = "yolo11_lightning.weights/1"
+CLASS_HEAD = "head.cv3."  # the class branch: its widths depend on the class count
+_LISTED = 6  # mismatches named in a message
+log = logging.getLogger(__name__)
+Model = TypeVar("Model", bound=YOLO11)
+
+
+class WeightsMismatchError(ValueError):
+    """Pretrained weights that do not fit the model; the message says what the file holds."""
+
+
+# -- the weights-only format -------------------------------------------------------------------------------
+def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
+    """Write a weights-only file: scale, class count, names, task and the fp32 state dict, nothing else.
+
+    It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
+    code runs on loading; ``load_weights`` rebuilds the model without Lightning.
+    """
+    state = {
+        k: (v.float() if v.is_floating_point() else v).detach().cpu() for k, v in model.state_dict().items()
+    }
+    payload = {
+        "format": WEIGHTS_FORMAT,
+        "scale": model.scale,
+        "num_classes": model.num_classes,
+        "names": list(model.names) if model.names is not None else None,
+        "state_dict": state,
+    }
+    if model.task != "detect":  # detection files stay exactly as they were
+        payload["task"] = model.task
+    torch.save(payload, os.fspath(path))
+
+
+def save_weights(model: YOLO11, path: str | os.PathLike) -> Path:
+    """Write ``model`` as a weights-only file (``write_weights``), creating its folder; returns the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_weights(model, path)
+    return path
+
+
+def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> Model:
+    """Rebuild a model written by ``save_weights`` (in train mode, like any new module: call ``.eval()``).
+
+    Raises FileNotFoundError, or ValueError naming the file when it is not such a weights file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"weights file not found: {path}")
+    payload = torch_file.load(path)  # checked archive, then torch's weights_only loader; ValueError naming it
+    found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+    if found != WEIGHTS_FORMAT:
+        raise ValueError(
+            f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
+            "checkpoints and reference .pt files load with yolo11_lightning.model_files.weights.load_model"
+        )
+    task = payload.get("task", "detect")
+    model = model_class(payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task)
+    model.load_state_dict(payload["state_dict"], strict=True)
+    return model
+
+
+def load_weights(path: str | os.PathLike) -> YOLO11:
+    """A weights-only file (``export --format weights``) as a YOLO11 in eval mode; no Lightning needed."""
+    return read_weights(path).eval()
+
+
+# -- reference files ---------------------------------------------------------------------------------------
+def _expected_state(model_class: type[YOLO11]) -> Callable[[str, int, str], Mapping[str, Tensor]]:
+    def expected(scale: str, num_classes: int, task: str) -> Mapping[str, Tensor]:
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            return model_class(scale, num_classes, task=task).state_dict()
+
+    return expected
+
+
+def from_reference(
+    source: str | os.PathLike | Mapping[str, Any], model_class: type[Model] = YOLO11, task: str | None = None
+) -> Model:
+    """Build from a reference ``.pt`` file (read without running code from it) or state dict.
+
+    Task (detection or segmentation), scale and class count are inferred from the tensors; weights come back
+    in fp32, ``names`` from the file when it has them. With ``task`` a file of another task raises
+    WrongTaskError. Like any new module it is in train mode: call ``.eval()`` for decoded predictions.
+    Raises ``CheckpointError`` (a ValueError) on anything else.
+    """
+    state, names, label = load_reference(source, task=task)
+    scale, nc, found, ours = infer_and_map(state, label, _expected_state(model_class), SCALES)
+    if task is not None and found != task:  # a plain state dict: no model class to tell it earlier
+        raise WrongTaskError(
+            f"{label}: holds a {TASK_NAMES[found][0]} model, not a {TASK_NAMES[task][0]} model",
+            TASK_NAMES[found][0],
+        )
+    model = model_class(scale, nc, task=found)
+    model.load_state_dict(ours, strict=True)
+    model.names = names if names is not None and len(names) == nc else None
+    return model
+
+
+# -- any model file ----------------------------------------------------------------------------------------
+def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
+    """A YOLO11 from a loaded Lightning checkpoint of ``YOLO11Module`` (EMA weights from ``state_dict``).
+
+    A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveraging`` moves the raw ones to
+    ``current_model_state``): those averaged weights are what validation scored.
+    """
+    hparams = checkpoint.get("hyper_parameters") or {}
+    state = checkpoint.get("state_dict")
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: checkpoint has no `state_dict`")
+    ours = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
+    if not ours:
+        raise ValueError(f"{path}: no `model.*` tensors in `state_dict`; not a YOLO11Module checkpoint?")
+    scale = hparams.get("scale")
+    num_classes = hparams.get("num_classes")
+    if scale is None or num_classes is None:
+        raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`")
+    task = hparams.get("task") or "detect"  # checkpoints from before tasks are detection ones
+    model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task)
+    model.load_state_dict(ours, strict=True)
+    return model
+
+
+def load_model(path: str | os.PathLike, task: str | None = "detect") -> YOLO11:
+    """Any model file the project knows, as a YOLO11 in eval mode on the CPU.
+
+    * a Lightning ``.ckpt`` of ``YOLO11Module`` (the EMA weights),
+    * a weights-only file from ``export --format weights`` (``load_weights``),
+    * a reference ``.pt`` release file (``from_reference``, no code from the file runs).
+
+    ``task``: the task the caller handles; a file of another task raises WrongTaskError (a ValueError) saying
+    what it holds. None takes whatever task the file holds (``model.task`` tells). The default is detection,
+    what every caller handled before segmentation existed.
+
+    Raises FileNotFoundError or ValueError naming the file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"model file not found: {path}")
+    try:
+        checkpoint = torch_file.load(path)
+    except torch_file.ModelObjectsError:  # a reference release pickles model objects: its own reader
+        return from_reference(path, task=task).eval()  # raises CheckpointError (a ValueError) naming the file
+    if isinstance(checkpoint, dict) and checkpoint.get("format") == WEIGHTS_FORMAT:
+        model = read_weights(path)
+    elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
+        model = checkpoint_model(path, checkpoint)
+    else:
+        model = from_reference(path, task=task)  # a plain reference state dict, or a clear error
+    if task is not None and model.task != task:
+        word = TASK_NAMES[model.task][0]
+        raise WrongTaskError(
+            f"{path}: holds a {word} model (YOLO11-{model.scale}, {model.num_classes} classes), not a "
+            f"{TASK_NAMES[task][0]} model",
+            word,
+        )
+    return model.eval()
+
+
+# -- pretrained weights into an existing model -------------------------------------------------------------
+def load_pretrained(
+    model: YOLO11,
+    path: str | Path,
+    strict: bool = True,
+    info: Callable[[str], Any] = log.info,
+    warn: Callable[[str], Any] = warnings.warn,
+) -> tuple[int, list[str]]:
+    """Copy the tensors of ``path`` whose name and shape match into ``model``; returns (loaded, not loaded).
+
+    Weights that do not fit are refused rather than half-loaded: a file of another scale shares only the
+    BatchNorm counters, box biases and DFL weights with the model, so "something matched" means nothing. What
+    must match is every tensor outside the class branch of the head (``head.cv3.*``, whose widths follow the
+    class count and which is re-initialised when the count differs).
+
+    ``path`` is anything ``load_model`` reads (nothing from the file is executed). With ``strict``
+    every tensor outside the class branch must load, else WeightsMismatchError says ``loaded k of n
+    tensors``, the scale or task the file seems to hold and the shape mismatches. ``strict=False`` loads
+    whatever fits (even from another task's file, layer by layer) and ``warn``s about the rest. ``info``
+    receives the summary of a load that fitted (the training side passes Lightning's rank-zero loggers).
+    """
+    label = os.fspath(path)
+    source, held = _source(label, strict, model.task)
+    target = model.state_dict()
+    matched = {k: v for k, v in source.items() if k in target and v.shape == target[k].shape}
+    outside = [k for k in target if not k.startswith(CLASS_HEAD)]
+    missing = [k for k in outside if k not in matched]
+    mismatched = [
+        f"{k} {tuple(source[k].shape)} vs {tuple(target[k].shape)}"
+        for k in outside
+        if k in source and k not in matched
+    ]
+    summary = f"{label}: loaded {len(matched)} of {len(target)} tensors into YOLO11-{model.scale}"
+    if missing:
+        detail = _detail(held, model, missing, mismatched)
+        if strict:
+            raise WeightsMismatchError(
+                f"{summary}; {detail}. Pass --model.weights_strict false to load only the tensors that fit."
+            )
+        warn(f"{summary} (weights_strict off, the rest keeps its initialisation); {detail}")
+    skipped = [k for k in target if k not in matched]
+    model.load_state_dict({**target, **{k: v.to(target[k].dtype) for k, v in matched.items()}})
+    head = [k for k in skipped if k.startswith(CLASS_HEAD)]
+    if not missing:
+        reset = f"; class head re-initialised ({len(head)} tensors)" if head else ""
+        info(f"{summary} ({held}){reset}")
+    return len(matched), skipped
+
+
+def _source(label: str, strict: bool, task: str) -> tuple[dict[str, Tensor], str]:
+    """The file's tensors under our names, and what it holds (``YOLO11-s weights, 80 classes``); a file of
+    another task than ``task`` is refused unless not ``strict``."""
+    try:
+        source = load_model(label, task=task)
+    except WrongTaskError as e:
+        if strict:
+            raise WeightsMismatchError(
+                f"cannot start from {e}. Pass --model.weights_strict false to load the layers that fit."
+            ) from None
+        try:  # a reference file: its layers, matched by name and shape
+            state, _, _ = load_reference(label, any_task=True)
+            layers = {rename_key(k): v for k, v in state.items() if _is_layer_key(k)}
+        except CheckpointError:  # one of ours (weights-only file, checkpoint)
+            layers = load_model(label, task=None).state_dict()
+        return layers, f"a {e.task} model"
+    except CheckpointError as e:
+        raise WeightsMismatchError(f"cannot start from {e}") from None
+    return source.state_dict(), f"YOLO11-{source.scale} weights, {source.num_classes} classes"
+
+
+def _is_layer_key(key: str) -> bool:
+    parts = key.split(".")
+    return len(parts) >= 3 and parts[0] == "model" and parts[1].isdigit() and int(parts[1]) <= HEAD_INDEX
+
+
+def _detail(held: str, model: YOLO11, missing: list[str], mismatched: list[str]) -> str:
+    scale = held.split(" ")[0].removeprefix("YOLO11-") if held.startswith("YOLO11-") else None
+    if scale is not None and scale != model.scale:
+        reason = f"the file holds {held}, the model is YOLO11-{model.scale} (use --model.scale {scale})"
+    else:
+        reason = f"the file holds {held}"
+    shapes = (
+        f"; shape mismatches outside the class head: {', '.join(mismatched[:_LISTED])}" if mismatched else ""
+    )
+    more = f" (+{len(mismatched) - _LISTED} more)" if len(mismatched) > _LISTED else ""
+    absent = len(missing) - len(mismatched)
+    gone = f"; {absent} tensors missing from the file, e.g. {missing[0]}" if absent and not mismatched else ""
+    return reason + shapes + more + gone

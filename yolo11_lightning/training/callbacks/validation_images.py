@@ -1,0 +1,98 @@
+"""``ValidationImages``: predictions and ground truth drawn on the first validation images each epoch."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+from torchvision.ops import box_convert
+
+from yolo11_lightning.visualize import draw_boxes, draw_masks, image_grid, save_rgb
+
+log = logging.getLogger(__name__)
+
+
+class ValidationImages(Callback):
+    """Each validation epoch, draw predictions (coloured) and ground truth (white) on the first images.
+
+    Segmentation outputs (a ``masks`` entry, per image (n, h, w) bool) are drawn as a light colour overlay
+    under the predicted boxes.
+
+    Rank 0 only. The picture is saved as ``<log_dir>/val_images/epoch_XXX.png`` and sent to the logger when it
+    takes images (TensorBoard ``add_image``, W&B ``log_image``).
+    """
+
+    def __init__(self, num_images: int = 4, min_score: float = 0.25) -> None:
+        self.num_images = num_images
+        self.min_score = min_score
+        self.out_dir: Path | None = None
+        self._warned = False
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        # trainer.log_dir broadcasts from rank 0: every rank must ask, never rank 0 alone (it would hang).
+        self.out_dir = Path(trainer.log_dir or trainer.default_root_dir) / "val_images"
+
+    @rank_zero_only
+    def on_validation_batch_end(
+        self,
+        trainer: L.Trainer,
+        pl_module: L.LightningModule,
+        outputs: Any,
+        batch: dict[str, Any],
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if batch_idx != 0 or trainer.sanity_checking or not isinstance(outputs, dict):
+            return
+        if len(batch["images"]) == 0:  # every image of the batch was unreadable
+            return
+        # Side work of rank 0 alone: a failure here (a full disk, a logger error) must never end the run,
+        # nor make rank 0 leave the others waiting in a collective.
+        try:
+            self._draw_and_save(trainer, pl_module, outputs, batch)
+        except Exception as e:  # any failure of optional output is only reported
+            if not self._warned:
+                log.warning(
+                    "ValidationImages: could not draw or save the validation images (%s: %s); training "
+                    "goes on, later failures are not reported", type(e).__name__, e,
+                )  # fmt: skip
+                self._warned = True
+
+    def _draw_and_save(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: dict, batch: dict[str, Any]
+    ) -> None:
+        images = batch["images"][: self.num_images].permute(0, 2, 3, 1).cpu().numpy()
+        height, width = images.shape[1:3]
+        targets = batch["targets"].detach().cpu()
+        names = getattr(pl_module.hparams, "class_names", None)
+        drawn = []
+        for i, image in enumerate(images):
+            gt = targets[targets[:, 0] == i]
+            gt_boxes = box_convert(
+                gt[:, 2:6] * gt.new_tensor([width, height, width, height]), "cxcywh", "xyxy"
+            )
+            image = draw_boxes(image, gt_boxes.numpy(), gt[:, 1].numpy(), color=(255, 255, 255))
+            det = outputs["detections"][i].detach().float().cpu()
+            keep = det[:, 4] >= self.min_score
+            det = det[keep]
+            if outputs.get("masks") is not None:
+                masks = outputs["masks"][i].detach().cpu()[keep]
+                image = draw_masks(image, masks.numpy(), det[:, 5].numpy())
+            drawn.append(draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names))
+        grid = image_grid(drawn)
+        out_dir = self.out_dir or Path(trainer.default_root_dir) / "val_images"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        save_rgb(str(out_dir / f"epoch_{trainer.current_epoch:03d}.png"), grid)
+        self._send_to_logger(trainer, grid)
+
+    @staticmethod
+    def _send_to_logger(trainer: L.Trainer, grid: Any) -> None:
+        for logger in trainer.loggers:
+            if hasattr(logger, "log_image"):  # W&B
+                logger.log_image(key="val/predictions", images=[grid], step=trainer.global_step)
+            elif hasattr(getattr(logger, "experiment", None), "add_image"):  # TensorBoard
+                logger.experiment.add_image("val/predictions", grid, trainer.global_step, dataformats="HWC")

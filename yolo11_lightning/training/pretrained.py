@@ -1,0 +1,22 @@
+"""Start a model from pretrained weights, with Lightning's rank-zero messages.
+
+The loading itself is ``model_files.weights.load_pretrained`` (plain torch); this wrapper only sends its summary and
+warnings through ``rank_zero_info`` / ``rank_zero_warn``, so one line is printed per run, not per rank.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+
+from yolo11_lightning.model_files import weights as _weights
+from yolo11_lightning.model_files.weights import CLASS_HEAD, WeightsMismatchError
+from yolo11_lightning.nn import YOLO11
+
+__all__ = ["CLASS_HEAD", "WeightsMismatchError", "load_pretrained"]
+
+
+def load_pretrained(model: YOLO11, path: str | Path, strict: bool = True) -> tuple[int, list[str]]:
+    """``model_files.weights.load_pretrained`` with rank-zero messages; returns (tensors loaded, names not loaded)."""
+    return _weights.load_pretrained(model, path, strict, info=rank_zero_info, warn=rank_zero_warn)
