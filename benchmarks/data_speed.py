@@ -40,7 +40,8 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 import _common as C
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset, collate_detection
+from yolo11_lightning.data.batch import collate_detection
+from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.sampling.partner_pools import RECENT_BATCHES
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
 from yolo11_lightning.data.sources.records import ImageRecord

@@ -358,7 +358,7 @@ def work_memory(spec: dict[str, Any]) -> dict[str, Any]:
                     torch.cuda.reset_peak_memory_stats()
                 for _ in range(2):
                     with torch.autocast(device, dtype=torch.bfloat16):
-                        loss, _ = module.criterion(module.model(module._model_input(images)), targets)
+                        loss, _ = module.criterion(module.model(module.model_input(images)), targets)
                     loss.backward()
                     optimizer.step()
                     optimizer.zero_grad(set_to_none=True)

@@ -32,8 +32,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from yolo11_lightning.loss.detection import DetectionLoss
-from yolo11_lightning.nn import YOLO11
 from yolo11_lightning.nn.summary import summarize
+from yolo11_lightning.nn.yolo11 import YOLO11
 
 # ----------------------------------------------------------------------------------------------- workload
 IMAGE = 640  # training image size (COCO recipe)

@@ -8,7 +8,7 @@
 Per training step (mean over whole accumulation cycles, so the optimiser share is exact), the time in
   data wait        waiting for the DataLoader (0 when the workers keep up),
   to device+float  moving the batch to the device and making float images of the uint8 ones
-                   (Lightning's batch_to_device + our _model_input / the oracle's preprocess_batch),
+                   (Lightning's batch_to_device + our model_input / the oracle's preprocess_batch),
   forward          the detector's forward,
   loss+assigner    the detection loss with the task-aligned assigner (``--task segment``: the segmentation
                    loss, its mask term included),
@@ -172,7 +172,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
 
     hooks(module.model, "#forward")
     hooks(module.criterion, "#loss")
-    to_input = module._model_input
+    to_input = module.model_input
 
     def timed_input(images: torch.Tensor) -> torch.Tensor:  # the uint8 -> float conversion on the device
         recorder.start("#input")
@@ -181,7 +181,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             recorder.stop("#input")
 
-    module._model_input = timed_input
+    module.model_input = timed_input
     trainer.fit(module, data)
     steps, floors = our_steps(recorder.events)
     return {

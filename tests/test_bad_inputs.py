@@ -12,9 +12,9 @@ import pytest
 from data_files import jpeg_with_orientation, pattern, write_image, write_labels, write_yaml
 
 from yolo11_lightning.data.images.io import ImageReadError, image_size, read_image
-from yolo11_lightning.data.sources import load_split
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE
 from yolo11_lightning.data.sources.config import DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.split import load_split
 
 # (line text, expected reason fragment or None when the row is kept)
 GOOD_IMAGE_ROWS = [

@@ -238,13 +238,13 @@ def npz_cases() -> dict[str, bytes]:
 # -- the runner (a fresh interpreter: python tests/test_crafted_files.py OUT_DIR) -------------------------
 def _loaders():
     """name -> callable(path): every public way a user's file gets loaded."""
-    from yolo11_lightning import YOLO11, YOLO11Module
-    from yolo11_lightning.model_files.weights import load_model, load_weights
+    from yolo11_lightning import YOLO11Module
+    from yolo11_lightning.model_files.weights import from_reference, load_model, load_weights
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
     from yolo11_lightning.training.run_identity import CheckpointSummary
 
     return {
-        "YOLO11.from_ultralytics": YOLO11.from_ultralytics,
+        "from_reference": from_reference,
         "export.load_model": load_model,
         "export.load_weights": load_weights,
         "--model.weights": lambda p: YOLO11Module(scale="n", num_classes=3, weights=str(p)),

@@ -200,7 +200,7 @@ def test_loss_makes_no_host_sync_on_a_device_and_equals_the_cpu_loss() -> None:
     code = """
 import torch, emulated_gpu as emu
 from yolo11_lightning.loss import DetectionLoss
-from yolo11_lightning.loss.segmentation import SegmentationLoss
+from yolo11_lightning.tasks.segment.loss import SegmentationLoss
 g = torch.Generator().manual_seed(0)
 nc, bs, counts = 3, 3, [2, 0, 3]
 feats = [torch.randn(bs, 64 + nc, s, s, generator=g, requires_grad=True) for s in (8, 4, 2)]

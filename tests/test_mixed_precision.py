@@ -22,7 +22,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from torch import nn
 
 from yolo11_lightning import YOLO11Module, YOLODataModule
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 
 
@@ -159,7 +159,9 @@ def test_fp16_nan_step_is_skipped_by_the_scaler_and_counted(
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
-def test_mixed_precision_trains_with_the_default_clipping(tiny_dataset: Path, tmp_path: Path, precision: str) -> None:
+def test_mixed_precision_trains_with_the_default_clipping(
+    tiny_dataset: Path, tmp_path: Path, precision: str
+) -> None:
     """The fused optimiser under Lightning's mixed-precision plugin, gradient clipping on (the default 10):
     Lightning refuses to clip a fused optimiser itself, the module does it."""
     torch.manual_seed(0)
@@ -289,7 +291,7 @@ def test_resume_with_an_open_non_finite_window_on_a_device_and_export_leaves_the
     code = """
 import tempfile, torch, emulated_gpu as emu
 from yolo11_lightning.training.faults import NonFiniteStepGuard
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 from yolo11_lightning.export.onnx import export_onnx
 guard = NonFiniteStepGuard()

@@ -14,8 +14,8 @@ from model_oracle import perturb, reference_model
 from torch import nn
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.nn import Detect
 from yolo11_lightning.nn import head as head_module
+from yolo11_lightning.nn.head import Detect
 
 # Exact parameter counts of the reference at nc=80 (docs/reference.md).
 PARAMS_NC80 = {"n": 2_624_080, "s": 9_458_752, "m": 20_114_688, "l": 25_372_160, "x": 56_966_176}

@@ -1,4 +1,5 @@
 """notebooks/quickstart.ipynb runs top to bottom (tiny settings from QUICKSTART_* variables) and shows images."""
+
 from __future__ import annotations
 
 import base64

@@ -30,7 +30,7 @@ def _batch(seed: int = 0, size: int = 64) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _loss_and_grads(module: YOLO11Module, images: torch.Tensor, targets: torch.Tensor, dtype=torch.float32):
     module.zero_grad(set_to_none=True)
-    x = module._model_input(images).to(dtype)  # .to keeps the memory layout
+    x = module.model_input(images).to(dtype)  # .to keeps the memory layout
     loss, items = module.criterion(module.model(x), targets.to(dtype))
     loss.backward()
     grads = {n: p.grad.clone() for n, p in module.model.named_parameters() if p.requires_grad}
@@ -43,7 +43,7 @@ def test_defaults_are_nhwc_without_compile() -> None:
     assert module.hparams.channels_last is True and "compile" not in module.hparams
     assert MachineSettings().compile is False
     assert module.model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
-    assert module._model_input(_batch()[0]).is_contiguous(memory_format=torch.channels_last)
+    assert module.model_input(_batch()[0]).is_contiguous(memory_format=torch.channels_last)
 
 
 def test_channels_last_off_keeps_nchw() -> None:
@@ -52,9 +52,9 @@ def test_channels_last_off_keeps_nchw() -> None:
     assert getattr(module.model, "_compiled_call_impl", None) is None
     assert module.model.layers[0].conv.weight.is_contiguous()  # NCHW
     images = _batch()[0]
-    assert module._model_input(images).is_contiguous()
+    assert module.model_input(images).is_contiguous()
     loader_batch = images.contiguous(memory_format=torch.channels_last)  # how the DataLoader delivers them
-    x = module._model_input(loader_batch)
+    x = module.model_input(loader_batch)
     assert x.is_contiguous() and torch.equal(x, images.float() / 255)
 
 
@@ -72,11 +72,11 @@ def test_channels_last_gives_the_same_loss_and_gradients() -> None:
     torch.manual_seed(0)
     nhwc = YOLO11Module(scale="n", num_classes=3, log_images=0, channels_last=True)
     images, targets = _batch()
-    x = nhwc._model_input(images)
+    x = nhwc.model_input(images)
     assert x.dtype == torch.float32 and x.is_contiguous(memory_format=torch.channels_last)
     weight = nhwc.model.layers[0].conv.weight
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
-    torch.testing.assert_close(x, plain._model_input(images))  # same values, other layout
+    torch.testing.assert_close(x, plain.model_input(images))  # same values, other layout
 
     loss_a, items_a, _ = _loss_and_grads(plain, images, targets)
     loss_b, items_b, _ = _loss_and_grads(nhwc, images, targets)
@@ -248,7 +248,7 @@ def test_training_step_and_ema_update_do_not_sync_with_the_host() -> None:
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        loss, _ = module.criterion(module.model(module._model_input(images)), targets)
+        loss, _ = module.criterion(module.model(module.model_input(images)), targets)
         loss.backward()
         _step(ema, trainer, module)
     finally:

@@ -19,9 +19,8 @@ import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
 from yolo11_lightning.data import check_data
-from yolo11_lightning.data.batch import collate_detection, collate_segmentation
-from yolo11_lightning.data.masks import instance_masks, overlap_mask, polygon_mask, rasterize
-from yolo11_lightning.data.polygons import (
+from yolo11_lightning.data.batch import collate_detection
+from yolo11_lightning.data.labels.polygons import (
     apply_matrix,
     boxes_from_polygons,
     flip_horizontal,
@@ -33,10 +32,14 @@ from yolo11_lightning.data.polygons import (
     to_pixels,
     with_box_outlines,
 )
-from yolo11_lightning.data.sources import load_dataset_config, load_split
+from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.rle import decode_rle
-from yolo11_lightning.data.synthetic import shapes as synthetic
+from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.data.synthetic import command as synthetic
+from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.tasks.segment.batch import collate_segmentation
+from yolo11_lightning.tasks.segment.masks import instance_masks, overlap_mask, polygon_mask, rasterize
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
@@ -388,7 +391,7 @@ def test_synthetic_segment_set_has_exact_polygons(tmp_path: Path, capsys: pytest
     assert check_data.main(args) == 0
     preview = cv2.imread(str(out / "val_preview.png"))
     assert preview is not None and (preview == 255).all(2).any()  # the polygon outlines (white)
-    again = synthetic.make_synthetic_dataset(tmp_path / "t", 6, 2, (64, 96), 8, task="segment")
+    again = make_synthetic_dataset(tmp_path / "t", 6, 2, (64, 96), 8, task="segment")
     assert (again.parent / "labels" / "train" / "train_00003.txt").read_bytes() == (
         tmp_path / "s" / "labels" / "train" / "train_00003.txt"
     ).read_bytes()
@@ -397,9 +400,7 @@ def test_synthetic_segment_set_has_exact_polygons(tmp_path: Path, capsys: pytest
 def test_detection_synthetic_set_is_unchanged(tmp_path: Path) -> None:
     """Labels, json and decoded pixels of a small detection set, hashed before segmentation existed."""
     out = tmp_path / "d"
-    synthetic.make_synthetic_dataset(
-        out, num_train=3, num_val=2, image_size=(40, 56), num_classes=8, seed=3, coco=True
-    )
+    make_synthetic_dataset(out, num_train=3, num_val=2, image_size=(40, 56), num_classes=8, seed=3, coco=True)
     h = hashlib.sha1()
     for path in sorted(out.rglob("*")):
         if path.is_file():

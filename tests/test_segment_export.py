@@ -26,8 +26,8 @@ from yolo11_lightning.export.command import main
 from yolo11_lightning.export.onnx import onnx_output_diffs, onnx_tolerance
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.ops.letterbox import letterbox_to_original
-from yolo11_lightning.ops.masks import crop_masks, mask_logits, masks_at_input, segment_image
 from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.tasks.segment.mask_ops import crop_masks, mask_logits, masks_at_input, segment_image
 
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")

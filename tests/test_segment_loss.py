@@ -12,7 +12,7 @@ import pytest
 import torch
 from test_loss import _feats, _targets
 
-from yolo11_lightning.loss import SegmentationLoss
+from yolo11_lightning.tasks.segment.loss import SegmentationLoss
 
 STRIDES = (8, 16, 32)
 NM = 32

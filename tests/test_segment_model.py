@@ -36,7 +36,7 @@ from yolo11_lightning.model_files.weights import (
     load_weights,
     save_weights,
 )
-from yolo11_lightning.nn import Segment, SegmentOutput
+from yolo11_lightning.tasks.segment.head import Segment, SegmentOutput
 
 # Exact parameter counts of the reference YOLO11-seg at nc=80 (docs/reference.md).
 SEG_PARAMS_NC80 = {"n": 2_876_848, "s": 10_113_248, "m": 22_420_896, "l": 27_678_368, "x": 62_142_656}
@@ -241,7 +241,7 @@ def test_crafted_seg_files_are_refused(tmp_path: Path) -> None:
         ),
     }
     loaders = {
-        "from_ultralytics": YOLO11.from_ultralytics,
+        "from_reference": from_reference,
         "load_model": lambda p: load_model(p, task=None),
         "load_pretrained": lambda p: load_pretrained(YOLO11("n", 3, task="segment"), p),
     }
@@ -290,7 +290,7 @@ def test_own_seg_weights_into_a_detector(tmp_path: Path, seg_n: YOLO11) -> None:
 
 def test_train_output_feeds_the_segmentation_loss() -> None:
     """End to end: the model's train output, the documented targets and masks, a backward to every weight."""
-    from yolo11_lightning.loss import SegmentationLoss
+    from yolo11_lightning.tasks.segment.loss import SegmentationLoss
 
     torch.manual_seed(0)
     model = YOLO11("n", 3, task="segment").train()

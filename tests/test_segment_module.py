@@ -18,11 +18,11 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.data.batch import collate_segmentation
 from yolo11_lightning.model_files.weights import load_model
+from yolo11_lightning.tasks.segment.batch import collate_segmentation
+from yolo11_lightning.tasks.segment.metric import SegmentationMAP, decode_runs, mask_runs
 from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.training.module import YOLO11Module
-from yolo11_lightning.training.segment_evaluation import SegmentationMAP, decode_runs, mask_runs
 
 SIZE = 64
 NUM_CLASSES = 3
@@ -162,7 +162,7 @@ class FakeSegmenter(nn.Module):
         self.mask_sign = mask_sign
 
     def forward(self, images: Tensor) -> tuple[Tensor, Tensor]:
-        from yolo11_lightning.ops.masks import image_target_masks
+        from yolo11_lightning.tasks.segment.mask_ops import image_target_masks
 
         batch = self.batch
         assert batch is not None
@@ -240,7 +240,7 @@ def _fill(metric: SegmentationMAP, batches: DataLoader, sign: float = 1.0) -> No
         g = torch.Generator().manual_seed(int(batch["indices"][0]))
         protos = protos * torch.where(torch.rand(protos.shape, generator=g) < 0.15, -1.0, 1.0)
         rows = module.task.nms(module, predictions)
-        from yolo11_lightning.ops.masks import image_target_masks, masks_at_protos
+        from yolo11_lightning.tasks.segment.mask_ops import image_target_masks, masks_at_protos
 
         masks = [masks_at_protos(protos[i], r[:, 6:], r[:, :4], (SIZE, SIZE)) for i, r in enumerate(rows)]
         truths = [image_target_masks(batch["masks"], batch["mask_overlap"], batch["targets"], i)
@@ -389,7 +389,7 @@ def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> 
 
 def test_an_image_without_instances_rasterises_to_an_empty_index_map() -> None:
     """Augmentation can leave no polygon in an image (mosaic crops, affine): training must go on."""
-    from yolo11_lightning.data.masks import rasterize
+    from yolo11_lightning.tasks.segment.masks import rasterize
 
     index_map, order = rasterize([], 64, 48, overlap=True)
     assert index_map.shape == (16, 12) and not index_map.any() and len(order) == 0

@@ -23,8 +23,9 @@ from yolo11_lightning.data.agreement import first_difference, record_digests, sp
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.sources import load_dataset_config, load_split
+from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # the reference datasets (oracle) stay offline

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from yolo11_lightning.ops.masks import (
+from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.tasks.segment.mask_ops import (
     crop_masks,
     encode_rle,
     image_target_masks,
@@ -22,7 +23,6 @@ from yolo11_lightning.ops.masks import (
     scale_masks,
     segment_image,
 )
-from yolo11_lightning.ops.postprocess import non_max_suppression
 
 INPUT = (160, 224)  # letterboxed input (H, W); protos at 1/4
 PROTO = (40, 56)

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from data_files import jpeg_with_orientation, pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data.sources import build_label_cache, load_split
 from yolo11_lightning.data.sources import cache as cache_module
 from yolo11_lightning.data.sources import split as sources
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.split import build_label_cache, load_split
 from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.data.synthetic.shapes import make_synthetic_coco, make_synthetic_dataset
 

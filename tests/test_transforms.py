@@ -23,6 +23,7 @@ from yolo11_lightning.data.augment.transforms import (
     xywhn_to_xyxy,
     xyxy_to_xywhn,
 )
+from yolo11_lightning.data.labels.instances import Instances
 
 os.environ["YOLO_OFFLINE"] = "1"
 
@@ -49,7 +50,7 @@ def drawn_images(rng: np.random.Generator, ellipse: bool) -> list[Labelled]:
             img[y1 : y1 + bh, x1 : x1 + bw] = COLOURS[k]
             box = [x1, y1, x1 + bw, y1 + bh]
         resized, r = resize_long_side(img, SIZE)
-        out.append(Labelled(resized, np.array([box], np.float32) * np.float32(r), np.array([k])))
+        out.append(Labelled(resized, Instances(np.array([box], np.float32) * np.float32(r), np.array([k]))))
     return out
 
 

@@ -11,7 +11,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 _LAZY = {
-    "YOLO11": "yolo11_lightning.nn",
+    "YOLO11": "yolo11_lightning.nn.yolo11",
     "DetectionLoss": "yolo11_lightning.loss",
     "TaskAlignedAssigner": "yolo11_lightning.loss",
     "YOLODataModule": "yolo11_lightning.data.datamodule",
@@ -23,7 +23,7 @@ __all__ = ["YOLO11", "DetectionLoss", "TaskAlignedAssigner", "YOLO11Module", "YO
 if TYPE_CHECKING:  # pragma: no cover
     from yolo11_lightning.data.datamodule import YOLODataModule
     from yolo11_lightning.loss import DetectionLoss, TaskAlignedAssigner
-    from yolo11_lightning.nn import YOLO11
+    from yolo11_lightning.nn.yolo11 import YOLO11
     from yolo11_lightning.training.module import YOLO11Module
 
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
 UTILITY_COMMANDS = {
     "info": "yolo11_lightning.nn.summary:main",
-    "synthetic": "yolo11_lightning.data.synthetic.shapes:main",
+    "synthetic": "yolo11_lightning.data.synthetic.command:main",
     "check-data": "yolo11_lightning.data.check_data:main",
     "export": "yolo11_lightning.export.command:main",
     "configs": "yolo11_lightning.packaged_configs:main",

@@ -92,7 +92,7 @@ class NoisySegmenter(YOLO11Module):
     dataset index, so that the box and the mask mAP both depend on every image."""
 
     def validation_step(self, batch, batch_idx):
-        from yolo11_lightning.ops.masks import image_target_masks
+        from yolo11_lightning.tasks.segment.mask_ops import image_target_masks
 
         h, w = batch["images"].shape[-2:]
         detections, masks, truths = [], [], []

@@ -26,21 +26,10 @@ evaluation) adds the labels and the data-fault account:
                                       images left out of the batch
     missing     int                   evaluation images left out of this batch because they cannot be read
 
-``PredictionBatch`` (``predict_data.collate_prediction``) adds what the prediction writer needs instead. A
-new task extends ``DetectionBatch`` with its own keys (a pose batch its keypoints) and a collate that calls
-``collate_detection`` and adds them: detection code reads only the keys above. ``SegmentationBatch``
-(``collate_segmentation``) adds the instance masks at 1/4 of the image side (``data.masks``):
-
-    masks        uint8   (B, H/4, W/4)     overlap encoding (default): one index map per image, 0 background,
-                                           k >= 1 the k-th row (1-based) of that image's rows in ``targets``;
-                                           int32 when an image has more than 255 instances. The rows of an
-                                           image are in decreasing mask area, smaller instances drawn over
-                                           larger ones where they overlap
-                 uint8   (N, H/4, W/4)     per-instance encoding: a 0/1 mask per row of ``targets``, same order
-    mask_overlap bool                      which of the two ``masks`` holds
-
-A segmentation sample carries ``masks`` as (H/4, W/4) (overlap) or (n, H/4, W/4) (per instance), its
-``labels`` rows already in the order the masks refer to (``data.masks.rasterize`` returns that order).
+``PredictionBatch`` (``predict.sources.collate_prediction``) adds what the prediction writer needs instead. A
+task extends ``DetectionBatch`` with its own keys in its own files (``tasks.segment.batch.SegmentationBatch``:
+instance masks) and a collate that calls ``collate_detection`` and adds them; detection code reads only the keys
+above.
 
 ``images`` is stored channels-last ((B, H, W, 3) memory seen as (B, 3, H, W), ``image_tensor`` and
 ``stack_images``): that is OpenCV's layout, so no sample is transposed, and it is the layout the detector
@@ -59,9 +48,7 @@ __all__ = [
     "DetectionBatch",
     "ImageBatch",
     "PredictionBatch",
-    "SegmentationBatch",
     "collate_detection",
-    "collate_segmentation",
     "empty_detection_batch",
     "image_tensor",
     "stack_images",
@@ -88,13 +75,6 @@ class DetectionBatch(ImageBatch):
     substituted: int
     unreadable: list[tuple[str, str]]
     missing: int
-
-
-class SegmentationBatch(DetectionBatch):
-    """A detection batch plus instance masks at 1/4 resolution and their encoding (module docstring)."""
-
-    masks: torch.Tensor
-    mask_overlap: bool
 
 
 class PredictionBatch(ImageBatch):
@@ -165,29 +145,3 @@ def empty_detection_batch(unreadable: list[tuple[str, str]], missing: int) -> De
         "unreadable": unreadable,
         "missing": missing,
     }
-
-
-def collate_segmentation(samples: Sequence[dict[str, Any]]) -> SegmentationBatch:
-    """Stack segmentation samples into a ``SegmentationBatch``: ``collate_detection`` plus ``masks``.
-
-    Every sample's ``masks`` is 2-D (overlap index map) or every one 3-D (one mask per label row); the
-    samples left out of the detection batch (unreadable evaluation images) are left out here too. A batch
-    without images has (0, 8, 8) masks (its images are (0, 3, 32, 32)).
-    """
-    batch = collate_detection(samples)
-    kept = [torch.as_tensor(s["masks"]) for s in samples if not s.get("missing", False)]
-    dims = {m.dim() for m in kept}
-    if len(dims) > 1 or not dims <= {2, 3}:
-        raise ValueError(
-            f"sample masks must all be (h, w) or all (n, h, w), got shapes {[tuple(m.shape) for m in kept]}"
-        )
-    overlap = dims != {3}
-    if not kept:
-        masks = torch.zeros(0, 8, 8, dtype=torch.uint8)
-    else:
-        dtype = torch.uint8 if all(m.dtype == torch.uint8 for m in kept) else torch.int32
-        kept = [m.to(dtype) for m in kept]
-        masks = torch.stack(kept) if overlap else torch.cat(kept)
-        if not overlap and len(masks) != len(batch["targets"]):
-            raise ValueError(f"{len(masks)} instance masks for {len(batch['targets'])} label rows")
-    return {**batch, "masks": masks, "mask_overlap": overlap}

@@ -21,11 +21,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.plots import box_scatter, class_histogram
-from yolo11_lightning.data.polygons import letterbox_polygons, to_pixels
-from yolo11_lightning.data.sources import load_split
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 REQUIRED_SPLITS = ("train", "val")
@@ -68,7 +68,7 @@ def _preview(
     seed: int,
 ) -> Path:
     """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn."""
-    from yolo11_lightning.data.dataset import DetectionDataset  # torch: imported only when drawing
+    from yolo11_lightning.data.dataset import DetectionDataset
 
     dataset = DetectionDataset(records, image_size=image_size, augment=augment, seed=seed)
     rng = np.random.default_rng(seed)

@@ -5,7 +5,8 @@ Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each
 ``batch_size / world_size`` (checked in ``setup``). The train order is defined globally by
 ``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
 resume mid-epoch on any number of devices (``data.sampling.checkpoint``). The DataLoader workers are set up
-by ``data.loader_workers`` (``ignore_stop_signals_in_worker`` is re-exported here).
+by ``data.loader_workers``. The task (``tasks.get_task(task)``) gives the labels' instance fields, the collate
+and the check of the records.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import check_ranks_agree
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.batch import collate_detection, collate_segmentation
 from yolo11_lightning.data.cpu_cores import cores_per_rank
-from yolo11_lightning.data.dataset import TASKS, DetectionDataset, warn_missing_polygons
+from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
-from yolo11_lightning.data.loader_workers import auto_num_workers, single_threaded_opencv
 from yolo11_lightning.data.loader_workers import (
-    ignore_stop_signals_in_worker as ignore_stop_signals_in_worker,  # re-exported
+    auto_num_workers,
+    ignore_stop_signals_in_worker,
+    single_threaded_opencv,
 )
 from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
 from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
@@ -42,6 +43,7 @@ from yolo11_lightning.data.synthetic.shapes import (
     make_synthetic_dataset,
     synthetic_class_names,
 )
+from yolo11_lightning.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +94,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
             1 disables the limit.
-        task: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
+        task: a task of ``tasks.TASKS``: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
             resolution from the polygons; "synthetic" then generates the segmentation set).
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.
@@ -132,12 +134,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         max_substituted_fraction: float = 0.01,
         rect_val: bool = True,
         eval_box_gain: str = "reference",
-        task: Literal["detect", "segment"] = "detect",
+        task: str = "detect",
         mask_overlap: bool = True,
     ) -> None:
         super().__init__()
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        self.task_spec = get_task(task)  # a clear error naming the known tasks
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if image_size <= 0 or image_size % 32:
@@ -188,9 +189,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             "num_val": synthetic_val,
             "image_size": synthetic_image_size,
             "num_classes": synthetic_classes,
+            "task": task,
         }
-        if task != "detect":  # a detection set's options stay as they were (its folder is reused as is)
-            self.synthetic_options["task"] = task
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         if max_substituted_fraction < 0:
@@ -264,8 +264,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if not config.splits.get(split):
             raise DatasetError(f"{config.source}: split `{split}` is not defined")
         records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
-        if self.task == "segment" and self.global_rank == 0:
-            warn_missing_polygons(records, f"{config.source} `{split}`")
+        if self.global_rank == 0:
+            self.task_spec.check_records(records, f"{config.source} `{split}`")
         partners = (
             partner_options(
                 self.mosaic_partners, self.batch_size, self.per_device_batch_size, self.num_workers
@@ -356,7 +356,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.persistent_workers and self.num_workers > 0,
-            collate_fn=collate_segmentation if self.task == "segment" else collate_detection,
+            collate_fn=self.task_spec.collate,
             # Stop signals are the training process's to handle (it saves, then the workers end with it).
             worker_init_fn=ignore_stop_signals_in_worker if self.num_workers > 0 else None,
         )

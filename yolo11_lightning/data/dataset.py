@@ -2,22 +2,19 @@
 
 ``DetectionDataset[i]`` (or ``[(epoch, i)]``) returns one sample dict (``image`` (3, H, W) uint8, ``labels``
 (n, 5) ``[class, cx, cy, w, h]`` normalised, ``index``, ``orig_size``, ``scale``, ``pad``, ``path`` and the
-unreadable-image fields); ``data.batch.collate_detection`` stacks samples into the batch contract
-(``data.batch.DetectionBatch``, shapes and units there). ``collate_detection``, ``image_tensor`` and
-``stack_images`` are re-exported here for code that imports them from this module, as are the names moved
-out of it: ``PackedRecords`` (``data.sources.packed_records``), ``partner_stride`` / ``sample_rng`` /
-``substitute_index`` and their stream constants (``data.sampling.seeds``), and the substitution constants of
-``data.images.loading``, whose ``RecordImageLoader`` holds the dataset's image loading (``load_resized``).
+unreadable-image fields); the task's collate (``Task.collate``, ``data.batch.collate_detection`` for detection)
+stacks samples into the batch contract (``data.batch.DetectionBatch``, shapes and units there).
+``RecordImageLoader`` (``data.images.loading``) holds the dataset's image loading (``load_resized``).
 
-With ``task="segment"`` a sample also carries ``masks`` (``data.masks.rasterize`` at 1/4 of the image
-side: an (H/4, W/4) index map, or (n, H/4, W/4) per instance) and its ``labels`` rows are in the order
-the masks refer to; ``data.batch.collate_segmentation`` stacks them. Polygons travel through the same
-augmentation as the boxes (``augment``), resampled to ``polygons.RESAMPLE_POINTS`` points first, and the
-boxes of augmented samples are re-derived from the warped polygons.
+The labels travel as ``data.labels.instances.Instances`` with the task's instance fields (``Task.label_fields``;
+a segmentation sample's outlines, ``data.labels.polygons.Polygons``), moved by augmentation or letterbox with the
+boxes. The task then turns them into what its samples add (``Task.sample_targets``): a segmentation sample its
+``masks`` (``tasks.segment.masks.rasterize`` at 1/4 of the image side), with the ``labels`` rows in the order the
+masks refer to.
 
 Instances without a polygon in a segment dataset (box rows of a YOLO-seg file, COCO annotations without
 ``segmentation``, polygons dropped by the checks) get their box's rectangle as outline
-(``polygons.with_box_outlines``); the DataModule logs their count (``warn_missing_polygons``). The reference instead
+(``polygons.with_box_outlines``); the DataModule logs their count (``Task.check_records``). The reference instead
 warns and removes every polygon of the dataset when box and polygon counts differ (``YOLODataset.
 get_labels``); its mask formatting then drops every label of every image (``Format._format_segments``
 indexes the instances by the order of zero masks), so a mixed dataset would train on nothing. Boxes as
@@ -38,40 +35,22 @@ from torch.utils.data import Dataset
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_sample
 from yolo11_lightning.data.augment.transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
-from yolo11_lightning.data.batch import (
-    collate_detection as collate_detection,  # re-exported: the batch contract is data.batch
-)
 from yolo11_lightning.data.batch import image_tensor
-from yolo11_lightning.data.batch import stack_images as stack_images
 from yolo11_lightning.data.eval_shapes import eval_resized_shape, rect_batches
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
 from yolo11_lightning.data.images.io import ImageReadError
-from yolo11_lightning.data.images.loading import (
-    BLANK_SUBSTITUTE as BLANK_SUBSTITUTE,  # re-exported: moved to data.image_loading
-)
-from yolo11_lightning.data.images.loading import MAX_SUBSTITUTE_TRIES as MAX_SUBSTITUTE_TRIES
 from yolo11_lightning.data.images.loading import RecordImageLoader
-from yolo11_lightning.data.masks import rasterize
-from yolo11_lightning.data.polygons import letterbox_polygons
+from yolo11_lightning.data.labels.instances import Instances
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
     pool_positions,
     recent_decode_cache_size,
 )
 from yolo11_lightning.data.sampling.sampler import epoch_order
-from yolo11_lightning.data.sampling.seeds import (
-    MIN_PARTNER_POOL as MIN_PARTNER_POOL,  # re-exported: moved to data.sample_seeds
-)
-from yolo11_lightning.data.sampling.seeds import SAMPLE_STREAM as SAMPLE_STREAM
-from yolo11_lightning.data.sampling.seeds import SUBSTITUTE_STREAM as SUBSTITUTE_STREAM
 from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
-from yolo11_lightning.data.sampling.seeds import substitute_index as substitute_index
-from yolo11_lightning.data.sources.packed_records import (
-    PackedRecords as PackedRecords,  # re-exported: moved to data.packed_records
-)
+from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.records import ImageRecord
-
-TASKS = ("detect", "segment")
+from yolo11_lightning.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -159,8 +138,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
         task: str = "detect",
         mask_overlap: bool = True,
     ) -> None:
-        if task not in TASKS:
-            raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        self.task = get_task(task)  # a clear error naming the known tasks
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
         if seed < 0:
@@ -169,9 +147,9 @@ class DetectionDataset(RecordImageLoader, Dataset):
             raise ValueError(
                 f"image cache holds {len(image_cache)} images but there are {len(records)} records"
             )
-        self.task = task
-        self.mask_overlap = mask_overlap
-        self.records = PackedRecords(records, polygons=task == "segment")
+        self.label_fields = self.task.label_fields
+        self.target_options = {"mask_overlap": mask_overlap}
+        self.records = PackedRecords(records, polygons=any(f.reads_polygons for f in self.label_fields))
         self.image_size = image_size
         self.augment = augment
         self.aug = aug if aug is not None else AugmentConfig()
@@ -295,8 +273,9 @@ class DetectionDataset(RecordImageLoader, Dataset):
             mix = self.mosaic_until_epoch is None or epoch < self.mosaic_until_epoch
             rng = sample_rng(self.seed, epoch, index)
             load = self._substituting_loader(epoch, substitutes, unreadable)
-            out = augment_train_sample(index, load, self._picker(epoch, index), rng, self.aug, size, mix)
-            image, boxes, classes, polygons = out
+            image, instances = augment_train_sample(
+                index, load, self._picker(epoch, index), rng, self.aug, size, mix
+            )
             scale, pad = math.nan, (math.nan, math.nan)  # no single scale/pad maps an augmented image back
         else:
             try:
@@ -315,14 +294,14 @@ class DetectionDataset(RecordImageLoader, Dataset):
             # From original pixels with the batch's scale, so (xy - pad) / scale inverts it exactly.
             boxes = xywhn_to_xyxy(rec.boxes, rec.width, rec.height) * gains
             boxes += np.array([left, top, left, top], dtype=np.float32)
-            classes = rec.classes
-            if self.task == "segment":  # on the image's own pixels: each axis by its resize factor, the pad
-                # (the reference validator's masks; boxes keep the mapping ``eval_box_gain`` chose)
-                polygons = self._pixel_polygons(rec, resized.shape[1] * r2, resized.shape[0] * r2)
-                polygons = letterbox_polygons(polygons, 1.0, pad)
-        masks = None
-        if self.task == "segment":
-            masks, order = rasterize(polygons, image.shape[0], image.shape[1], overlap=self.mask_overlap)
+            # Fields on the image's own pixels: each axis by its resize factor, then the pad (the reference
+            # validator's masks; the boxes keep the mapping ``eval_box_gain`` chose).
+            width, height = resized.shape[1] * r2, resized.shape[0] * r2
+            fields = {f.name: f.from_record(rec, width, height).placed(1, pad) for f in self.label_fields}
+            instances = Instances(boxes, rec.classes, fields)
+        order, targets = self.task.sample_targets(image.shape[:2], instances, self.target_options)
+        boxes, classes = instances.boxes, instances.classes
+        if order is not None:
             boxes, classes = boxes[order], classes[order]
         labels = np.concatenate(
             [classes.astype(np.float32)[:, None], xyxy_to_xywhn(boxes, image.shape[1], image.shape[0])],
@@ -340,8 +319,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
             "unreadable": unreadable,
             "missing": False,
         }
-        if masks is not None:
-            sample["masks"] = torch.from_numpy(masks)
+        sample.update(targets)
         return sample
 
     def _missing(self, index: int, error: ImageReadError) -> dict[str, Any]:
@@ -358,23 +336,5 @@ class DetectionDataset(RecordImageLoader, Dataset):
             "substitute": -1,
             "unreadable": [(error.path, error.reason)],
             "missing": True,
-            **({"masks": torch.zeros(0, 0, dtype=torch.uint8)} if self.task == "segment" else {}),
+            **self.task.missing_targets(self.target_options),
         }
-
-
-def warn_missing_polygons(records: Sequence[ImageRecord], where: str) -> int:
-    """Log how many instances of a segment dataset have no polygon (their masks are their boxes).
-
-    Returns that count. ``where`` names the data in the message (a split of a dataset yaml).
-    """
-    instances = sum(len(r.classes) for r in records)
-    missing = instances - sum(r.num_polygons for r in records)
-    if missing:
-        log.warning(
-            "%s: %d of %d instances have no polygon (box rows, annotations without segmentation, or "
-            "polygons dropped by the checks): their masks are their boxes' rectangles",
-            where,
-            missing,
-            instances,
-        )
-    return missing

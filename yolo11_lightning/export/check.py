@@ -2,7 +2,7 @@
 
 ``yolo11-lightning export --ckpt_path best.ckpt --format onnx --check-data data.yaml`` calls ``compare`` after
 writing the file and prints both mAPs. The checkpoint's detector runs in PyTorch, the file through ONNX
-Runtime (``onnx_runner.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
+Runtime (``export.runtime.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
 the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
 only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
 A segmentation file is checked the same way with the segmentation data and metric: box and mask mAP.
@@ -11,7 +11,6 @@ Imports Lightning (the export command imports this module only when ``--check-da
 
 from __future__ import annotations
 
-import inspect
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,13 +19,9 @@ from typing import Any
 import lightning as L
 
 from yolo11_lightning.data.datamodule import YOLODataModule
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import DEFAULT_TASK, get_task
 from yolo11_lightning.training.module import YOLO11Module
-
-METRICS = ("mAP50-95", "mAP50")
-TASK_METRICS = {"detect": METRICS, "segment": (*METRICS, "mask_mAP50-95", "mask_mAP50")}
-# What the allowed difference applies to, per task (the mAP50-95 of every output kind).
-CHECKED = {"detect": ("mAP50-95",), "segment": ("mAP50-95", "mask_mAP50-95")}
 
 
 @dataclass(frozen=True)
@@ -36,15 +31,18 @@ class ExportCheck:
     checkpoint: dict[str, float]
     onnx: dict[str, float]
     setting: str  # how images were batched, for the printout
-    task: str = "detect"
+    task: str = DEFAULT_TASK
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        return TASK_METRICS[self.task]
+        """What the printout shows (the task's ``reported_metrics``)."""
+        return get_task(self.task).reported_metrics
 
     def worst_difference(self) -> tuple[str, float]:
-        """The checked metric (``CHECKED``) whose |ONNX - checkpoint| is largest, and that difference."""
-        return max(((m, abs(self.difference(m))) for m in CHECKED[self.task]), key=lambda item: item[1])
+        """The checked metric (the task's ``checked_metrics``: the mAP50-95 of every output kind) whose
+        |ONNX - checkpoint| is largest, and that difference."""
+        checked = get_task(self.task).checked_metrics
+        return max(((m, abs(self.difference(m))) for m in checked), key=lambda item: item[1])
 
     def difference(self, name: str = "mAP50-95") -> float:
         """ONNX minus checkpoint for metric ``name``."""
@@ -63,9 +61,8 @@ class ExportCheck:
 
 
 def _square_batches() -> dict[str, Any]:
-    """The data module's switch for square letterboxing of validation batches, where it has one."""
-    parameters = inspect.signature(YOLODataModule.__init__).parameters
-    return {"rect_val": False} if "rect_val" in parameters else {}
+    """The data module's switch for square letterboxing of validation batches."""
+    return {"rect_val": False}
 
 
 def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str, task: str) -> dict[str, float]:
@@ -74,7 +71,7 @@ def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str, task
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
     (results,) = trainer.validate(module, datamodule=data, verbose=False)
-    return {m: float(results[f"val/{m}"]) for m in TASK_METRICS[task]}
+    return {m: float(results[f"val/{m}"]) for m in get_task(task).reported_metrics}
 
 
 def compare(

@@ -22,7 +22,7 @@ import torch
 
 from yolo11_lightning.export.onnx import export_onnx, onnx_output_diffs, onnx_output_names, onnx_tolerance
 from yolo11_lightning.model_files.weights import load_model, save_weights
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
 
 FORMATS = ("onnx", "weights")
 

@@ -23,14 +23,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from yolo11_lightning.tasks import DEFAULT_TASK, get_task
+
 PRODUCER = "yolo11_lightning"
 INPUT_DOC = "float RGB (B, 3, H, W) in [0, 1], letterboxed with fill 114/255"
-OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
-SEGMENT_OUTPUT_DOC = (
-    "output0 (B, 4 + nc + 32, A): cx, cy, w, h in input pixels, class scores, 32 mask coefficients; no NMS. "
-    "output1 (B, 32, H/4, W/4): mask prototypes; a mask is sigmoid(coefficients @ prototypes) > 0.5 in its box"
-)
-TASKS = ("detect", "segment")
 
 
 def metadata_props(
@@ -54,11 +50,10 @@ def metadata_props(
         dynamic: height and width are free axes (the batch axis always is).
         opset: ONNX opset of the graph.
         version: this package's version.
-        task: ``detect`` or ``segment`` (two outputs: predictions with mask coefficients, and prototypes).
+        task: a task of ``tasks.TASKS``: its ``noun`` describes the model, its ``onnx_output_doc`` the outputs.
     """
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r} for ONNX metadata; choose one of {', '.join(TASKS)}")
-    kind = "detector" if task == "detect" else "instance segmenter"
+    spec = get_task(task)  # a clear error naming the known tasks
+    kind = spec.noun
     reference_names = {i: str(n) for i, n in enumerate(names)}
     reference = {
         "description": f"yolo11_lightning YOLO11{scale} {kind}, {len(names)} classes",
@@ -83,7 +78,7 @@ def metadata_props(
         "image_size": json.dumps([int(size[0]), int(size[1])]),
         "class_names": json.dumps([str(n) for n in names]),
         "input": INPUT_DOC,
-        "output": OUTPUT_DOC if task == "detect" else SEGMENT_OUTPUT_DOC,
+        "output": spec.onnx_output_doc,
     }
     return {**reference, **ours}
 
@@ -161,7 +156,7 @@ def read_metadata(path: Path | str, props: Mapping[str, str]) -> OnnxModelInfo:
         names=_names(path, props),
         size=_size(path, props),
         stride=stride_value,
-        task=props.get("task", "detect"),
+        task=props.get("task", DEFAULT_TASK),
         producer=props.get("producer"),
         scale=props.get("scale"),
     )

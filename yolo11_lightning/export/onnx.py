@@ -21,13 +21,12 @@ import numpy as np
 import torch
 
 from yolo11_lightning.export.metadata import metadata_props
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import get_task
 from yolo11_lightning.version import package_version
 
 __all__ = [
     "ONNX_INPUT",
-    "ONNX_OUTPUT",
-    "ONNX_PROTOS",
     "export_onnx",
     "onnx_max_abs_diff",
     "onnx_output_diffs",
@@ -35,13 +34,13 @@ __all__ = [
     "onnx_tolerance",
 ]
 
-ONNX_INPUT, ONNX_OUTPUT = "images", "output0"
-ONNX_PROTOS = "output1"  # a segmentation model's second output, the mask prototypes
+ONNX_INPUT = "images"
 
 
 def onnx_output_names(model: YOLO11) -> list[str]:
-    """``["output0"]`` for a detector, ``["output0", "output1"]`` (predictions, protos) for a segmenter."""
-    return [ONNX_OUTPUT, ONNX_PROTOS] if model.task == "segment" else [ONNX_OUTPUT]
+    """The model's task's outputs (``Task.onnx_outputs``): ``["output0"]`` for a detector, ``["output0",
+    "output1"]`` (predictions, prototypes) for a segmenter."""
+    return list(get_task(model.task).onnx_outputs)
 
 
 def _cpu_copy(model: YOLO11) -> YOLO11:
@@ -78,11 +77,9 @@ def export_onnx(
     path.parent.mkdir(parents=True, exist_ok=True)
     dummy = torch.zeros(1, 3, height, width)
     outputs = onnx_output_names(model)
-    axes = {ONNX_INPUT: {0: "batch"}, **{name: {0: "batch"} for name in outputs}}
-    if dynamic:
-        axes = {ONNX_INPUT: {0: "batch", 2: "height", 3: "width"}, ONNX_OUTPUT: {0: "batch", 2: "anchors"}}
-        if ONNX_PROTOS in outputs:
-            axes[ONNX_PROTOS] = {0: "batch", 2: "proto_height", 3: "proto_width"}
+    output_axes = get_task(model.task).onnx_output_axes(dynamic)
+    axes = {ONNX_INPUT: {0: "batch", 2: "height", 3: "width"} if dynamic else {0: "batch"}}
+    axes.update(zip(outputs, output_axes))
     with warnings.catch_warnings():
         # Expected: the legacy exporter announces its deprecation, and the tracer notes that shape checks (and,
         # at a fixed size, the anchor grid) become constants, which is what tracing at one size means.
@@ -125,13 +122,7 @@ def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: boo
         entry.key, entry.value = key, value
     # Shape inference leaves the channel axes (4 + nc [+ 32], 32) and the spatial ones symbolic; all are known
     # except those of a file with free height and width.
-    segment = model.task == "segment"
-    num_masks = model.head.nm if segment else 0
-    known = [{1: 4 + model.num_classes + num_masks}]
-    if not dynamic:
-        known[0][2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
-    if segment:
-        known.append({1: num_masks} if dynamic else {1: num_masks, 2: size[0] // 4, 3: size[1] // 4})
+    known = get_task(model.task).onnx_output_dims(model, size, dynamic)
     for output, axes in zip(proto.graph.output, known):
         dims = output.type.tensor_type.shape.dim
         for axis, value in axes.items():

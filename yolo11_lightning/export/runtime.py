@@ -25,11 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from yolo11_lightning.export.metadata import OnnxModelInfo, read_metadata
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
 __all__ = ["OnnxDetector", "is_onnx_file", "refuse_training"]
-
-
-_OUTPUTS = {"detect": 1, "segment": 2}  # task -> number of graph outputs
 
 
 def is_onnx_file(path: str | os.PathLike | None) -> bool:
@@ -64,8 +62,8 @@ class OnnxDetector(nn.Module):
         task: the task the caller handles (``detect``, ``segment``); a file of another task is refused. None
             takes whatever the file holds (``task`` tells). The default is detection, as for ``load_model``.
 
-    Attributes: ``names`` (from the file), ``num_classes``, ``task`` (``detect`` or ``segment``), ``num_masks``
-    (0 for a detector), ``strides`` (8, 16, 32), ``input_shape`` ((H, W) ints for a fixed-shape file, None for
+    Attributes: ``names`` (from the file), ``num_classes``, ``task`` (a task of ``tasks.TASKS``), ``num_masks``
+    (prediction channels after the class scores: a segmenter's mask coefficients, 0 for a detector), ``strides`` (8, 16, 32), ``input_shape`` ((H, W) ints for a fixed-shape file, None for
     free axes), ``info`` (the parsed metadata).
     """
 
@@ -76,7 +74,7 @@ class OnnxDetector(nn.Module):
         path: str | os.PathLike,
         num_classes: int | None = None,
         providers: list[str] | None = None,
-        task: str | None = "detect",
+        task: str | None = DEFAULT_TASK,
     ) -> None:
         super().__init__()
         self.path = Path(path)
@@ -96,11 +94,13 @@ class OnnxDetector(nn.Module):
         self.info: OnnxModelInfo = read_metadata(self.path, self.session.get_modelmeta().custom_metadata_map)
         inputs, outputs = self.session.get_inputs(), self.session.get_outputs()
         self.task = self.info.task
-        expected = _OUTPUTS.get(self.task)
-        if expected is None or len(inputs) != 1 or len(outputs) != expected:
+        spec = TASKS.get(self.task)
+        if spec is None or len(inputs) != 1 or len(outputs) != len(spec.onnx_outputs):
+            known = "; ".join(
+                f"{t.words}: {len(t.onnx_outputs)} output(s) {t.onnx_output_doc}" for t in TASKS.values()
+            )
             raise ValueError(
-                f"{self.path}: expected a detection model with one input and one output (B, 4 + nc, A), or a "
-                "segmentation model with two outputs (B, 4 + nc + 32, A) and (B, 32, H/4, W/4); got task "
+                f"{self.path}: expected one input and the outputs of its task ({known}); got task "
                 f"{self.info.task!r}, {len(inputs)} input(s), {len(outputs)} output(s)"
             )
         if task is not None and self.task != task:
@@ -108,8 +108,7 @@ class OnnxDetector(nn.Module):
                 f"{self.path}: holds a {self.task} model ({len(outputs)} outputs), not a {task} model; "
                 f"use it where {self.task} models are handled"
             )
-        if self.task == "segment" and len(outputs[0].shape) == 4:  # protos first: predictions are the 3-D one
-            outputs = outputs[::-1]
+        outputs = [outputs[i] for i in spec.onnx_output_order([o.shape for o in outputs])]
         self.input_name, self.output_name = inputs[0].name, outputs[0].name
         self.output_names = [o.name for o in outputs]
         in_shape, out_shape = list(inputs[0].shape), list(outputs[0].shape)
@@ -118,14 +117,10 @@ class OnnxDetector(nn.Module):
                 f"{self.path}: input {in_shape} / output {out_shape} are not (B, 3, H, W) / (B, 4 + nc, A); an "
                 "export with NMS inside the graph (end-to-end) is not supported"
             )
-        self.num_masks = 0
-        if self.task == "segment":
-            proto_shape = list(outputs[1].shape)
-            if len(proto_shape) != 4 or not isinstance(proto_shape[1], int):
-                raise ValueError(
-                    f"{self.path}: second output {proto_shape} is not the prototypes (B, nm, H/4, W/4)"
-                )
-            self.num_masks = proto_shape[1]
+        try:  # prediction channels after the class scores: a segmenter's mask coefficients
+            self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs])
+        except ValueError as e:
+            raise ValueError(f"{self.path}: {e}") from e
         h, w = in_shape[2:]
         self.input_shape: tuple[int, int] | None = (
             (h, w) if isinstance(h, int) and isinstance(w, int) else None
@@ -193,7 +188,7 @@ class OnnxDetector(nn.Module):
 
     def extra_repr(self) -> str:
         shape = "x".join(map(str, self.input_shape)) if self.input_shape else "dynamic HxW"
-        task = "" if self.task == "detect" else f", task {self.task}"
+        task = "" if self.task == DEFAULT_TASK else f", task {self.task}"
         return (
             f"{self.path.name}, {self.num_classes} classes{task}, input {shape}, providers {self._providers}"
         )

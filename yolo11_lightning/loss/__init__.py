@@ -1,7 +1,6 @@
-"""Task-aligned assigner and the YOLO11 detection and segmentation losses (plain torch)."""
+"""Task-aligned assigner and the YOLO11 detection loss (plain torch); a task's own loss lives with the task."""
 
 from yolo11_lightning.loss.assigner import Assignment, TaskAlignedAssigner
 from yolo11_lightning.loss.detection import DetectionLoss
-from yolo11_lightning.loss.segmentation import SegmentationLoss
 
-__all__ = ["Assignment", "DetectionLoss", "SegmentationLoss", "TaskAlignedAssigner"]
+__all__ = ["Assignment", "DetectionLoss", "TaskAlignedAssigner"]

@@ -19,10 +19,10 @@ from torch import Tensor
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.safe_pickle import StandIn
 from yolo11_lightning.model_files.torch_file import CheckpointError
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 
 __all__ = [
     "HEAD_INDEX",
-    "TASK_NAMES",
     "CheckpointError",
     "WrongTaskError",
     "infer_and_map",
@@ -32,13 +32,6 @@ __all__ = [
 
 HEAD_INDEX = 23  # reference index of the Detect layer
 _MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
-# Tasks we read: our name -> (the word in messages, the reference model class, an example file).
-TASK_NAMES = {
-    "detect": ("detection", "DetectionModel", "yolo11n.pt"),
-    "segment": ("segmentation", "SegmentationModel", "yolo11n-seg.pt"),
-}
-_MODEL_TASKS = {cls: task for task, (_, cls, _) in TASK_NAMES.items()}
-_PROTO_KEY = f"model.{HEAD_INDEX}.proto.cv1.conv.weight"  # only a Segment head has it
 # Reference model classes of other tasks (their files share the backbone, not the head).
 _TASKS = {
     "ClassificationModel": "classification",
@@ -88,9 +81,9 @@ def _extract(
         if isinstance(entry, StandIn):
             cls_name = entry.qualname.rpartition(".")[2]
             task = _TASKS.get(cls_name)
-            ours = _MODEL_TASKS.get(cls_name)
-            if ours is not None and wanted is not None and ours != wanted:
-                task = TASK_NAMES[ours][0]
+            ours = next((t for t in TASKS.values() if t.reference_class == cls_name), None)
+            if ours is not None and wanted is not None and ours.name != wanted:
+                task = ours.words
             if task is not None and not any_task:
                 raise WrongTaskError(
                     f"{label}: holds a {task} model ({entry.qualname}), {_not_a(wanted)}", task
@@ -107,13 +100,13 @@ def _extract(
 
 def _not_a(wanted: str | None) -> str:
     """The tail of a wrong-task message: what was wanted and which file to use."""
-    word, _, example = TASK_NAMES[wanted or "detect"]
+    files = {t.name: f"yolo11n{t.model_suffix}.pt" for t in TASKS.values()}
     if wanted is None:
-        return "not a detection or segmentation model; use a detection or segmentation file (yolo11n.pt, yolo11n-seg.pt)"
-    other = (
-        "not yolo11n-seg.pt or yolo11n-cls.pt" if wanted == "detect" else "not yolo11n.pt or yolo11n-cls.pt"
-    )
-    return f"not a {word} model; use a {word} file ({example}, {other})"
+        words = " or ".join(t.words for t in TASKS.values())
+        return f"not a {words} model; use a {words} file ({', '.join(files.values())})"
+    word = get_task(wanted).words
+    others = [f for name, f in files.items() if name != wanted] + ["yolo11n-cls.pt"]
+    return f"not a {word} model; use a {word} file ({files[wanted]}, not {' or '.join(others)})"
 
 
 def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
@@ -179,7 +172,8 @@ def infer_and_map(
     scales: Iterable[str],
 ) -> tuple[str, int, str, dict[str, Tensor]]:
     """Infer (scale, num_classes, task) from a reference state dict and return them with it under our keys,
-    in fp32. The task is "segment" when the head has a ``proto`` (mask prototypes), else "detect".
+    in fp32. The task is the one whose ``reference_key`` the state dict has (a Segment head's ``proto``), else
+    detection.
 
     ``expected_state(scale, num_classes, task)`` is the state dict (shapes only: meta tensors do) the model of
     that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
@@ -198,7 +192,10 @@ def infer_and_map(
         if key not in state or state[key].ndim != 4:
             raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint: no 4-d tensor {key!r}")
     nc = int(state[cls_key].shape[0])
-    task = "segment" if _PROTO_KEY in state else "detect"
+    # The task whose head leaves its mark in the state dict (a Segment head's prototypes), else detection.
+    task = next(
+        (t.name for t in TASKS.values() if t.reference_key and t.reference_key in state), DEFAULT_TASK
+    )
     ours = {rename_key(k): v for k, v in state.items()}
     problems: list[str] = []
     for scale in scales:
@@ -210,7 +207,7 @@ def infer_and_map(
             return scale, nc, task, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
         problems = [f"scale {scale}: {p}" for p in problems]
     detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
-    raise CheckpointError(f"{label}: not a YOLO11 {TASK_NAMES[task][0]} checkpoint (nc={nc}): {detail}")
+    raise CheckpointError(f"{label}: not a YOLO11 {get_task(task).words} checkpoint (nc={nc}): {detail}")
 
 
 def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:

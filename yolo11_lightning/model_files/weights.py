@@ -30,14 +30,15 @@ from torch import Tensor
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.reference import (
     HEAD_INDEX,
-    TASK_NAMES,
     WrongTaskError,
     infer_and_map,
     load_reference,
     rename_key,
 )
 from yolo11_lightning.model_files.torch_file import CheckpointError
-from yolo11_lightning.nn.yolo11 import SCALES, YOLO11
+from yolo11_lightning.nn.scales import SCALES
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import DEFAULT_TASK, get_task
 
 __all__ = [
     "CLASS_HEAD",
@@ -80,7 +81,7 @@ def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
         "names": list(model.names) if model.names is not None else None,
         "state_dict": state,
     }
-    if model.task != "detect":  # detection files stay exactly as they were
+    if model.task != DEFAULT_TASK:  # a file without a task is a detection one: those stay as they were
         payload["task"] = model.task
     torch.save(payload, os.fspath(path))
 
@@ -108,7 +109,7 @@ def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> 
             f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
             "checkpoints and reference .pt files load with yolo11_lightning.model_files.weights.load_model"
         )
-    task = payload.get("task", "detect")
+    task = payload.get("task", DEFAULT_TASK)
     model = model_class(payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task)
     model.load_state_dict(payload["state_dict"], strict=True)
     return model
@@ -142,8 +143,8 @@ def from_reference(
     scale, nc, found, ours = infer_and_map(state, label, _expected_state(model_class), SCALES)
     if task is not None and found != task:  # a plain state dict: no model class to tell it earlier
         raise WrongTaskError(
-            f"{label}: holds a {TASK_NAMES[found][0]} model, not a {TASK_NAMES[task][0]} model",
-            TASK_NAMES[found][0],
+            f"{label}: holds a {get_task(found).words} model, not a {get_task(task).words} model",
+            get_task(found).words,
         )
     model = model_class(scale, nc, task=found)
     model.load_state_dict(ours, strict=True)
@@ -169,7 +170,7 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     num_classes = hparams.get("num_classes")
     if scale is None or num_classes is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`")
-    task = hparams.get("task") or "detect"  # checkpoints from before tasks are detection ones
+    task = hparams.get("task") or DEFAULT_TASK
     model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task)
     model.load_state_dict(ours, strict=True)
     return model
@@ -202,10 +203,10 @@ def load_model(path: str | os.PathLike, task: str | None = "detect") -> YOLO11:
     else:
         model = from_reference(path, task=task)  # a plain reference state dict, or a clear error
     if task is not None and model.task != task:
-        word = TASK_NAMES[model.task][0]
+        word = get_task(model.task).words
         raise WrongTaskError(
             f"{path}: holds a {word} model (YOLO11-{model.scale}, {model.num_classes} classes), not a "
-            f"{TASK_NAMES[task][0]} model",
+            f"{get_task(task).words} model",
             word,
         )
     return model.eval()

@@ -1,27 +1,11 @@
-"""The YOLO11 detector and segmenter in plain PyTorch (imports torch only); model files are ``model_files``."""
+"""The YOLO11 network in plain PyTorch.
 
-from yolo11_lightning.nn.attention import C2PSA, Attention, PSABlock
-from yolo11_lightning.nn.blocks import SPPF, Bottleneck, C3k, C3k2, Concat, Conv, DWConv, Proto
-from yolo11_lightning.nn.head import DFL, Detect, Segment, SegmentOutput
-from yolo11_lightning.nn.yolo11 import SCALES, TASKS, YOLO11
+    blocks.py     convolutions and the C3k2 / SPPF blocks of the backbone and neck
+    attention.py  the C2PSA position-sensitive attention block
+    head.py       the detection head (``Detect``, its ``DFL``); a task's own head lives with the task
+    scales.py     the n/s/m/l/x depth and width multipliers
+    yolo11.py     ``YOLO11``: backbone, neck and the task's head (``tasks.get_task(task).build_head``)
+    summary.py    layer and parameter tables (``yolo11-lightning info``)
 
-__all__ = [
-    "C2PSA",
-    "DFL",
-    "SCALES",
-    "SPPF",
-    "TASKS",
-    "YOLO11",
-    "Attention",
-    "Bottleneck",
-    "C3k",
-    "C3k2",
-    "Concat",
-    "Conv",
-    "DWConv",
-    "Detect",
-    "PSABlock",
-    "Proto",
-    "Segment",
-    "SegmentOutput",
-]
+Model files (the reference's ``.pt``, our weights) are read by ``model_files``.
+"""

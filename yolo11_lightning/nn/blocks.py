@@ -152,21 +152,3 @@ class Concat(nn.Module):
 
     def forward(self, xs: list[Tensor]) -> Tensor:
         return torch.cat(xs, self.dim)
-
-
-class Proto(nn.Module):
-    """Mask prototypes of the segmentation head: (B, c1, H, W) -> (B, c2, 2H, 2W).
-
-    cv1 Conv3×3 c1→c_, ``upsample`` ConvTranspose2d(c_, c_, 2, stride 2, with bias), cv2 Conv3×3 c_→c_,
-    cv3 Conv1×1 c_→c2. On the P3/8 map this gives c2 prototypes at 1/4 of the input size.
-    """
-
-    def __init__(self, c1: int, c_: int = 256, c2: int = 32) -> None:
-        super().__init__()
-        self.cv1 = Conv(c1, c_, 3)
-        self.upsample = nn.ConvTranspose2d(c_, c_, 2, 2, 0, bias=True)
-        self.cv2 = Conv(c_, c_, 3)
-        self.cv3 = Conv(c_, c2)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.cv3(self.cv2(self.upsample(self.cv1(x))))

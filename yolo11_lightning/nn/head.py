@@ -1,4 +1,4 @@
-"""The YOLO11 heads: DFL, Detect and Segment (Detect plus mask coefficients and prototypes).
+"""The YOLO11 detection head (DFL, Detect), which every task's head builds on (``tasks/<task>/head.py``).
 
 Per level the detection head predicts 4·reg_max box-distribution logits (the distance from the anchor centre
 to each box side, as a distribution over reg_max bins in stride units) followed by ``nc`` class logits. The
@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.nn.blocks import Conv, DWConv, Proto
+from yolo11_lightning.nn.blocks import Conv, DWConv
 from yolo11_lightning.ops.anchors import dist_to_box, make_anchors
 
 
@@ -139,8 +138,16 @@ class Detect(nn.Module):
         ]
 
     def forward(self, xs: list[Tensor]) -> list[Tensor] | Tensor:
-        maps = self.level_maps(xs)
-        return maps if self.training else self.decode(maps)
+        maps = self.outputs(xs)
+        return maps if self.training else self.decode_outputs(maps)
+
+    def outputs(self, xs: Sequence[Tensor]) -> list[Tensor]:
+        """The train-mode outputs, whatever the mode: the level maps (what the loss takes)."""
+        return self.level_maps(xs)
+
+    def decode_outputs(self, maps: Sequence[Tensor]) -> Tensor:
+        """The eval-mode output from ``outputs``: ``decode``."""
+        return self.decode(maps)
 
     def anchors(self, maps: Sequence[Tensor], dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """Anchor centres (2, A) in grid units and strides (1, A) in ``dtype`` (default: the maps'), cached by
@@ -179,61 +186,3 @@ class Detect(nn.Module):
             points, strides = self.anchors(maps, torch.float32)
             boxes = dist_to_box(self.dfl(box), points.unsqueeze(0), xywh=True, dim=1) * strides
             return torch.cat((boxes, cls.sigmoid()), 1)
-
-
-class SegmentOutput(NamedTuple):
-    """Train-mode output of ``Segment`` (what ``SegmentationLoss`` takes).
-
-    maps: the detection level maps (B, 4·reg_max + nc, H_i, W_i); coefficients: (B, nm, A) mask coefficients,
-    anchors in the maps' order; protos: (B, nm, H/4, W/4) prototype masks (for a P3/8 input map).
-    """
-
-    maps: list[Tensor]
-    coefficients: Tensor
-    protos: Tensor
-
-
-class Segment(Detect):
-    """Detect plus instance masks: ``nm`` coefficients per anchor and ``nm`` prototypes from P3.
-
-    Coefficient branch ``cv4[i]``: Conv3×3→c4, Conv3×3→c4, Conv2d 1×1→nm (bias), c4 = max(ch[0]//4, nm).
-    ``proto``: ``Proto(ch[0], npr, nm)`` on the P3 map, so prototypes are at twice P3's resolution (1/4 input).
-    An instance mask is sigmoid(coefficients · protos), cropped to its box.
-
-    Train mode returns a ``SegmentOutput``; eval mode ``(predictions (B, 4 + nc + nm, A), protos (B, nm, H/4,
-    W/4))``, predictions being ``Detect.decode`` then the raw coefficients.
-    """
-
-    def __init__(
-        self,
-        nc: int,
-        ch: Sequence[int],
-        strides: Sequence[int] = (8, 16, 32),
-        reg_max: int = 16,
-        nm: int = 32,
-        npr: int = 256,
-    ) -> None:
-        super().__init__(nc, ch, strides, reg_max)
-        self.nm, self.npr = nm, npr
-        self.proto = Proto(self.ch[0], npr, nm)  # registered before cv4: the reference's state-dict order
-        c4 = max(self.ch[0] // 4, nm)
-        self.cv4 = nn.ModuleList(
-            nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, nm, 1)) for c in ch
-        )
-
-    def outputs(self, xs: Sequence[Tensor]) -> SegmentOutput:
-        """The raw outputs, whatever the mode (the train-mode result)."""
-        bs = xs[0].shape[0]
-        coefficients = torch.cat(
-            [output_branch(self.cv4[i], x).view(bs, self.nm, -1) for i, x in enumerate(xs)], 2
-        )
-        return SegmentOutput(self.level_maps(xs), coefficients, self.proto(xs[0]))
-
-    def forward(self, xs: list[Tensor]) -> SegmentOutput | tuple[Tensor, Tensor]:  # type: ignore[override]
-        out = self.outputs(xs)
-        return out if self.training else self.decode_outputs(out)
-
-    def decode_outputs(self, out: SegmentOutput) -> tuple[Tensor, Tensor]:
-        """``SegmentOutput`` -> (predictions (B, 4 + nc + nm, A), protos (B, nm, H/4, W/4)), float32 as
-        ``decode``: the masks assembled from them (coefficients · protos) keep their precision too."""
-        return torch.cat((self.decode(out.maps), out.coefficients.float()), 1), out.protos.float()

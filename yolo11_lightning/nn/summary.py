@@ -16,10 +16,11 @@ from collections.abc import Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from yolo11_lightning.nn.yolo11 import SCALES, TASKS, YOLO11
+from yolo11_lightning.nn.scales import SCALES
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import TASKS, get_task
 
 # Task -> (words in the header, suffix of the model names, as the reference files are named).
-_TASK_LABELS = {"detect": ("detection", ""), "segment": ("instance segmentation", "-seg")}
 
 
 def count_flops(model: YOLO11, imgsz: tuple[int, int]) -> tuple[float, float]:
@@ -58,7 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scales", default=",".join(SCALES), help="comma-separated scales (default: all)")
     parser.add_argument("--num-classes", type=int, default=80)
     parser.add_argument(
-        "--task", choices=TASKS, default="detect", help="detect (default) or segment (YOLO11-seg)"
+        "--task",
+        choices=list(TASKS),
+        default="detect",
+        help=", ".join(f"{name} (YOLO11{t.model_suffix})" for name, t in TASKS.items())
+        + "; detect by default",
     )
     parser.add_argument("--imgsz", type=int, nargs="+", default=[640], help="H [W], multiples of 32")
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -74,7 +79,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     h, w = (args.imgsz * 2)[:2]
 
     out = sys.stdout
-    words, suffix = _TASK_LABELS[args.task]
+    spec = get_task(args.task)
+    words, suffix = spec.title, spec.model_suffix
     out.write(f"YOLO11 {words} models (task {args.task}), {args.num_classes} classes, input {h}x{w}\n")
     width = 9 + len(suffix)
     out.write(f"{'model':<{width}}{'layers':>8}{'parameters':>14}{'GFLOPs':>10}{'+attn':>10}\n")

@@ -1,44 +1,26 @@
-"""YOLO11: the detector (and its segmentation variant) at scales n/s/m/l/x, its builder and BN fusion.
+"""YOLO11 at scales n/s/m/l/x: backbone and neck, with the head of its task (``tasks``), and BN fusion.
 
-Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``model_files.weights``, which
-also provides ``YOLO11.from_weights``, ``YOLO11.from_ultralytics`` and ``YOLO11.save_weights``.
+Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``model_files.weights``.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from yolo11_lightning.nn.attention import C2PSA
 from yolo11_lightning.nn.blocks import SPPF, C3k2, Concat, Conv
-from yolo11_lightning.nn.head import Detect, Segment, SegmentOutput
-
-# scale -> (depth multiple, width multiple, max channels)
-SCALES: dict[str, tuple[float, float, int]] = {
-    "n": (0.50, 0.25, 1024),
-    "s": (0.50, 0.50, 1024),
-    "m": (0.50, 1.00, 512),
-    "l": (1.00, 1.00, 512),
-    "x": (1.00, 1.50, 512),
-}
-
-# Tasks: the head on layers 16/19/22 ("detect": Detect; "segment": Segment, Detect plus masks).
-TASKS = ("detect", "segment")
-NUM_MASKS = 32  # mask coefficients per anchor and prototypes per image (YOLO11-seg)
-PROTO_CHANNELS = 256  # hidden width of Proto at width 1, scaled like any layer
+from yolo11_lightning.nn.head import Detect
+from yolo11_lightning.nn.scales import SCALES, scaled_channels
+from yolo11_lightning.tasks import get_task
 
 # Layer index -> index of the earlier layer concatenated with the previous output (layer i-1).
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
 # Layers feeding the Detect head: P3/8, P4/16, P5/32.
 _HEAD_FROM = (16, 19, 22)
-
-
-def scaled_channels(scale: str, c: int) -> int:
-    """Channels of a layer of width ``c`` (at width 1) in ``scale``: ceil(min(c, max) · width / 8) · 8."""
-    _, width, max_ch = SCALES[scale]
-    return math.ceil(min(c, max_ch) * width / 8) * 8
 
 
 def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
@@ -98,15 +80,13 @@ def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
 
 
 class YOLO11(nn.Module):
-    """YOLO11 detector (``task="detect"``) or instance segmenter (``task="segment"``, YOLO11-seg).
+    """YOLO11 for a task (``tasks``): detection (``task="detect"``), instance segmentation (``"segment"``, YOLO11-seg).
 
-    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32.
-    Detection. Train mode: list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32,
-    box-distribution channels first, then class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels
-    then sigmoid class scores, A = sum over levels of (H/s)·(W/s).
-    Segmentation. Train mode: ``SegmentOutput(maps, coefficients (B, 32, A), protos (B, 32, H/4, W/4))``.
-    Eval mode: ``(predictions (B, 4 + nc + 32, A), protos (B, 32, H/4, W/4))``, predictions being the
-    detection output followed by each anchor's 32 mask coefficients.
+    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The head (layer 23) is the task's
+    (``Task.build_head``) and decides the outputs. Detection. Train mode: list of three maps (B, 4·reg_max + nc,
+    H/s, W/s) for s = 8, 16, 32, box-distribution channels first, then class logits. Eval mode: (B, 4 + nc, A),
+    xywh boxes in input pixels then sigmoid class scores, A = sum over levels of (H/s)·(W/s). Segmentation:
+    ``tasks.segment.head.Segment``.
     """
 
     reg_max: int = 16
@@ -119,18 +99,13 @@ class YOLO11(nn.Module):
             raise ValueError(f"unknown YOLO11 scale {scale!r}; choose one of {', '.join(SCALES)}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-        if task not in TASKS:
-            raise ValueError(f"unknown YOLO11 task {task!r}; choose one of {', '.join(TASKS)}")
+        spec = get_task(task)  # a clear error naming the known tasks
         self.scale = scale
         self.task = task
         self.strides: tuple[int, int, int] = (8, 16, 32)
         self.layers, out = _build_layers(scale)
         ch = [out[i] for i in _HEAD_FROM]
-        if task == "segment":
-            npr = scaled_channels(scale, PROTO_CHANNELS)
-            self.head: Detect = Segment(num_classes, ch, self.strides, self.reg_max, NUM_MASKS, npr)
-        else:
-            self.head = Detect(num_classes, ch, self.strides, self.reg_max)
+        self.head: Detect = spec.build_head(num_classes, ch, self.strides, self.reg_max, scale)  # type: ignore[assignment]
         self.names = self._check_names(names, num_classes)
 
     @property
@@ -171,19 +146,13 @@ class YOLO11(nn.Module):
         """The three raw detection maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""
         return self.head.level_maps(self.features(x))
 
-    def train_outputs(self, x: Tensor) -> list[Tensor] | SegmentOutput:
+    def train_outputs(self, x: Tensor) -> Any:
         """What train mode returns, whatever the mode (the loss input, for val losses)."""
-        if isinstance(self.head, Segment):
-            return self.head.outputs(self.features(x))
-        return self.level_maps(x)
+        return self.head.outputs(self.features(x))
 
-    def forward(self, x: Tensor) -> list[Tensor] | Tensor | SegmentOutput | tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor) -> Any:
         out = self.train_outputs(x)
-        if self.training:
-            return out
-        if isinstance(self.head, Segment):
-            return self.head.decode_outputs(out)  # type: ignore[arg-type]
-        return self.head.decode(out)  # type: ignore[arg-type]
+        return out if self.training else self.head.decode_outputs(out)
 
     def reset_head(self, num_classes: int, names: list[str] | None = None) -> YOLO11:
         """Re-create the class outputs for ``num_classes`` (reference bias init) for fine-tuning."""

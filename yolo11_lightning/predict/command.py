@@ -38,7 +38,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.weights import load_model
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.predict.sources import (
     PredictionSource,
     Source,

@@ -20,13 +20,12 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from yolo11_lightning.ops.masks import encode_rle
 from yolo11_lightning.predict.sources import (
     VIDEO_EXTENSIONS,
     SkippedSourceWarning,
     Source,
 )
-from yolo11_lightning.visualize import draw_boxes, draw_masks, save_rgb
+from yolo11_lightning.visualize import draw_boxes, save_rgb
 
 RESULTS_JSON = "predictions.json"
 RESULTS_JSONL = "predictions.jsonl"
@@ -136,6 +135,7 @@ class PredictionWriter(BasePredictionWriter):
         self._jsonl: Any = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self.task = pl_module.task  # what a prediction holds beyond its boxes: ``Task.split_result``
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self._jsonl = open(self.out_dir / RESULTS_JSONL, "w")  # noqa: SIM115 -- closed at the end
 
@@ -149,10 +149,9 @@ class PredictionWriter(BasePredictionWriter):
         """Record that input ``path`` failed (the first reason is kept)."""
         self.failures.setdefault(path, reason)
 
-    def _draw(self, original: np.ndarray, det: np.ndarray, masks: np.ndarray | None = None) -> np.ndarray:
+    def _draw(self, original: np.ndarray, det: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         thickness = max(1, round(sum(original.shape[:2]) / 600))
-        if masks is not None and len(masks):
-            original = draw_masks(original, masks, det[:, 5])
+        original = self.task.draw(original, det[:, 5], extras)
         return draw_boxes(original, det[:, :4], det[:, 5], det[:, 4], self.names, thickness=thickness)
 
     def _write_video_frame(self, path: str, fps: float, frame: np.ndarray) -> None:
@@ -187,10 +186,8 @@ class PredictionWriter(BasePredictionWriter):
         for path, reason in batch.get("problems", []):
             self.fail(path, reason)
         lines = []
-        for i, det in enumerate(prediction):
-            masks = None
-            if isinstance(det, dict):  # segmentation: {"detections": (n, 6), "masks": (n, h0, w0) bool}
-                det, masks = det["detections"], det["masks"].detach().cpu().numpy()
+        for i, result in enumerate(prediction):
+            det, extras = self.task.split_result(result)  # (n, 6), per-detection extras (a segmenter's masks)
             det = det.detach().float().cpu().numpy()
             path, frame = batch["paths"][i], batch["frames"][i]
             image_id = self.image_id(path, frame)
@@ -211,13 +208,12 @@ class PredictionWriter(BasePredictionWriter):
                     row["category_name"] = self.names[int(cls)]
                 if frame >= 0:
                     row["frame"] = frame
-                if masks is not None:
-                    row["segmentation"] = encode_rle(masks[k])
+                row.update(self.task.result_fields(extras, k))
                 self.results.append(row)
                 lines.append(json.dumps(row))
             original = batch["originals"][i]
             if self.save_media and original is not None:
-                self._save(path, frame, batch["fps"][i], self._draw(original, det, masks))
+                self._save(path, frame, batch["fps"][i], self._draw(original, det, extras))
         if self._jsonl is not None and lines:
             self._jsonl.write("\n".join(lines) + "\n")
             self._jsonl.flush()

@@ -18,8 +18,8 @@ from torch import Tensor
 
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
-from yolo11_lightning.nn import YOLO11
-from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import get_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings, compile_in_place
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
@@ -37,7 +37,6 @@ from yolo11_lightning.training.optim import (
 )
 from yolo11_lightning.training.pretrained import load_pretrained
 from yolo11_lightning.training.step_exchange import StepExchange
-from yolo11_lightning.training.tasks import get_task
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +54,7 @@ class YOLO11Module(L.LightningModule):
     reference trainer's for the same *global* batch whatever the number of devices: the loss normaliser is
     summed over ranks, and the scale undoes DDP's gradient averaging and Lightning's accumulation division.
 
-    The task (``training.tasks``) decides the head, the loss, the metric and what predict returns: ``detect``
+    The task (``tasks.base``) decides the head, the loss, the metric and what predict returns: ``detect``
     (box mAP; (n, 6) detections) or ``segment`` (YOLO11-seg: ``SegmentationBatch`` input, box and mask mAP,
     detections with masks).
 
@@ -298,7 +297,9 @@ class YOLO11Module(L.LightningModule):
             return
         torch_optimizer = getattr(optimizer, "optimizer", optimizer)
         plugin = self.trainer.precision_plugin
-        if isinstance(plugin, MixedPrecision) and getattr(torch_optimizer, "_step_supports_amp_scaling", False):
+        if isinstance(plugin, MixedPrecision) and getattr(
+            torch_optimizer, "_step_supports_amp_scaling", False
+        ):
             # Lightning's mixed-precision plugin refuses to clip a fused optimiser (it would unscale inside its
             # step), even under bf16 where nothing is scaled. Under 16-mixed it is unscaled here first (what
             # Lightning does for the other optimisers), so the clip is right and the scaler's step hands the
@@ -321,7 +322,7 @@ class YOLO11Module(L.LightningModule):
         # One kernel (the uint8 -> float cast happens inside the division): no float copy to divide again.
         return images / 255 if images.dtype == torch.uint8 else images
 
-    def _model_input(self, images: Tensor) -> Tensor:
+    def model_input(self, images: Tensor) -> Tensor:
         """The batch's uint8 images as the detector's float input, in its memory layout.
 
         Loader batches are channels-last already (``data.batch.stack_images``): no copy then. Any reorder
@@ -335,7 +336,7 @@ class YOLO11Module(L.LightningModule):
         self.loop_recipe.zero_grad_before_batch(optimizer)  # the recipe zeroes after each step instead
 
     def training_step(self, batch: DetectionBatch, batch_idx: int) -> Tensor:
-        images = self._model_input(batch["images"])
+        images = self.model_input(batch["images"])
         # The loss sums its normalisers and terms over ranks (step_exchange): `items` are the global batch's,
         # and a NaN/inf on any rank is in every rank's `items`, so all ranks skip the step alike.
         loss, items = self.task.loss(self.criterion, self.model(images), batch)
@@ -460,14 +461,9 @@ class YOLO11Module(L.LightningModule):
             self.resolved_recipe = OptimizerRecipe.from_state_dict(checkpoint["optimizer_recipe"])
 
     # ------------------------------------------------------------------------------------- evaluation
-    def _detect(self, images: Tensor) -> list[Tensor]:
-        predictions = self.model(self._model_input(images))
-        return non_max_suppression(
-            predictions,
-            conf_threshold=self.hparams.conf_threshold,
-            iou_threshold=self.hparams.iou_threshold,
-            max_detections=self.hparams.max_detections,
-        )
+    def detect(self, images: Tensor) -> list[Tensor]:
+        """uint8 (B, 3, H, W) images -> per image (n, 6 + extra) detections in input pixels (the task's NMS)."""
+        return self.task.nms(self, self.model(self.model_input(images)))
 
     def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         return self.task.evaluate(self, batch, metric)  # {"detections": ...}: ValidationImages draws these

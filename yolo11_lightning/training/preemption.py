@@ -11,7 +11,7 @@ all-reduce of the flag (``agree``): a signal that reached only some ranks, or re
 moments, stops them all after the same batch. ``LastCheckpoint`` (``checkpoint_callbacks``) then writes the
 exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM).
 
-DataLoader workers ignore these signals (``data.datamodule.ignore_stop_signals_in_worker``): a scheduler that signals the whole
+DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that signals the whole
 process group would otherwise kill them, and the main process would fail on its next batch before it could
 save. Workers still end with their parent.
 """

@@ -12,7 +12,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.model_files import weights as _weights
 from yolo11_lightning.model_files.weights import CLASS_HEAD, WeightsMismatchError
-from yolo11_lightning.nn import YOLO11
+from yolo11_lightning.nn.yolo11 import YOLO11
 
 __all__ = ["CLASS_HEAD", "WeightsMismatchError", "load_pretrained"]
 

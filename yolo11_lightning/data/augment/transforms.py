@@ -375,16 +375,24 @@ def mosaic_offsets(
 
 
 # ----------------------------------------------------------------------------------------------- flips, mixup
+def flip_boxes_lr(boxes: np.ndarray, width: float) -> np.ndarray:
+    """Mirror (n, 4) xyxy pixel boxes left-right in an image ``width`` pixels wide."""
+    return np.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], 1)
+
+
+def flip_boxes_ud(boxes: np.ndarray, height: float) -> np.ndarray:
+    """Mirror (n, 4) xyxy pixel boxes top-bottom in an image ``height`` pixels high."""
+    return np.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], 1)
+
+
 def flip_lr(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mirror left-right: image (new contiguous array) and (n, 4) xyxy boxes."""
-    w = image.shape[1]
-    return cv2.flip(image, 1), np.stack([w - boxes[:, 2], boxes[:, 1], w - boxes[:, 0], boxes[:, 3]], 1)
+    return cv2.flip(image, 1), flip_boxes_lr(boxes, image.shape[1])
 
 
 def flip_ud(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mirror top-bottom: image (new contiguous array) and (n, 4) xyxy boxes."""
-    h = image.shape[0]
-    return cv2.flip(image, 0), np.stack([boxes[:, 0], h - boxes[:, 3], boxes[:, 2], h - boxes[:, 1]], 1)
+    return cv2.flip(image, 0), flip_boxes_ud(boxes, image.shape[0])
 
 
 def mixup(

@@ -1,7 +1,7 @@
 """``RecordImageLoader``: reading a dataset record's image (retries, reduced decode, resize, substitutes).
 
 The loading half of ``DetectionDataset`` (a mixin of it): it reads the attributes ``DetectionDataset``
-sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``task``,
+sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``label_fields``,
 ``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode`` and the per-process
 ``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
 """
@@ -12,13 +12,12 @@ import cv2
 import numpy as np
 
 from yolo11_lightning.data.augment.pipeline import Labelled
-from yolo11_lightning.data.augment.transforms import resize_long_side, xywhn_to_xyxy
+from yolo11_lightning.data.augment.transforms import resize_long_side
 from yolo11_lightning.data.eval_shapes import eval_resize, eval_resized_shape
 from yolo11_lightning.data.images.cache import resized_shape
 from yolo11_lightning.data.images.io import ImageReadError, decode_scale, read_image_retrying
-from yolo11_lightning.data.polygons import RESAMPLE_POINTS, resample_all, to_pixels, with_box_outlines
+from yolo11_lightning.data.labels.instances import Instances
 from yolo11_lightning.data.sampling.seeds import substitute_index
-from yolo11_lightning.data.sources.records import ImageRecord
 
 # First entropy word of the generator choosing the substitute of an unreadable training image.
 SUBSTITUTE_STREAM = 2
@@ -101,17 +100,7 @@ class RecordImageLoader:
     def _load_labelled(self, index: int) -> Labelled:
         image, r = self.load_resized(index)
         rec = self.records[index]
-        boxes = xywhn_to_xyxy(rec.boxes, rec.width * r, rec.height * r)
-        if self.task != "segment":
-            return Labelled(image, boxes, rec.classes)
-        return Labelled(image, boxes, rec.classes, self._pixel_polygons(rec, rec.width * r, rec.height * r))
-
-    @staticmethod
-    def _pixel_polygons(rec: ImageRecord, width: float, height: float) -> np.ndarray:
-        """The record's outlines in pixels of a width x height image, box rectangles for missing ones,
-        resampled: (n, M, 2) float32, M = ``RESAMPLE_POINTS`` (more for longer outlines)."""
-        boxes = xywhn_to_xyxy(rec.boxes, width, height)
-        return resample_all(with_box_outlines(to_pixels(rec.polygons, width, height), boxes), RESAMPLE_POINTS)
+        return Labelled(image, Instances.from_record(rec, rec.width * r, rec.height * r, self.label_fields))
 
     def _substituting_loader(
         self, epoch: int, substitutes: dict[int, int], unreadable: list[tuple[str, str]]
@@ -144,7 +133,6 @@ class RecordImageLoader:
             rec = self.records[index]
             height, width, _ = resized_shape(rec.height, rec.width, self.image_size, self.scaleup)
             blank = np.full((height, width, 3), 114, np.uint8)
-            polygons = np.zeros((0, RESAMPLE_POINTS, 2), np.float32) if self.task == "segment" else None
-            return Labelled(blank, np.zeros((0, 4), np.float32), np.zeros(0, np.int64), polygons)
+            return Labelled(blank, Instances.empty(self.label_fields))
 
         return load

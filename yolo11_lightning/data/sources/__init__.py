@@ -11,18 +11,3 @@
 
 Everything after the records (image cache, Dataset, augmentation, sampler) does not know the format.
 """
-
-from yolo11_lightning.data.sources.checks import DataReport
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
-from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.sources.split import build_label_cache, load_split
-
-__all__ = [
-    "DataReport",
-    "DatasetConfig",
-    "DatasetError",
-    "ImageRecord",
-    "build_label_cache",
-    "load_dataset_config",
-    "load_split",
-]

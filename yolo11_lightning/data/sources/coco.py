@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.data.images.io import ImageReadError, probe_image
-from yolo11_lightning.data.polygons import merge_parts
+from yolo11_lightning.data.labels.polygons import merge_parts
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError

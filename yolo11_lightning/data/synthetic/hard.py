@@ -29,11 +29,10 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo11_lightning.data.synthetic.shapes import already_written
+from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
 
 HARD_CLASS_NAMES = ("circle", "ring", "square", "cross", "triangle")
 _MARKER = "synthetic_hard.json"
-_SPLITS = ("train", "val")
 _MIN_VISIBLE = 0.4  # an earlier object must keep at least this share of its pixels visible
 
 
@@ -198,7 +197,7 @@ def make_hard_synthetic_dataset(
         return yaml_path
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
-    for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
+    for split_index, (split, count) in enumerate(zip(SPLITS, (num_train, num_val))):
         _write_split(out, params, split_index, split, count)
     names = list(HARD_CLASS_NAMES)
     yaml_path.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))

@@ -1,26 +1,39 @@
 """The synthetic images: class shapes painted on a noisy gradient, with their exact boxes or outlines.
 
-One image of a split from (parameters, split, index) only (``_sample`` for the detection set,
-``_segment_sample`` for the segmentation set); ``data.synthetic.shapes`` writes them as a dataset folder.
+One image of a split from (parameters, split, index) only (``boxes_sample`` for the set labelled with boxes,
+``outlines_sample`` for the one labelled with outlines); ``data.synthetic.shapes`` writes them as a dataset
+folder.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import cv2
 import numpy as np
 
-if TYPE_CHECKING:
-    from yolo11_lightning.data.synthetic.shapes import _Params
-
 SYNTHETIC_CLASS_NAMES = ("rectangle", "ellipse", "triangle", "diamond", "cross", "hexagon", "star", "ring")
-_SEGMENT_STREAM = 1  # seeds the segmentation set's images apart from the detection set's
+_OUTLINES_STREAM = 1  # seeds the outline set's images apart from the box set's
 _ROUND_POINTS = 32  # vertices of an ellipse / ring circle
 _SHIFT = 4  # fractional bits of the painted vertices
 _SUBPIXEL = 1 << _SHIFT
+
+
+@dataclass(frozen=True)
+class ShapeParams:
+    """What a synthetic shapes set is generated from (recorded in its folder's marker)."""
+
+    num_train: int
+    num_val: int
+    height: int
+    width: int
+    num_classes: int
+    seed: int
+    max_objects: int
+    min_objects: int
+    coco: bool
 
 
 def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
@@ -101,7 +114,7 @@ def _free_places(
         yield int(rng.integers(num_classes)), taken[-1]
 
 
-def _sample(params: _Params, split_index: int, index: int):
+def boxes_sample(params: ShapeParams, split_index: int, index: int):
     """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
     rng = np.random.default_rng([params.seed, split_index, index])
     h, w = params.height, params.width
@@ -187,13 +200,13 @@ def _paint_outline(outline: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return mask
 
 
-def _segment_sample(params: _Params, split_index: int, index: int):
-    """One segmentation image: (H, W, 3) uint8 RGB, classes (n,), outlines [(k_i, 2)] in pixel edges.
+def outlines_sample(params: ShapeParams, split_index: int, index: int):
+    """One image labelled with outlines: (H, W, 3) uint8 RGB, classes (n,), outlines [(k_i, 2)] in pixel edges.
 
-    Same placement as ``_sample`` (non-overlapping boxes), each shape rotated by up to 30 degrees and
+    Same placement as ``boxes_sample`` (non-overlapping boxes), each shape rotated by up to 30 degrees and
     stretched onto its box; the painted pixels are exactly the outline's fill.
     """
-    rng = np.random.default_rng([_SEGMENT_STREAM, params.seed, split_index, index])
+    rng = np.random.default_rng([_OUTLINES_STREAM, params.seed, split_index, index])
     h, w = params.height, params.width
     img = _background(rng, h, w)
     n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
@@ -208,6 +221,7 @@ def _segment_sample(params: _Params, split_index: int, index: int):
     return np.clip(img, 0, 255).astype(np.uint8), np.asarray(classes, np.int64), outlines
 
 
-def _polygon_area(outline: np.ndarray) -> float:
+def polygon_area(outline: np.ndarray) -> float:
+    """The area of a closed outline (k, 2), in its units squared (the shoelace formula)."""
     x, y = outline.T
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))

@@ -6,7 +6,8 @@ brightness and size), bright on a dark background, objects never overlapping: a 
 learns it in a few epochs. A box is the exact extent of the painted pixels (drawn without
 anti-aliasing), in pixel edges: ``x1 = min column``, ``x2 = max column + 1``.
 
-The segmentation set (``task="segment"``, ``synthetic --task segment``) paints the same shapes as
+The segmentation set (``task="segment"``, ``synthetic --task segment``: any task whose labels carry outlines,
+``data.labels.polygons.Polygons``) paints the same shapes as
 polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
 each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
 polygon, whose extent is the box. Its images are its own (another random stream).
@@ -17,32 +18,34 @@ images does not change the others. Layout written under ``out_dir``::
     images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml
     {train,val}.json  coco.yaml     (with coco=True: the same images described as COCO json)
 
-This module writes the folder (labels, yamls, COCO json, the ``synthetic`` CLI); ``data.synthetic.painter``
-paints the images.
+This module writes the folder (labels, yamls, COCO json); ``data.synthetic.painter`` paints the images and
+``data.synthetic.command`` is the ``synthetic`` CLI.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import cv2
 import numpy as np
 import yaml
 
+from yolo11_lightning.data.labels.polygons import Polygons
+from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
 from yolo11_lightning.data.synthetic.painter import (
-    SYNTHETIC_CLASS_NAMES as SYNTHETIC_CLASS_NAMES,  # re-exported: moved there
+    SYNTHETIC_CLASS_NAMES,
+    ShapeParams,
+    boxes_sample,
+    outlines_sample,
+    polygon_area,
 )
-from yolo11_lightning.data.synthetic.painter import _polygon_area, _sample, _segment_sample
+from yolo11_lightning.tasks import get_task
 
 SYNTHETIC_YAML = "data.yaml"
 SYNTHETIC_COCO_YAML = "coco.yaml"
 _MARKER = "synthetic.json"  # the parameters the folder was generated with (written last)
-_SPLITS = ("train", "val")
-TASKS = ("detect", "segment")
 
 
 def synthetic_class_names(num_classes: int = 3) -> list[str]:
@@ -52,29 +55,14 @@ def synthetic_class_names(num_classes: int = 3) -> list[str]:
     return list(SYNTHETIC_CLASS_NAMES[:num_classes])
 
 
-@dataclass(frozen=True)
-class _Params:
-    num_train: int
-    num_val: int
-    height: int
-    width: int
-    num_classes: int
-    seed: int
-    max_objects: int
-    min_objects: int
-    coco: bool
-    task: str = "detect"
-
-    def marker(self) -> dict:
-        """What ``synthetic.json`` records; a detection set's marker has no ``task`` (as before it existed)."""
-        out = asdict(self)
-        if out["task"] == "detect":
-            del out["task"]
-        return out
-
-
 def _write_split(
-    out: Path, params: _Params, split_index: int, split: str, count: int, category_ids: list[int]
+    out: Path,
+    params: ShapeParams,
+    outlines_set: bool,
+    split_index: int,
+    split: str,
+    count: int,
+    category_ids: list[int],
 ):
     for kind, ext in (("images", "png"), ("labels", "txt")):
         (out / kind / split).mkdir(parents=True, exist_ok=True)
@@ -83,11 +71,11 @@ def _write_split(
     coco = {"images": [], "annotations": [], "categories": []}
     for i in range(count):
         outlines = None
-        if params.task == "segment":
-            image, classes, outlines = _segment_sample(params, split_index, i)
+        if outlines_set:
+            image, classes, outlines = outlines_sample(params, split_index, i)
             boxes = np.array([[*o.min(0), *o.max(0)] for o in outlines], np.float64).reshape(-1, 4)
         else:
-            image, classes, boxes = _sample(params, split_index, i)
+            image, classes, boxes = boxes_sample(params, split_index, i)
         name = f"{split}_{i:05d}"
         cv2.imwrite(str(out / "images" / split / f"{name}.png"), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
         h, w = image.shape[:2]
@@ -116,7 +104,7 @@ def _write_split(
             }
             if outlines is not None:
                 ann["segmentation"] = [[float(v) for v in outlines[k].reshape(-1)]]
-                ann["area"] = _polygon_area(outlines[k])
+                ann["area"] = polygon_area(outlines[k])
             coco["annotations"].append(ann)
     if params.coco:
         names = synthetic_class_names(params.num_classes)
@@ -124,17 +112,15 @@ def _write_split(
         (out / f"{split}.json").write_text(json.dumps(coco))
 
 
-def already_written(
-    out: Path, marker: Path, yaml_path: Path, expected: dict, counts: tuple[int, int]
-) -> bool:
-    """Whether ``out`` holds a finished set of these parameters: the marker (written last) equals
-    ``expected``, the yaml exists and ``images/{train,val}`` hold ``counts`` PNGs."""
-    try:
-        same = json.loads(marker.read_text()) == expected and yaml_path.is_file()
-    except (OSError, ValueError):
-        return False
-    found = tuple(len(list((out / "images" / s).glob(f"{s}_*.png"))) for s in _SPLITS)
-    return same and found == tuple(counts)
+def _labelled_with_outlines(task: str) -> bool:
+    """Whether ``task``'s set is labelled with outlines (else boxes); a clear error for a task it cannot label."""
+    fields = get_task(task).label_fields
+    if fields not in ((), (Polygons,)):
+        names = ", ".join(f.name for f in fields)
+        raise ValueError(
+            f"the synthetic shapes set has no labels for task {task!r} (instance fields {names})"
+        )
+    return bool(fields)
 
 
 def make_synthetic_dataset(
@@ -158,30 +144,29 @@ def make_synthetic_dataset(
     already generated with the same parameters is reused as is (its files, hence label caches, stay
     untouched).
     """
-    if task not in TASKS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+    outlines_set = _labelled_with_outlines(task)
     names = synthetic_class_names(num_classes)
     height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)
     if min(height, width) < 16 or not 0 <= min_objects <= max_objects:
         raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
-    params = _Params(
-        num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco, task
-    )
+    params = ShapeParams(num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco)
+    # What the folder holds; a set labelled with boxes only (any task without instance fields) names no task.
+    marker_params = {**asdict(params), "task": task} if outlines_set else asdict(params)
     out = Path(out_dir)
     marker = out / _MARKER
     yaml_path = out / SYNTHETIC_YAML
-    if already_written(out, marker, yaml_path, params.marker(), (num_train, num_val)):
+    if already_written(out, marker, yaml_path, marker_params, (num_train, num_val)):
         return yaml_path
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
     category_ids = [2 * k + 1 for k in range(num_classes)]
-    for split_index, (split, count) in enumerate(zip(_SPLITS, (num_train, num_val))):
-        _write_split(out, params, split_index, split, count, category_ids)
+    for split_index, (split, count) in enumerate(zip(SPLITS, (num_train, num_val))):
+        _write_split(out, params, outlines_set, split_index, split, count, category_ids)
     # No `path`: the root is the yaml's folder (here and in the reference), so the folder can move.
     yaml_path.write_text(yaml.safe_dump({"train": "images/train", "val": "images/val", "names": names}))
     if coco:  # no `names`: the class list comes from the json categories
         (out / SYNTHETIC_COCO_YAML).write_text(yaml.safe_dump({"train": "train.json", "val": "val.json"}))
-    marker.write_text(json.dumps(params.marker()))
+    marker.write_text(json.dumps(marker_params))
     return yaml_path
 
 
@@ -189,50 +174,3 @@ def make_synthetic_coco(out_dir: str | Path, **kwargs) -> Path:
     """Same as ``make_synthetic_dataset(coco=True)`` but returns the COCO dataset yaml."""
     make_synthetic_dataset(out_dir, coco=True, **kwargs)
     return Path(out_dir) / SYNTHETIC_COCO_YAML
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``yolo11-lightning synthetic --out DIR [--hard] [--train N --val N --size S --seed S ...]``."""
-    p = argparse.ArgumentParser(prog="yolo11-lightning synthetic", description=__doc__.split("\n")[0])
-    p.add_argument("--out", required=True, help="output folder")
-    p.add_argument("--train", type=int, default=64, help="number of training images")
-    p.add_argument("--val", type=int, default=16, help="number of validation images")
-    p.add_argument("--size", type=int, nargs="+", help="image size: S, or H W (default 128; --hard: 192 256)")
-    p.add_argument("--classes", type=int, default=3, help=f"1..{len(SYNTHETIC_CLASS_NAMES)}")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-objects", type=int, help="default 4; --hard: 7")
-    p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
-    p.add_argument(
-        "--task", choices=TASKS, default="detect",
-        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation)",
-    )  # fmt: skip
-    p.add_argument(
-        "--hard", action="store_true",
-        help="the harder set of yolo11_lightning.data.synthetic.hard (5 look-alike classes, clutter, "
-        "overlaps; --classes and --coco do not apply)",
-    )  # fmt: skip
-    args = p.parse_args(argv)
-    if args.size is not None and len(args.size) not in (1, 2):
-        p.error("--size takes S or H W")
-    if args.hard and args.coco:
-        p.error("--coco is not available with --hard")
-    if args.hard and args.task != "detect":
-        p.error("--task segment is not available with --hard")
-    sizes = args.size or ([192, 256] if args.hard else [128])
-    size = sizes[0] if len(sizes) == 1 else (sizes[0], sizes[1])
-    try:
-        if args.hard:
-            from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
-
-            path = make_hard_synthetic_dataset(
-                args.out, args.train, args.val, size, args.seed, max_objects=args.max_objects or 7
-            )
-        else:
-            path = make_synthetic_dataset(
-                args.out, args.train, args.val, size, args.classes, args.seed, args.max_objects or 4,
-                coco=args.coco, task=args.task,
-            )  # fmt: skip
-    except ValueError as e:
-        p.error(str(e))
-    print(Path(args.out) / SYNTHETIC_COCO_YAML if args.coco else path)
-    return 0

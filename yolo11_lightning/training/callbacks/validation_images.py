@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torchvision.ops import box_convert
 
-from yolo11_lightning.visualize import draw_boxes, draw_masks, image_grid, save_rgb
+from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 log = logging.getLogger(__name__)
 
@@ -19,8 +19,8 @@ log = logging.getLogger(__name__)
 class ValidationImages(Callback):
     """Each validation epoch, draw predictions (coloured) and ground truth (white) on the first images.
 
-    Segmentation outputs (a ``masks`` entry, per image (n, h, w) bool) are drawn as a light colour overlay
-    under the predicted boxes.
+    The module's task draws its evaluation outputs (``Task.draw_evaluated``: a segmenter's masks as a light
+    colour overlay under the predicted boxes).
 
     Rank 0 only. The picture is saved as ``<log_dir>/val_images/epoch_XXX.png`` and sent to the logger when it
     takes images (TensorBoard ``add_image``, W&B ``log_image``).
@@ -76,13 +76,8 @@ class ValidationImages(Callback):
                 gt[:, 2:6] * gt.new_tensor([width, height, width, height]), "cxcywh", "xyxy"
             )
             image = draw_boxes(image, gt_boxes.numpy(), gt[:, 1].numpy(), color=(255, 255, 255))
-            det = outputs["detections"][i].detach().float().cpu()
-            keep = det[:, 4] >= self.min_score
-            det = det[keep]
-            if outputs.get("masks") is not None:
-                masks = outputs["masks"][i].detach().cpu()[keep]
-                image = draw_masks(image, masks.numpy(), det[:, 5].numpy())
-            drawn.append(draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names))
+            keep = outputs["detections"][i].detach().float().cpu()[:, 4] >= self.min_score
+            drawn.append(pl_module.task.draw_evaluated(image, outputs, i, keep, names))
         grid = image_grid(drawn)
         out_dir = self.out_dir or Path(trainer.default_root_dir) / "val_images"
         out_dir.mkdir(parents=True, exist_ok=True)

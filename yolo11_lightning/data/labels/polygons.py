@@ -1,4 +1,4 @@
-"""Polygon geometry of instance outlines: resampling, warps, flips, letterbox, boxes from polygons.
+"""Instance outlines: the ``Polygons`` label field and its geometry (resampling, warps, flips, boxes from polygons).
 
 Coordinates are pixels ``x, y`` of the image the polygons belong to, in (N, M, 2) float32 arrays: N
 instances of M points each. Polygons come from the records as lists of (k_i, 2) normalised outlines
@@ -10,6 +10,9 @@ the image border follows the outline closely.
 Boxes after a warp are re-derived from the warped polygons (``boxes_from_polygons``), not from warped
 boxes: a rotated box's corners overshoot the object, the polygon's extent does not. Everything here is
 pure numpy, deterministic, and never changes its inputs.
+
+``Polygons`` is the segmentation task's instance field (``instances.InstanceField``): one outline per box,
+moved by every augmentation step with the boxes.
 """
 
 from __future__ import annotations
@@ -19,8 +22,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from yolo11_lightning.data.augment.transforms import xywhn_to_xyxy
+from yolo11_lightning.data.labels.instances import InstanceField
+from yolo11_lightning.data.sources.records import ImageRecord
+
 __all__ = [
     "RESAMPLE_POINTS",
+    "Polygons",
     "apply_matrix",
     "box_outlines",
     "boxes_from_polygons",
@@ -192,3 +200,67 @@ def merge_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
         return [ring[: cut + 1], *walk(k + 1, entries[k]), ring[cut:]]
 
     return np.concatenate(walk(0, exits[0]))
+
+
+class Polygons(InstanceField):
+    """One outline per instance: ``points`` (n, M, 2) float32 ``x, y`` pixels, every outline M points.
+
+    Records' outlines are resampled to ``RESAMPLE_POINTS`` (more for longer ones); an instance without one gets
+    its box's rectangle. After a warp the boxes are the outlines' extent (``boxes_from_polygons``), kept when
+    they keep more than 1 % of their zoomed area (the reference's rule with segments).
+    """
+
+    name = "polygons"
+    reads_polygons = True
+    derives_boxes = True
+    min_area_ratio = 0.01
+
+    def __init__(self, points: np.ndarray) -> None:
+        self.points = points
+
+    def __len__(self) -> int:
+        return len(self.points)
+
+    @classmethod
+    def from_record(cls, record: ImageRecord, width: float, height: float) -> Polygons:
+        boxes = xywhn_to_xyxy(record.boxes, width, height)
+        outlines = with_box_outlines(to_pixels(record.polygons, width, height), boxes)
+        return cls(resample_all(outlines, RESAMPLE_POINTS))
+
+    @classmethod
+    def empty(cls) -> Polygons:
+        return cls(np.zeros((0, RESAMPLE_POINTS, 2), np.float32))
+
+    @classmethod
+    def concat(cls, parts: Sequence[InstanceField]) -> Polygons:
+        """One (sum n_k, max M_k, 2) array; shorter outlines resampled to the longest (the reference's rule)."""
+        arrays = [p.points for p in parts]  # type: ignore[attr-defined]
+        m = max(a.shape[1] for a in arrays)
+        same = [
+            a
+            if a.shape[1] == m
+            else np.stack([resample(q, m) for q in a] or [np.zeros((m, 2), np.float32)])[: len(a)]
+            for a in arrays
+        ]
+        return cls(np.concatenate(same).astype(np.float32, copy=False))
+
+    def select(self, keep: np.ndarray) -> Polygons:
+        return Polygons(self.points[keep])
+
+    def placed(self, scale: float, offset: tuple[float, float]) -> Polygons:
+        scaled = self.points if scale == 1 else self.points * np.float32(scale)
+        return Polygons(scaled + np.array(offset, dtype=np.float32))
+
+    def clipped(self, width: float, height: float) -> Polygons:
+        p = self.points
+        return Polygons(np.stack([p[..., 0].clip(0, width), p[..., 1].clip(0, height)], -1))
+
+    def warped(self, matrix: np.ndarray, out_wh: tuple[int, int]) -> tuple[Polygons, np.ndarray]:
+        boxes, clipped = boxes_from_polygons(apply_matrix(self.points, matrix), *out_wh)
+        return Polygons(clipped), boxes
+
+    def flipped_lr(self, width: float) -> Polygons:
+        return Polygons(flip_horizontal(self.points, width))
+
+    def flipped_ud(self, height: float) -> Polygons:
+        return Polygons(flip_vertical(self.points, height))

@@ -44,8 +44,8 @@ class SegmentationMAP(DetectionMAP):
     """Box mAP (``DetectionMAP``, original pixels) and mask mAP (``mask_mAP50-95``, ``mask_mAP50``, ...).
 
     Masks are scored as the reference validator scores them: the predicted masks at proto resolution
-    (``ops.masks.masks_at_protos``, 1/4 of the letterboxed input) against the batch's ground-truth masks at the
-    same resolution (``ops.masks.image_target_masks``), by ``MeanAveragePrecision(iou_type="segm")``
+    (``tasks.segment.mask_ops.masks_at_protos``, 1/4 of the letterboxed input) against the batch's ground-truth masks at the
+    same resolution (``tasks.segment.mask_ops.image_target_masks``), by ``MeanAveragePrecision(iou_type="segm")``
     (faster-coco-eval). Masks are kept as run lengths in flat ``cat`` states beside the box rows, gathered with
     them and evaluated in dataset-index order: the distributed value equals the single-process value exactly.
     """

@@ -1,0 +1,176 @@
+"""The task contract: what every layer asks of a YOLO11 task, with detection's answers as the defaults.
+
+A task (``tasks/detect.py``, ``tasks/segment/``) is one ``Task`` subclass and its own files, registered by one line
+in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
+
+* the network (``nn.yolo11.YOLO11``): ``build_head``, the head after layers 16/19/22; the head returns the
+  train-mode outputs (``outputs``) and the eval-mode ones (``decode_outputs``);
+* model files (``model_files``): ``words`` for messages, ``reference_class`` / ``reference_key`` to recognise the
+  reference's files of the task;
+* the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
+  ``train/<name>_loss``);
+* the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
+  ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
+* evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
+  ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
+  (``export --check-data``);
+* prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
+  copies show and the json rows hold), ``draw_evaluated`` (the validation images);
+* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` (reading an ONNX
+  file back).
+
+Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
+``hparams``, ``model_input`` and ``detect``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+from torch import Tensor, nn
+
+from yolo11_lightning.data.batch import collate_detection
+from yolo11_lightning.loss.detection import DetectionLoss
+from yolo11_lightning.nn.head import Detect
+from yolo11_lightning.ops.letterbox import detections_to_original
+from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.visualize import draw_boxes
+
+if TYPE_CHECKING:
+    from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.detection import DetectionMAP
+
+__all__ = ["Task"]
+
+OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
+
+
+class Task:
+    """A YOLO11 task as every layer sees it (module docstring); detection's behaviour is the default."""
+
+    name: ClassVar[str]
+    words: ClassVar[str]  # "a <words> model": detection, segmentation
+    title: ClassVar[str]  # what ``yolo11-lightning info`` calls its models: detection, instance segmentation
+    noun: ClassVar[str]  # what one model is: detector, instance segmenter
+    model_suffix: ClassVar[str]  # the reference's file names: yolo11n<suffix>.pt
+    reference_class: ClassVar[str]  # the reference's model class of the task
+    reference_key: ClassVar[str | None] = None  # a state-dict key only this task's reference files have
+    loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
+    extra: ClassVar[int] = 0  # prediction channels after the class scores (NMS carries them along)
+    checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
+    reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50")  # ``export --check-data`` prints
+    checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95",)  # ... and holds to the allowed difference
+    label_fields: ClassVar[
+        tuple[type[InstanceField], ...]
+    ] = ()  # instance fields of the labels (``data.labels``)
+    onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
+    onnx_output_doc: ClassVar[str] = OUTPUT_DOC
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+    # ------------------------------------------------------------------------------------ network
+    def build_head(
+        self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str
+    ) -> nn.Module:
+        """The head on the P3/P4/P5 maps of ``channels`` (``scale`` for heads whose width follows it)."""
+        return Detect(num_classes, channels, strides, reg_max)
+
+    # ------------------------------------------------------------------------------------ loss
+    def build_loss(self, num_classes: int, strides: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
+        return DetectionLoss(num_classes, strides=strides, box=box, cls=cls, dfl=dfl)
+
+    def loss(self, criterion: DetectionLoss, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+        """``(loss, items)`` of the train-mode ``outputs`` against the batch."""
+        return criterion(outputs, batch["targets"])
+
+    # ------------------------------------------------------------------------------------ data
+    def sample_targets(
+        self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
+    ) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """What a sample of ``image_shape`` (h, w) adds to its labels: (row order or None, extra sample keys).
+
+        ``options``: the data module's task options (``mask_overlap``)."""
+        return None, {}
+
+    def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The extra keys of an evaluation sample whose image could not be read."""
+        return {}
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate_detection(samples)
+
+    def check_records(self, records: Sequence[Any], where: str) -> None:
+        """Report what this task needs and a split's records lack (``where`` names the split)."""
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
+        from yolo11_lightning.training.metrics.detection import DetectionMAP
+
+        return DetectionMAP(class_names, reference_style=reference_style)
+
+    def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
+        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds."""
+        hp = module.hparams
+        kwargs = {"extra": self.extra} if self.extra else {}
+        return non_max_suppression(
+            predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,
+            max_detections=hp.max_detections, **kwargs,
+        )  # fmt: skip
+
+    def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+        """Detect, score into ``metric``; returns ``{"detections": [(n, 6)]}`` (what ValidationImages draws)."""
+        detections = module.detect(batch["images"])
+        metric.update(detections, batch)
+        return {"detections": detections}
+
+    def draw_evaluated(
+        self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
+        names: Sequence[str] | None,
+    ) -> np.ndarray:  # fmt: skip
+        """Image ``index`` of an ``evaluate`` result drawn on ``image`` (detections where ``keep``)."""
+        det = outputs["detections"][index].detach().float().cpu()[keep]
+        return draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names)
+
+    # ------------------------------------------------------------------------------------ prediction
+    def predict(self, module: Any, batch: dict[str, Any]) -> list[Any]:
+        """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
+        return detections_to_original(
+            module.detect(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
+        )
+
+    def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
+        """One image's ``predict`` result as ((n, 6) detections, per-detection extras as host arrays)."""
+        return result, {}
+
+    def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
+        """The json fields of detection ``k`` beyond its box, score and class."""
+        return {}
+
+    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+        """What an annotated copy shows under the boxes (the boxes are drawn by the caller)."""
+        return image
+
+    # ------------------------------------------------------------------------------------ export
+    def onnx_output_axes(self, dynamic: bool) -> list[dict[int, str]]:
+        """Per ONNX output (``onnx_outputs`` order), its free axes by name: the batch, and the anchors when the
+        image height and width are free (``dynamic``)."""
+        return [{0: "batch", 2: "anchors"} if dynamic else {0: "batch"}]
+
+    def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
+        """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
+        known = {1: 4 + model.num_classes + self.extra}
+        if not dynamic:
+            known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
+        return [known]
+
+    def onnx_output_order(self, shapes: Sequence[Sequence[Any]]) -> list[int]:
+        """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
+        return list(range(len(shapes)))
+
+    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+        """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
+        (in ``onnx_outputs`` order); raises ValueError when they are not this task's."""
+        return 0
