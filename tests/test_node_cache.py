@@ -227,7 +227,7 @@ def test_the_memory_check_counts_one_copy_per_node(
     splits: tuple[list, list], tmp_path: Path, monkeypatch
 ) -> None:
     datasets = _datasets(splits)
-    total = node_cache._layout(datasets).storage_bytes
+    total = node_cache.plan_layout(datasets).storage_bytes
     monkeypatch.setattr(image_cache, "available_memory_bytes", lambda: int(1.5 * total / 0.7))  # 1.5 copies
     monkeypatch.setattr(image_cache, "PROC_SELF_CGROUP", str(tmp_path / "none"))  # no container limit
     group = RankGroup(local_world=2)  # 2 ranks on this node (a world of 1: no collective is needed)
@@ -241,7 +241,7 @@ def test_the_memory_check_counts_one_copy_per_node(
 
 def test_a_segment_is_owned_from_its_creation(splits: tuple[list, list], tmp_path: Path) -> None:
     datasets = _datasets(splits)
-    node_cache._create(tmp_path, datasets, node_cache._layout(datasets), 5, RankGroup())
+    node_cache._create(tmp_path, datasets, node_cache.plan_layout(datasets), 5, RankGroup())
     (path,) = tmp_path.iterdir()  # before any rank registered: a sweep of another job must leave it
     assert read_header(path).owners == ((os.getpid(), process_start(os.getpid())),)
     assert stale_reason(path) is None and sweep_stale_segments(tmp_path) == []

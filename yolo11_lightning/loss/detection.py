@@ -163,7 +163,7 @@ class DetectionLoss(nn.Module):
         # Box and DFL terms on the foreground anchors only, gathered into a list whose length is known
         # from shapes (each box has at most topk anchors), so no host sync; padding rows weigh 0.
         bound = min(prep.targets.shape[0] * self.assigner.topk, bs * na)
-        rows, row_valid = _compact(assign.fg_mask.flatten(), bound)
+        rows, row_valid = compact_rows(assign.fg_mask.flatten(), bound)
         weight = target_scores.sum(-1).flatten()[rows] * row_valid
         anchor = anchors[rows % na]
         target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
@@ -215,7 +215,7 @@ def _scale_xywh(xywh: Tensor, width: int, height: int) -> Tensor:
     return torch.stack((xywh[:, 0] * width, xywh[:, 1] * height, xywh[:, 2] * width, xywh[:, 3] * height), 1)
 
 
-def _compact(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
+def compact_rows(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
     """Indices of the True entries of a 1-D mask, in order, in a list of fixed ``size`` (>= mask.sum()).
 
     Returns (indices (size,) long, valid (size,) bool); padding rows point at entry 0. Sync-free,

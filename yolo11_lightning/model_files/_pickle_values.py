@@ -1,8 +1,8 @@
 """The values an unpickled weights file may hold besides plain data, and the checks on them.
 
 Error classes, the limits, the inert stand-ins (``StandIn``, dtype and storage markers, ``Storage``,
-``TensorRef``, the ``_Global`` wrapper), the small checked constructors the allowed globals call, and
-``check_depth``. The security model is described in ``safe_pickle``; ``unpickler`` builds these values.
+``TensorRef``, the ``AllowedGlobal`` wrapper), the small checked constructors the allowed globals call, and
+``check_depth``. The security model is described in ``safe_pickle``; ``_unpickler`` builds these values.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ MAX_GLOBALS = 2_000  # distinct names (a release names ~30); each stand-in class
 # Objects built by our functions are not paid for byte by byte (a 10-byte REDUCE can copy a memoised 1 MB
 # string or list): they draw on this budget, estimated per object and per copied item.
 ALLOC_BUDGET = 64 * 2**20
-_TENSOR_COST, _OBJECT_COST, _ITEM_COST = 512, 256, 64
+TENSOR_COST, OBJECT_COST, ITEM_COST = 512, 256, 64
 
 
 class UnsafePickleError(pickle.UnpicklingError):
@@ -64,7 +64,7 @@ class StandIn:
         return f"<StandIn {self.qualname}>"
 
 
-class _DType:
+class DTypeMarker:
     """A dtype named by the file (``torch.float16``): a marker, converted by our own rebuild functions."""
 
     __slots__ = ("dtype",)
@@ -76,7 +76,7 @@ class _DType:
         return f"<dtype {self.dtype}>"
 
 
-class _StorageType(_DType):
+class StorageTypeMarker(DTypeMarker):
     """A storage class named by the file (``torch.HalfStorage``): only its element type matters."""
 
     __slots__ = ()
@@ -101,7 +101,7 @@ class TensorRef:
         self.shape, self.dtype = shape, dtype
 
 
-class _Global:
+class AllowedGlobal:
     """What a file gets for an allowed global: a wrapper owned by one load around our checked function.
 
     Not the real object, so BUILD/setattr cannot reach torch; it has no ``__dict__`` and refuses state.
@@ -126,49 +126,49 @@ class _Global:
 Records = Callable[[str, int], "bytearray | None"]
 
 
-def _int(value: Any, what: str, low: int = 0) -> int:
+def checked_int(value: Any, what: str, low: int = 0) -> int:
     if type(value) is not int or value < low:
         raise UnsafePickleError(f"{what} must be an int >= {low}, got {type(value).__name__} {value!r:.40}")
     return value
 
 
-def _ints(value: Any, what: str) -> tuple[int, ...]:
+def checked_ints(value: Any, what: str) -> tuple[int, ...]:
     if not isinstance(value, (tuple, list)) or len(value) > MAX_DIMS:
         raise UnsafePickleError(f"{what} must be a tuple of at most {MAX_DIMS} ints")
-    return tuple(_int(v, what) for v in value)
+    return tuple(checked_int(v, what) for v in value)
 
 
-def _plain_hooks(value: Any) -> None:
+def check_plain_hooks(value: Any) -> None:
     if not (value is None or (isinstance(value, dict) and not value)):
         raise UnsafePickleError("tensor backward hooks in the file are refused")
 
 
-def _describe(obj: Any) -> str:
-    if isinstance(obj, _Global):
+def describe(obj: Any) -> str:
+    if isinstance(obj, AllowedGlobal):
         return f"global {obj.qualname!r}"
     if isinstance(obj, type) and issubclass(obj, StandIn):
         return f"class {obj.qualname!r}"
-    if isinstance(obj, (_DType, Storage, TensorRef)):
+    if isinstance(obj, (DTypeMarker, Storage, TensorRef)):
         return repr(obj)
     return f"a {type(obj).__name__}"
 
 
-_SIZED = (str, bytes, list, tuple, set, frozenset, dict, collections.OrderedDict)
+SIZED_TYPES = (str, bytes, list, tuple, set, frozenset, dict, collections.OrderedDict)
 
 
-def _items(items: Any, what: str) -> Any:
+def checked_items(items: Any, what: str) -> Any:
     if type(items) not in (list, tuple, set, frozenset):
         raise UnsafePickleError(f"{what}() from a {type(items).__name__}")
     return items
 
 
-def _ordered_dict(items: Any = ()) -> collections.OrderedDict:
+def checked_ordered_dict(items: Any = ()) -> collections.OrderedDict:
     if type(items) not in (list, tuple) or not all(type(p) is tuple and len(p) == 2 for p in items):
         raise UnsafePickleError("OrderedDict() takes a list of (key, value) pairs")
     return collections.OrderedDict(items)
 
 
-def _encode(obj: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
+def checked_encode(obj: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
     """``_codecs.encode`` as protocol 2 uses it for ``bytes``: ``encode(str, "latin1")``, nothing else."""
     if type(obj) is not str or encoding not in ("latin1", "latin-1") or errors != "strict":
         raise UnsafePickleError(
@@ -177,13 +177,13 @@ def _encode(obj: Any, encoding: Any = "utf-8", errors: Any = "strict") -> bytes:
     return obj.encode("latin1")
 
 
-def _device(kind: Any, index: Any = None) -> torch.device:
+def checked_device(kind: Any, index: Any = None) -> torch.device:
     if type(kind) is not str or len(kind) > 32 or (index is not None and type(index) is not int):
         raise UnsafePickleError("malformed torch.device")
     return torch.device(kind) if index is None else torch.device(kind, index)
 
 
-def _itemsize(dtype: torch.dtype) -> int:
+def itemsize_of(dtype: torch.dtype) -> int:
     return dtype.itemsize
 
 

@@ -1,5 +1,6 @@
-"""The restricted ``Unpickler``: its main loop (counted opcodes), the allow-list of globals, storages and
-tensors, and the opcodes that call or write (``REDUCE``, ``NEWOBJ``, ``BUILD``).
+"""The restricted ``Unpickler``: its main loop (counted opcodes), its opcode table, the allow-list of globals,
+storages and tensors; the opcodes that call or write (``REDUCE``, ``NEWOBJ``, ``BUILD``) and those that fill
+containers or read a length the file claims (``DataOpcodes``).
 
 What it allows and why is described in ``safe_pickle``, its public face.
 """
@@ -9,41 +10,219 @@ from __future__ import annotations
 import collections
 import io
 import pickle
+import struct
 from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 
-from yolo11_lightning.model_files._pickle_opcodes import OPCODE_NAMES, DataOpcodes, build_dispatch
 from yolo11_lightning.model_files._pickle_values import (
-    _ITEM_COST,
-    _OBJECT_COST,
-    _SIZED,
-    _TENSOR_COST,
     ALLOC_BUDGET,
+    ITEM_COST,
     MAX_GLOBALS,
+    MAX_MARK_DEPTH,
     MAX_OPS,
+    OBJECT_COST,
+    SIZED_TYPES,
+    TENSOR_COST,
+    AllowedGlobal,
+    DTypeMarker,
     ModelClassError,
     Records,
     StandIn,
     Storage,
+    StorageTypeMarker,
     TensorRef,
     UnsafeGlobalError,
     UnsafePickleError,
-    _describe,
-    _device,
-    _DType,
-    _encode,
-    _Global,
-    _int,
-    _ints,
-    _items,
-    _itemsize,
-    _ordered_dict,
-    _plain_hooks,
-    _StorageType,
     check_depth,
+    check_plain_hooks,
+    checked_device,
+    checked_encode,
+    checked_int,
+    checked_ints,
+    checked_items,
+    checked_ordered_dict,
+    describe,
+    itemsize_of,
 )
+
+
+class DataOpcodes(pickle._Unpickler):  # type: ignore[name-defined]
+    """The container and length-claiming opcodes of ``Unpickler`` (needs its ``_data`` and ``_size``)."""
+
+    _data: io.BytesIO
+    _size: int
+
+    def load_mark(self) -> None:
+        if len(self.metastack) >= MAX_MARK_DEPTH:
+            raise UnsafePickleError(f"pickle MARKs nested deeper than {MAX_MARK_DEPTH}")
+        self.metastack.append(self.stack)
+        self.stack = []
+        self.append = self.stack.append
+
+    def load_append(self) -> None:
+        value = self.stack.pop()
+        target = self.stack[-1]
+        if type(target) is not list:
+            raise UnsafePickleError(f"APPEND to {describe(target)}")
+        target.append(value)
+
+    def load_appends(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if type(target) is not list:
+            raise UnsafePickleError(f"APPENDS to {describe(target)}")
+        target.extend(items)
+
+    def load_setitem(self) -> None:
+        value = self.stack.pop()
+        key = self.stack.pop()
+        target = self.stack[-1]
+        if type(target) not in (dict, collections.OrderedDict):
+            raise UnsafePickleError(f"SETITEM on {describe(target)}")
+        target[key] = value
+
+    def load_setitems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if type(target) not in (dict, collections.OrderedDict) or len(items) % 2:
+            raise UnsafePickleError(f"SETITEMS on {describe(target)}")
+        for i in range(0, len(items), 2):
+            target[items[i]] = items[i + 1]
+
+    def load_additems(self) -> None:
+        items = self.pop_mark()
+        target = self.stack[-1]
+        if type(target) is not set:
+            raise UnsafePickleError(f"ADDITEMS on {describe(target)}")
+        target.update(items)
+
+    # -- opcodes with a length the file claims: checked against the bytes left -----------------------
+    def _counted(self, size_format: str) -> bytes:
+        (n,) = struct.unpack(size_format, self.read(struct.calcsize(size_format)))
+        left = self._size - self._data.tell()
+        if n < 0 or n > left:
+            raise UnsafePickleError(
+                f"pickle claims {n} bytes at byte {self._data.tell()}, only {left} follow"
+            )
+        return self.read(n)
+
+    def load_binbytes(self) -> None:
+        self.append(self._counted("<I"))
+
+    def load_binbytes8(self) -> None:
+        self.append(self._counted("<Q"))
+
+    def load_short_binbytes(self) -> None:
+        self.append(self._counted("<B"))
+
+    def load_bytearray8(self) -> None:
+        self.append(bytearray(self._counted("<Q")))
+
+    def load_binunicode(self) -> None:
+        self.append(str(self._counted("<I"), "utf-8", "surrogatepass"))
+
+    def load_binunicode8(self) -> None:
+        self.append(str(self._counted("<Q"), "utf-8", "surrogatepass"))
+
+    def load_short_binunicode(self) -> None:
+        self.append(str(self._counted("<B"), "utf-8", "surrogatepass"))
+
+    def load_binstring(self) -> None:
+        self.append(self._decode_string(self._counted("<i")))
+
+    def load_short_binstring(self) -> None:
+        self.append(self._decode_string(self._counted("<B")))
+
+    def load_long4(self) -> None:
+        self.append(pickle.decode_long(self._counted("<i")))
+
+    def load_frame(self) -> None:
+        # The whole stream is in memory: a frame is only a read-ahead hint, so its size is skipped.
+        if len(self.read(8)) != 8:
+            raise pickle.UnpicklingError("truncated FRAME")
+
+
+def build_dispatch(cls: type[Unpickler]) -> dict[int, Callable[[Unpickler], None]]:
+    """The opcode table of ``cls``: byte -> handler; an opcode not in it is refused."""
+    base = pickle._Unpickler.dispatch  # type: ignore[attr-defined]
+    data_only = [
+        "PROTO",
+        "STOP",
+        "POP",
+        "POP_MARK",
+        "DUP",
+        "NONE",
+        "NEWTRUE",
+        "NEWFALSE",
+        "INT",
+        "BININT",
+        "BININT1",
+        "BININT2",
+        "LONG",
+        "LONG1",
+        "FLOAT",
+        "BINFLOAT",
+        "STRING",
+        "UNICODE",
+        "EMPTY_TUPLE",
+        "TUPLE",
+        "TUPLE1",
+        "TUPLE2",
+        "TUPLE3",
+        "EMPTY_LIST",
+        "LIST",
+        "EMPTY_DICT",
+        "DICT",
+        "EMPTY_SET",
+        "FROZENSET",
+        "GET",
+        "BINGET",
+        "LONG_BINGET",
+        "PUT",
+        "BINPUT",
+        "LONG_BINPUT",
+        "MEMOIZE",
+        "GLOBAL",
+        "STACK_GLOBAL",
+        "PERSID",
+        "BINPERSID",
+    ]
+    table = {getattr(pickle, name)[0]: base[getattr(pickle, name)[0]] for name in data_only}
+    ours = {
+        "REDUCE": cls.load_reduce,
+        "NEWOBJ": cls.load_newobj,
+        "NEWOBJ_EX": cls.load_newobj_ex,
+        "BUILD": cls.load_build,
+        "MARK": cls.load_mark,
+        "APPEND": cls.load_append,
+        "APPENDS": cls.load_appends,
+        "SETITEM": cls.load_setitem,
+        "SETITEMS": cls.load_setitems,
+        "ADDITEMS": cls.load_additems,
+        "BINBYTES": cls.load_binbytes,
+        "BINBYTES8": cls.load_binbytes8,
+        "SHORT_BINBYTES": cls.load_short_binbytes,
+        "BYTEARRAY8": cls.load_bytearray8,
+        "BINUNICODE": cls.load_binunicode,
+        "BINUNICODE8": cls.load_binunicode8,
+        "SHORT_BINUNICODE": cls.load_short_binunicode,
+        "BINSTRING": cls.load_binstring,
+        "SHORT_BINSTRING": cls.load_short_binstring,
+        "LONG4": cls.load_long4,
+        "FRAME": cls.load_frame,
+    }
+    table.update({getattr(pickle, name)[0]: fn for name, fn in ours.items()})
+    return table
+
+
+OPCODE_NAMES = {
+    getattr(pickle, n)[0]: n
+    for n in dir(pickle)
+    if n.isupper() and isinstance(getattr(pickle, n), bytes) and len(getattr(pickle, n)) == 1
+}
+
 
 _STORAGE_DTYPES = {
     "DoubleStorage": torch.float64,
@@ -167,24 +346,24 @@ class Unpickler(DataOpcodes):
         functions: dict[str, Callable[..., Any]] = {
             "torch._utils._rebuild_tensor_v2": self._rebuild_tensor,
             "torch._utils._rebuild_parameter": self._rebuild_parameter,
-            "collections.OrderedDict": self._copying(_ordered_dict, 2 * _ITEM_COST),
-            "builtins.set": self._copying(lambda items=(): set(_items(items, "set")), _ITEM_COST),
+            "collections.OrderedDict": self._copying(checked_ordered_dict, 2 * ITEM_COST),
+            "builtins.set": self._copying(lambda items=(): set(checked_items(items, "set")), ITEM_COST),
             "builtins.frozenset": self._copying(
-                lambda items=(): frozenset(_items(items, "frozenset")), _ITEM_COST
+                lambda items=(): frozenset(checked_items(items, "frozenset")), ITEM_COST
             ),
-            "_codecs.encode": self._copying(_encode, 1),
-            "torch.Size": lambda dims=(): torch.Size(_ints(dims, "torch.Size")),
-            "torch.device": _device,
+            "_codecs.encode": self._copying(checked_encode, 1),
+            "torch.Size": lambda dims=(): torch.Size(checked_ints(dims, "torch.Size")),
+            "torch.device": checked_device,
         }
         if len(self._globals) >= MAX_GLOBALS:
             raise UnsafePickleError(f"more than {MAX_GLOBALS} distinct globals: not a weights file")
         if qualname in functions:
-            return _Global(qualname, functions[qualname])
+            return AllowedGlobal(qualname, functions[qualname])
         module, _, name = qualname.rpartition(".")
         if module in ("torch", "torch.cuda") and name in _STORAGE_DTYPES:
-            return _StorageType(_STORAGE_DTYPES[name])
+            return StorageTypeMarker(_STORAGE_DTYPES[name])
         if qualname in _DTYPES:
-            return _DType(_DTYPES[qualname])
+            return DTypeMarker(_DTYPES[qualname])
         if qualname.startswith(_STAND_IN_PREFIXES) or qualname in _INERT_DATA:
             if not self._model_classes:
                 raise ModelClassError(
@@ -215,7 +394,7 @@ class Unpickler(DataOpcodes):
 
         def call(*args: Any) -> Any:
             first = args[0] if args else ()
-            self._charge(_OBJECT_COST + per_item * (len(first) if type(first) in _SIZED else 0))
+            self._charge(OBJECT_COST + per_item * (len(first) if type(first) in SIZED_TYPES else 0))
             return fn(*args)
 
         return call
@@ -230,14 +409,14 @@ class Unpickler(DataOpcodes):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
             raise UnsafePickleError(f"unsupported persistent id {pid!r:.80}")
         _, storage_type, key, _location, numel = pid
-        if not isinstance(storage_type, _StorageType) or not isinstance(key, str) or len(key) > 64:
+        if not isinstance(storage_type, StorageTypeMarker) or not isinstance(key, str) or len(key) > 64:
             raise UnsafePickleError(f"malformed storage reference {pid!r:.80}")
-        numel = _int(numel, f"storage {key!r} size")
+        numel = checked_int(numel, f"storage {key!r} size")
         dtype = storage_type.dtype
         cached = self._storages.get((key, dtype))
         if cached is not None:
             return cached
-        nbytes = numel * _itemsize(dtype)
+        nbytes = numel * itemsize_of(dtype)
         data = self._records(key, nbytes)  # checks nbytes against the record (and the file) before reading
         flat = None
         if data is not None and nbytes:
@@ -260,13 +439,13 @@ class Unpickler(DataOpcodes):
     ) -> torch.Tensor | TensorRef:
         if not isinstance(storage, Storage):
             raise UnsafePickleError("tensor rebuild without a storage from this file")
-        offset = _int(offset, "tensor storage offset")
-        size, stride = _ints(size, "tensor size"), _ints(stride, "tensor stride")
+        offset = checked_int(offset, "tensor storage offset")
+        size, stride = checked_ints(size, "tensor size"), checked_ints(stride, "tensor stride")
         if len(size) != len(stride):
             raise UnsafePickleError(f"tensor size {size} and stride {stride} differ in length")
         if type(requires_grad) is not bool:
             raise UnsafePickleError("tensor requires_grad must be a bool")
-        _plain_hooks(backward_hooks)
+        check_plain_hooks(backward_hooks)
         if metadata not in (None, {}):
             raise UnsafePickleError("tensor metadata in the file is refused")
         numel = 1
@@ -279,7 +458,7 @@ class Unpickler(DataOpcodes):
                     f"tensor of size {size} (stride {stride}, offset {offset}) reaches past its storage "
                     f"{storage.key!r} of {storage.numel} elements"
                 )
-        self._charge(_TENSOR_COST)
+        self._charge(TENSOR_COST)
         if storage.flat is None:
             return TensorRef(size, storage.dtype)
         if not numel:
@@ -291,7 +470,7 @@ class Unpickler(DataOpcodes):
     ) -> torch.Tensor | TensorRef:
         if type(requires_grad) is not bool:
             raise UnsafePickleError("parameter requires_grad must be a bool")
-        _plain_hooks(backward_hooks)
+        check_plain_hooks(backward_hooks)
         if isinstance(data, TensorRef):
             return data
         if type(data) is not torch.Tensor:
@@ -305,19 +484,19 @@ class Unpickler(DataOpcodes):
         func = stack[-1]
         if type(args) is not tuple:
             raise UnsafePickleError("REDUCE arguments must be a tuple")
-        ours = isinstance(func, _Global) and self._globals.get(func.qualname) is func
+        ours = isinstance(func, AllowedGlobal) and self._globals.get(func.qualname) is func
         if ours or self._is_stand_in_class(func):
-            self._charge(_OBJECT_COST + 8 * len(args))
+            self._charge(OBJECT_COST + 8 * len(args))
             stack[-1] = func(*args)
         else:
-            raise UnsafePickleError(f"refusing to call {_describe(func)} (REDUCE)")
+            raise UnsafePickleError(f"refusing to call {describe(func)} (REDUCE)")
 
     def load_newobj(self) -> None:
         args = self.stack.pop()
         cls = self.stack.pop()
         if not self._is_stand_in_class(cls) or type(args) is not tuple:
-            raise UnsafePickleError(f"refusing to create an object of {_describe(cls)} (NEWOBJ)")
-        self._charge(_OBJECT_COST + 8 * len(args))
+            raise UnsafePickleError(f"refusing to create an object of {describe(cls)} (NEWOBJ)")
+        self._charge(OBJECT_COST + 8 * len(args))
         self.append(cls.__new__(cls, *args))
 
     def load_newobj_ex(self) -> None:
@@ -325,8 +504,8 @@ class Unpickler(DataOpcodes):
         args = self.stack.pop()
         cls = self.stack.pop()
         if not self._is_stand_in_class(cls) or type(args) is not tuple or type(kwargs) is not dict:
-            raise UnsafePickleError(f"refusing to create an object of {_describe(cls)} (NEWOBJ_EX)")
-        self._charge(_OBJECT_COST + 8 * (len(args) + len(kwargs)))
+            raise UnsafePickleError(f"refusing to create an object of {describe(cls)} (NEWOBJ_EX)")
+        self._charge(OBJECT_COST + 8 * (len(args) + len(kwargs)))
         self.append(cls.__new__(cls, *args, **kwargs))
 
     def load_build(self) -> None:
@@ -343,7 +522,7 @@ class Unpickler(DataOpcodes):
                 raise UnsafePickleError("OrderedDict _metadata must be a dict")
             inst._metadata = meta
         else:
-            raise UnsafePickleError(f"refusing BUILD (attribute write) on {_describe(inst)}")
+            raise UnsafePickleError(f"refusing BUILD (attribute write) on {describe(inst)}")
 
 
 Unpickler.dispatch = build_dispatch(Unpickler)

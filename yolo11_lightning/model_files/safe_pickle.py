@@ -7,7 +7,7 @@ opcode table of its own, so every opcode that can reach outside the data goes th
 What a file may do, and why that is enough for weights files:
 
 * **Name a global** only from a fixed table, and what it gets is never the real object: a fresh
-  ``_Global`` wrapper (owned by this load) around our own checked implementation, or a fresh inert class:
+  ``AllowedGlobal`` wrapper (owned by this load) around our own checked implementation, or a fresh inert class:
 
   - tensor rebuilding (``torch._utils._rebuild_tensor_v2``, ``_rebuild_parameter``): arguments are type- and
     bounds-checked (the view must lie inside its storage) and the tensor is a view of bytes we read;
@@ -41,9 +41,8 @@ storage claims against the record's real size before reading it. The approach fo
 ``torch/_weights_only_unpickler.py``; unlike it, allowed globals are wrappers, the codec is fixed, and
 claimed sizes are checked (``torch_file.load`` runs this one as a check before torch's own loader).
 
-This module is the public face; the code is in ``unpickler`` (the main loop, the allow-list of globals,
-storages and tensors, the opcodes that call or write), ``pickle_opcodes`` (container and length-claiming
-opcodes, the opcode table) and ``pickle_values`` (errors, limits, stand-ins, checked constructors).
+This module is the public face; the code is in ``_unpickler`` (the main loop, the opcode table, the allow-list
+of globals, storages and tensors) and ``_pickle_values`` (errors, limits, stand-ins, checked constructors).
 """
 
 from __future__ import annotations

@@ -33,11 +33,11 @@ from yolo11_lightning.data.images.cache import GIB, ImageCache
 from yolo11_lightning.data.images.node_cache import (
     CacheSource,
     RankGroup,
-    _agree_or_raise,
-    _decode_threads,
-    _fill,
-    _layout,
+    agree_or_raise,
+    decode_threads,
+    fill_caches,
     fingerprint,
+    plan_layout,
 )
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def attach_disk_caches(
         dataset.image_cache = None
         dataset.decode_cache_size = 0
     for dataset, location in zip(datasets, locations):
-        layout = _layout([dataset])
+        layout = plan_layout([dataset])
         (shapes,), (offsets,), (nbytes,) = layout.shapes, layout.offsets, layout.lengths
         name = f"{location[0].name.removesuffix('.npz').removesuffix('.cache')}.images-"
         name += fingerprint([dataset], layout).hex()[:16] + ".npy"
@@ -111,7 +111,7 @@ def attach_disk_caches(
             path = folder / name
         except OSError as e:
             error = e
-        _agree_or_raise(group, error, "finding a folder for the disk image cache")
+        agree_or_raise(group, error, "finding a folder for the disk image cache")
         (missing,) = group.max([not _valid(path, nbytes)])
         if missing:
             _build(
@@ -121,7 +121,7 @@ def attach_disk_caches(
                 offsets,
                 nbytes,
                 group,
-                num_threads or _decode_threads(group.local_world),
+                num_threads or decode_threads(group.local_world),
             )
         dataset.image_cache = ImageCache(DiskStorage(str(path)), offsets, shapes, dataset.records)
 
@@ -143,17 +143,17 @@ def _build(dataset: CacheSource, path: Path, shapes: np.ndarray, offsets: np.nda
             np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(nbytes,)).flush()
         except OSError as e:
             error = e
-    _agree_or_raise(group, error, "creating the disk image cache")
+    agree_or_raise(group, error, "creating the disk image cache")
     try:
         storage = DiskStorage(str(tmp), writable=True)
         cache = ImageCache(storage, offsets, shapes, dataset.records)
         share = [(0, i) for i in range(len(shapes))][group.local_rank :: group.local_world]
-        unreadable = _fill([cache], [dataset], share, threads)
+        unreadable = fill_caches([cache], [dataset], share, threads)
         storage.flush()
     except Exception as e:  # re-raised once every rank knows
         error = e
     try:
-        _agree_or_raise(group, error, "building the disk image cache")
+        agree_or_raise(group, error, "building the disk image cache")
         if group.local_rank == 0:
             os.replace(tmp, path)
             log.info(

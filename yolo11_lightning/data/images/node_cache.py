@@ -132,7 +132,7 @@ class CacheSource(Protocol):
 
 
 @dataclass(frozen=True)
-class _Layout:
+class CacheLayout:
     shapes: list[np.ndarray]
     offsets: list[np.ndarray]
     starts: list[int]
@@ -147,7 +147,7 @@ class _Layout:
         return sum(len(s) for s in self.shapes)
 
 
-def _layout(sources: Sequence[CacheSource]) -> _Layout:
+def plan_layout(sources: Sequence[CacheSource]) -> CacheLayout:
     shapes, offsets, starts, lengths, at = [], [], [], [], 0
     for source in sources:
         # The dataset's own (h', w') of every image: evaluation rounds differently from training.
@@ -155,10 +155,10 @@ def _layout(sources: Sequence[CacheSource]) -> _Layout:
         o, length = cache_layout(s)
         shapes.append(s), offsets.append(o), starts.append(at), lengths.append(length)
         at = -(-(at + length) // _PART_ALIGN) * _PART_ALIGN
-    return _Layout(shapes, offsets, starts, lengths)
+    return CacheLayout(shapes, offsets, starts, lengths)
 
 
-def fingerprint(sources: Sequence[CacheSource], layout: _Layout) -> bytes:
+def fingerprint(sources: Sequence[CacheSource], layout: CacheLayout) -> bytes:
     """32 bytes naming the cached content: each dataset's files and labels, output size, scale-up, layout."""
     h = hashlib.sha256(f"yolo11-cache v{VERSION}".encode())
     for source, shapes in zip(sources, layout.shapes):
@@ -167,11 +167,11 @@ def fingerprint(sources: Sequence[CacheSource], layout: _Layout) -> bytes:
     return h.digest()
 
 
-def _decode_threads(local_world: int) -> int:
+def decode_threads(local_world: int) -> int:
     return max(1, min(8, (os.cpu_count() or 1) // max(local_world, 1)))
 
 
-def _fill(caches: Sequence[ImageCache], sources: Sequence[CacheSource], share: Sequence[tuple[int, int]],
+def fill_caches(caches: Sequence[ImageCache], sources: Sequence[CacheSource], share: Sequence[tuple[int, int]],
           threads: int) -> int:  # fmt: skip
     """Decode the (cache, image) pairs of ``share``; returns how many could not be read."""
 
@@ -183,7 +183,7 @@ def _fill(caches: Sequence[ImageCache], sources: Sequence[CacheSource], share: S
         return sum(not ok for ok in pool.map(one, share))
 
 
-def _agree_or_raise(group: RankGroup, error: BaseException | None, what: str) -> None:
+def agree_or_raise(group: RankGroup, error: BaseException | None, what: str) -> None:
     """A barrier that fails on every rank when ``error`` happened on any."""
     (failed,) = group.max([int(error is not None)])
     if error is not None:
@@ -209,8 +209,8 @@ def build_image_caches(
             without ``/dev/shm``) in ``max_fraction`` of the memory available (host or container limit).
     """
     group = group or RankGroup()
-    threads = num_threads or _decode_threads(group.local_world)
-    layout = _layout(sources)
+    threads = num_threads or decode_threads(group.local_world)
+    layout = plan_layout(sources)
     total, count = layout.storage_bytes, layout.num_images
     size = max((s.image_size for s in sources), default=0)
     directory = shm_directory()
@@ -243,10 +243,10 @@ def build_image_caches(
     share = [(k, i) for k, s in enumerate(layout.shapes) for i in range(len(s))]
     error = None
     try:
-        unreadable = _fill(caches, sources, share, threads)
+        unreadable = fill_caches(caches, sources, share, threads)
     except Exception as e:  # re-raised once every rank knows
         error = e
-    _agree_or_raise(group, error, "building the image cache")
+    agree_or_raise(group, error, "building the image cache")
     if group.local_rank == 0:  # a warning where ranks could have shared one copy
         log.log(
             logging.WARNING if group.local_world > 1 else logging.INFO,
@@ -278,7 +278,7 @@ def _segment_path(directory: Path, token: int, node_rank: int) -> Path:
 
 
 def _expected_header(
-    sources: Sequence[CacheSource], layout: _Layout, token: int, group: RankGroup
+    sources: Sequence[CacheSource], layout: CacheLayout, token: int, group: RankGroup
 ) -> SegmentHeader:
     return SegmentHeader(
         token, layout.storage_bytes, layout.num_images, boot_id(), fingerprint(sources, layout),
@@ -286,7 +286,7 @@ def _expected_header(
     )  # fmt: skip
 
 
-def _create(directory: Path, sources: Sequence[CacheSource], layout: _Layout, token: int,
+def _create(directory: Path, sources: Sequence[CacheSource], layout: CacheLayout, token: int,
             group: RankGroup) -> SharedSegment:  # fmt: skip
     sweep_stale_segments(directory)
     header = _expected_header(sources, layout, token, group)
@@ -296,7 +296,7 @@ def _create(directory: Path, sources: Sequence[CacheSource], layout: _Layout, to
 
 
 def _build_shared(
-    sources: Sequence[CacheSource], layout: _Layout, segment: SharedSegment | None, directory: Path,
+    sources: Sequence[CacheSource], layout: CacheLayout, segment: SharedSegment | None, directory: Path,
     token: int, group: RankGroup, threads: int,
 ) -> list[ImageCache]:  # fmt: skip
     path = _segment_path(directory, token, group.node_rank)
@@ -312,13 +312,13 @@ def _build_shared(
                                                  layout.lengths)]  # fmt: skip
         every = [(k, i) for k, s in enumerate(layout.shapes) for i in range(len(s))]
         share = every[group.local_rank :: group.local_world]
-        unreadable = _fill(caches, sources, share, threads)
+        unreadable = fill_caches(caches, sources, share, threads)
         log.debug("image cache: rank %d decoded %d images in %.1f s (%d unreadable)", group.rank, len(share),
                   time.perf_counter() - t0, unreadable)  # fmt: skip
     except Exception as e:  # re-raised once every rank knows
         error = e
     try:
-        _agree_or_raise(group, error, "building the image cache")
+        agree_or_raise(group, error, "building the image cache")
     finally:
         if group.local_rank == 0:  # every local rank has mapped it (or the build failed): drop the name
             if error is None and segment is not None:

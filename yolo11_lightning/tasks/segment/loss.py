@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from yolo11_lightning.loss.assigner import TaskAlignedAssigner
-from yolo11_lightning.loss.detection import DetectionLoss, Prepared, _compact
+from yolo11_lightning.loss.detection import DetectionLoss, Prepared, compact_rows
 
 __all__ = ["SegmentationLoss"]
 
@@ -162,7 +162,9 @@ class SegmentationLoss(DetectionLoss):
         for i, bound in enumerate(bounds):
             if not bound:
                 continue
-            anchor, valid = _compact(assign.fg_mask[i], bound)  # this image's foreground anchors, in order
+            anchor, valid = compact_rows(
+                assign.fg_mask[i], bound
+            )  # this image's foreground anchors, in order
             c = coefficients[i].T[anchor]  # (r_i, nm)
             gt_row = assign.gt_index[i, anchor]  # row of the assigned box in ``targets``
             box = assign.target_boxes[i, anchor]  # (r_i, 4) xyxy, input pixels

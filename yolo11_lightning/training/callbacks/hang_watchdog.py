@@ -24,10 +24,12 @@ import json
 import logging
 import math
 import os
+import queue
 import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -36,16 +38,85 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from torch import nn
 
-from yolo11_lightning.training.callbacks.hang_notes import (
-    EPOCH_END,
-    PHASES,
-    _BoundedStore,
-    _describe,
-    _is_distributed_error,
-    _Note,
-)
-
 log = logging.getLogger(__name__)
+
+# Progress phases in the order a rank passes them within one batch.
+PHASES = ("batch start", "forward", "backward", "after backward", "optimiser step", "batch end")
+EPOCH_END = 10**9  # sorts after every batch of the epoch
+
+
+@dataclass
+class _Note:
+    """Where a rank is: ``key`` orders progress across ranks (stage, epoch, batch, phase)."""
+
+    key: tuple[int, int, int, int]
+    where: str
+    since: float  # time.monotonic() of the last progress
+
+
+def _describe(stage: str, epoch: int, batch: int, phase: str, step: int) -> str:
+    at = "epoch end" if batch == EPOCH_END else f"batch {batch}"
+    return f"{stage} {at} ({phase}), epoch {epoch}, global step {step}"
+
+
+def _is_distributed_error(error: BaseException) -> bool:
+    """A collective or store failure (timeout, lost connection), as opposed to an error in the user's code."""
+    import torch.distributed as dist
+
+    text = str(error).lower()
+    return isinstance(error, dist.DistError) or any(w in text for w in ("timed out", "timeout", "connection"))
+
+
+class _BoundedStore:
+    """A client of the job's TCPStore whose calls return or fail within ``timeout`` seconds.
+
+    A TCPStore call on a connection whose peer vanished (link down, host gone) can block for good, so the
+    calls run on a daemon thread of their own; while one is stuck, the next ones fail at once.
+    """
+
+    def __init__(self, host: str, port: int, timeout: float) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+        self._requests: queue.Queue = queue.Queue()
+        self._pending: threading.Event | None = None
+        self._since = 0.0
+        self._lock = threading.Lock()
+        self._store: Any = None
+        threading.Thread(target=self._serve, name="HangWatchdog-store", daemon=True).start()
+
+    def _serve(self) -> None:
+        from torch.distributed import TCPStore
+
+        while True:
+            fn, box, done = self._requests.get()
+            try:
+                if self._store is None:
+                    self._store = TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                                           timeout=timedelta(seconds=self.timeout))  # fmt: skip
+                box.append((True, fn(self._store)))
+            except Exception as error:
+                self._store = None  # reconnect on the next call
+                box.append((False, error))
+            done.set()
+
+    def call(self, fn: Any) -> Any:
+        """``fn(store)`` on the store thread; TimeoutError when it does not answer in time."""
+        with self._lock:
+            if self._pending is not None and not self._pending.is_set():
+                raise TimeoutError(
+                    f"the store at {self.host}:{self.port} has not answered for {time.monotonic() - self._since:.0f} s"
+                )
+            box: list = []
+            self._pending, self._since = threading.Event(), time.monotonic()
+            self._requests.put((fn, box, self._pending))
+            if not self._pending.wait(self.timeout):
+                raise TimeoutError(
+                    f"the store at {self.host}:{self.port} did not answer within {self.timeout:g} s"
+                )
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
 
 EXIT_CODE = 86  # a rank that ended itself after ``exit_after`` seconds without progress
 DEFAULT_DEADLINE_S = 600.0  # without a collective timeout to derive it from
