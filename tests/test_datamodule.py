@@ -146,27 +146,6 @@ def test_close_mosaic_is_resolved_from_max_epochs_in_setup(synthetic, close_mosa
     assert dm.datasets["val"].mosaic_until_epoch is None
 
 
-def test_model_close_mosaic_is_deprecated_but_still_rules(synthetic):
-    from yolo11_lightning import YOLO11Module
-    from yolo11_lightning.training.run_identity import identity
-
-    with pytest.warns(DeprecationWarning, match="close_mosaic is a data setting"):
-        YOLO11Module(scale="n", num_classes=3, log_images=0, close_mosaic=0)  # an old checkpoint's hparams
-    dm = make_dm(synthetic, close_mosaic=3)
-    dm.trainer = SimpleNamespace(max_epochs=10)
-    dm.setup("fit")
-    YOLO11Module._forward_close_mosaic(SimpleNamespace(datamodule=dm, max_epochs=10), 2)
-    assert dm.datasets["train"].mosaic_until_epoch == 8
-    YOLO11Module._forward_close_mosaic(
-        SimpleNamespace(datamodule=dm, max_epochs=10), 0
-    )  # 0: mosaic never off
-    assert dm.datasets["train"].mosaic_until_epoch is None
-    # A checkpoint written with model.close_mosaic is the same run as one with data.close_mosaic.
-    old = identity({"scale": "n", "close_mosaic": 2}, {"batch_size": 4}, 0)
-    new = identity({"scale": "n", "close_mosaic": None}, {"batch_size": 4, "close_mosaic": 2}, 0)
-    assert old == new and old["data.close_mosaic"] == 2 and "model.close_mosaic" not in new
-
-
 class IndexRecorder(L.LightningModule):
     """A one-parameter model that records which dataset indices each step trained on."""
 

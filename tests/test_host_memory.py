@@ -12,6 +12,7 @@ import pytest
 
 from yolo11_lightning import YOLO11Module
 from yolo11_lightning.training import module as module_file
+from yolo11_lightning.training.callbacks.machine import MachineSettings
 
 glibc = pytest.mark.skipif(
     platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc malloc only"
@@ -53,13 +54,17 @@ def test_freed_memory_is_reused_instead_of_faulted_in_again() -> None:
     assert kept < 0.05, f"with the setting the block should be reused ({kept:.2f} faults/page)"
 
 
-@pytest.mark.parametrize(("switch", "expected"), [(True, 1), (False, 0)])
-def test_the_module_applies_it_when_running_on_cpu(monkeypatch, switch: bool, expected: int) -> None:
+@pytest.mark.parametrize(("settings", "expected"), [(None, 1), (False, 0)])
+def test_the_module_applies_it_when_running_on_cpu(monkeypatch, settings: bool | None, expected: int) -> None:
+    """A Trainer without ``MachineSettings`` gets its default (on); with the callback, the callback decides."""
     calls: list[int] = []
     monkeypatch.setattr(module_file, "keep_freed_host_memory", lambda: calls.append(1) or True)
-    module = YOLO11Module(scale="n", num_classes=3, log_images=0, keep_host_memory=switch)
+    module = YOLO11Module(scale="n", num_classes=3, log_images=0)
     module.setup("fit")  # by hand, no Trainer: nothing to decide on
     assert calls == []
-    module.trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False)
+    callbacks = [] if settings is None else [MachineSettings(keep_host_memory=settings)]
+    module.trainer = L.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, callbacks=callbacks
+    )
     module.setup("fit")
     assert len(calls) == expected

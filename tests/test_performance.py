@@ -104,10 +104,11 @@ def test_compile_switch_compiles_the_detector_in_place(monkeypatch: pytest.Monke
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    module = YOLO11Module(scale="n", num_classes=3, log_images=0, compile=True)
+    module = YOLO11Module(scale="n", num_classes=3, log_images=0)
     keys = list(module.state_dict())
-    module.setup("fit")
-    module.setup("validate")  # a second stage must not compile again
+    settings, trainer = MachineSettings(compile=True), L.Trainer(accelerator="cpu", logger=False)
+    settings.on_fit_start(trainer, module)
+    settings.setup(trainer, module, "validate")  # a second stage must not compile again
     assert len(calls) == 1 and module.model._compiled_call_impl is not None
     assert list(module.state_dict()) == keys  # checkpoints stay loadable without compile
     out = module.model.eval()(torch.rand(1, 3, 64, 64))
@@ -139,18 +140,6 @@ def test_machine_settings_compile_after_the_ema_copy_and_stay_out_of_checkpoints
     trainer.save_checkpoint(tmp_path / "run.ckpt")
     saved = torch.load(tmp_path / "run.ckpt", map_location="cpu", weights_only=True)
     assert "compile" not in saved["hyper_parameters"] and "keep_host_memory" not in saved["hyper_parameters"]
-
-
-def test_checkpoints_with_the_old_machine_hparams_still_load(tmp_path) -> None:
-    module = YOLO11Module(scale="n", num_classes=3, log_images=0)
-    trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False)
-    trainer.strategy.connect(module)
-    trainer.save_checkpoint(tmp_path / "old.ckpt")
-    old = torch.load(tmp_path / "old.ckpt", map_location="cpu", weights_only=True)
-    old["hyper_parameters"].update(compile=False, keep_host_memory=True)  # as written before the move
-    torch.save(old, tmp_path / "old.ckpt")
-    loaded = YOLO11Module.load_from_checkpoint(tmp_path / "old.ckpt")
-    assert loaded.machine_overrides == {} and "compile" not in loaded.hparams
 
 
 # ------------------------------------------------------------------------------------------ EMA

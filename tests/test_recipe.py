@@ -21,14 +21,6 @@ def test_last_step_index_round_trips_through_the_callback_state() -> None:
     assert restored.last_step_index == 41
 
 
-def test_checkpoints_from_before_the_callback_keep_their_accumulation_window() -> None:
-    recipe = ReferenceRecipe()
-    recipe.on_load_checkpoint(None, None, {"last_step_batch_index": 17})  # type: ignore[arg-type]
-    assert recipe.last_step_index == 17
-    recipe.on_load_checkpoint(None, None, {})  # type: ignore[arg-type]  # a new checkpoint: state rules
-    assert recipe.last_step_index == 17
-
-
 def test_the_module_hands_lightning_its_recipe_callback() -> None:
     module = YOLO11Module(scale="n", num_classes=2, log_images=0, ema=False)
 

@@ -74,7 +74,7 @@ def split_hash(dataset: Any) -> int:
     for array in (packed._sizes, packed._label_ends, packed._classes):
         h.update(np.ascontiguousarray(array, np.int64).tobytes())
     h.update(np.ascontiguousarray(packed._boxes, np.float32).tobytes())
-    if getattr(packed, "has_polygons", False):  # detection datasets hash as before: they do not keep polygons
+    if packed.has_polygons:  # a dataset that keeps no polygons (detection) hashes without them
         h.update(np.ascontiguousarray(packed._segment_sizes, np.int64).tobytes())
         h.update(np.ascontiguousarray(packed._segments, np.float32).tobytes())
     return int.from_bytes(h.digest(), "little") & _MASK

@@ -1,7 +1,7 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
-- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (only
-  when not detection, so detection files are as before) and the fp32 state dict, plain data that
+- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (absent
+  for detection, ``tasks.DEFAULT_TASK``) and the fp32 state dict, plain data that
   ``torch.load(weights_only=True)`` reads;
 - ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
   file, a reference ``.pt``) as a YOLO11 in eval mode;
@@ -81,7 +81,7 @@ def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
         "names": list(model.names) if model.names is not None else None,
         "state_dict": state,
     }
-    if model.task != DEFAULT_TASK:  # a file without a task is a detection one: those stay as they were
+    if model.task != DEFAULT_TASK:  # a file without a task is a detection one
         payload["task"] = model.task
     torch.save(payload, os.fspath(path))
 
@@ -166,11 +166,9 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     ours = {k[len("model.") :]: v for k, v in state.items() if k.startswith("model.")}
     if not ours:
         raise ValueError(f"{path}: no `model.*` tensors in `state_dict`; not a YOLO11Module checkpoint?")
-    scale = hparams.get("scale")
-    num_classes = hparams.get("num_classes")
-    if scale is None or num_classes is None:
-        raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`")
-    task = hparams.get("task") or DEFAULT_TASK
+    scale, num_classes, task = hparams.get("scale"), hparams.get("num_classes"), hparams.get("task")
+    if scale is None or num_classes is None or task is None:
+        raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`/`task`")
     model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task)
     model.load_state_dict(ours, strict=True)
     return model

@@ -13,7 +13,7 @@ from yolo11_lightning.tasks.segment.task import SegmentTask
 __all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task"]
 
 TASKS: dict[str, Task] = {task.name: task for task in (DetectTask(), SegmentTask())}
-DEFAULT_TASK = "detect"  # files and configs that name no task (written before tasks existed) are detection
+DEFAULT_TASK = "detect"  # the task of configs and weights files that name none
 
 
 def get_task(name: str) -> Task:

@@ -12,7 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.plugins.precision import MixedPrecision
-from lightning.pytorch.utilities import rank_zero_deprecation, rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
@@ -21,7 +21,7 @@ from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_t
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
-from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings, compile_in_place
+from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
 from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImages
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
@@ -75,8 +75,6 @@ class YOLO11Module(L.LightningModule):
         nominal_batch: images per optimiser step the recipe is tuned for (accumulation and decay follow it).
         box, cls, dfl: loss gains.
         ema, ema_decay, ema_tau: exponential moving average of the weights (used for validation and saving).
-        close_mosaic: deprecated, a data setting now (``--data.close_mosaic``). When given (old configs and
-            checkpoints), it overrides the DataModule's value, with a deprecation warning.
         conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
         reference_style_map: also log ``val/mAP50-95_reference_style`` (and ``test/``), the mAP by the
             reference validator's rules, beside the COCO one (``training.metrics.reference_ap``).
@@ -87,9 +85,6 @@ class YOLO11Module(L.LightningModule):
         channels_last: keep weights and activations in NHWC memory layout (on by default: +20-30% training
             images/s on oneDNN CPUs, the layout Tensor Cores want; the numbers stay the same up to float
             rounding). Turn off to train in PyTorch's default NCHW layout.
-        compile, keep_host_memory: deprecated, machine settings now (``training.callbacks.machine.MachineSettings``,
-            ``--machine.compile`` / ``--machine.keep_host_memory``), not saved in checkpoints. When given with a
-            value other than the default, they override the run's ``MachineSettings``, with a warning.
         task: ``detect`` or ``segment`` (``configs/model/yolo11*-seg.yaml``); must match the data's task (the
             CLI checks it). Checkpoints keep it in their hyper-parameters.
     """
@@ -119,7 +114,6 @@ class YOLO11Module(L.LightningModule):
         ema: bool = True,
         ema_decay: float = 0.9999,
         ema_tau: float = 2000.0,
-        close_mosaic: int | None = None,
         conf_threshold: float = 0.001,
         iou_threshold: float = 0.7,
         max_detections: int = 300,
@@ -127,8 +121,6 @@ class YOLO11Module(L.LightningModule):
         log_images: int = 4,
         max_skipped_steps: int = 10,
         channels_last: bool = True,
-        compile: bool | None = None,
-        keep_host_memory: bool | None = None,
         reference_style_map: bool = False,
         task: str = "detect",
     ) -> None:
@@ -137,27 +129,7 @@ class YOLO11Module(L.LightningModule):
             weights, os.PathLike
         ):  # a string in the checkpoint's hyper-parameters (plain data only)
             weights = os.fspath(weights)
-        # close_mosaic is the DataModule's now: a model hparam of the same name would clash with it when
-        # Lightning merges the two for the logger, so the deprecated value is kept apart.
-        self.save_hyperparameters(ignore=["close_mosaic", "compile", "keep_host_memory"])
-        # Checkpoints from before the move carry the defaults: only other values are the user's intent.
-        given = {"compile": compile, "keep_host_memory": keep_host_memory}
-        self.machine_overrides = {
-            k: v for k, v in given.items() if v is not None and v != MACHINE_DEFAULTS[k]
-        }
-        if self.machine_overrides:
-            rank_zero_deprecation(
-                f"YOLO11Module({', '.join(f'{k}={v}' for k, v in self.machine_overrides.items())}) is deprecated: "
-                "compile and keep_host_memory are machine settings, not saved with the model; use "
-                "--machine.compile / --machine.keep_host_memory (training.machine.MachineSettings). This run "
-                "uses the model's values."
-            )
-        self.deprecated_close_mosaic = close_mosaic
-        if close_mosaic is not None:
-            rank_zero_deprecation(
-                "YOLO11Module(close_mosaic=...) / --model.close_mosaic is deprecated: close_mosaic is a data "
-                "setting, pass it to YOLODataModule (--data.close_mosaic); this run uses the model's value"
-            )
+        self.save_hyperparameters()
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         self.task = get_task(task)
@@ -211,30 +183,13 @@ class YOLO11Module(L.LightningModule):
         # Loss normalisers and items summed over ranks (world-size invariance), flags alongside: one all-reduce.
         self.step_exchange.connect()
         self.criterion.sum_over_ranks = self.step_exchange.sum_over_ranks
-        if self.machine_overrides.get("compile"):
-            # The deprecated argument. After the callbacks' setup: the EMA copy is made from the plain module.
-            compile_in_place(self.model)
         trainer = self._trainer  # None when setup is called by hand
         if trainer is not None:
             self.step_guard.precision = str(trainer.precision)
-        if stage == "fit" and trainer is not None and self.deprecated_close_mosaic is not None:
-            self._forward_close_mosaic(trainer, int(self.deprecated_close_mosaic))
-        if trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks):
-            # A Trainer built without the machine-settings callback gets its defaults (and the deprecated
-            # arguments), as when these were model settings.
-            keep = {**MACHINE_DEFAULTS, **self.machine_overrides}["keep_host_memory"]
-            if keep and trainer.strategy.root_device.type == "cpu":
-                keep_freed_host_memory()
-
-    @staticmethod
-    def _forward_close_mosaic(trainer: L.Trainer, epochs: int) -> None:
-        """The deprecated ``model.close_mosaic``: the model's value rules, as before it moved to the data."""
-        datamodule = trainer.datamodule
-        if datamodule is None or not hasattr(datamodule, "set_close_mosaic_epoch"):
-            log.warning("close_mosaic: the datamodule has no set_close_mosaic_epoch(); mosaic stays on")
-            return
-        off = epochs <= 0 or not trainer.max_epochs or trainer.max_epochs < 0
-        datamodule.set_close_mosaic_epoch(None if off else max(trainer.max_epochs - epochs, 0))
+        # A Trainer built without the machine-settings callback gets its defaults.
+        without_settings = trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks)
+        if without_settings and MACHINE_DEFAULTS["keep_host_memory"] and trainer.strategy.root_device.type == "cpu":
+            keep_freed_host_memory()
 
     def global_batch_size(self) -> int:
         """Images per training batch over all devices (the DataModule's ``batch_size``)."""
@@ -328,7 +283,7 @@ class YOLO11Module(L.LightningModule):
         Loader batches are channels-last already (``data.batch.stack_images``): no copy then. Any reorder
         happens while still uint8, 4x fewer bytes to shuffle than in float.
         """
-        nhwc = self.hparams.get("channels_last", False)  # checkpoints from before the switch: NCHW
+        nhwc = self.hparams.channels_last
         images = images.contiguous(memory_format=torch.channels_last if nhwc else torch.contiguous_format)
         return self.to_float(images)
 

@@ -18,38 +18,23 @@ import torch
 
 from yolo11_lightning.model_files import torch_file
 
-# Model/data keys that may differ between a checkpoint and the run resuming it: loader and machine settings,
-# what to draw, where pretrained weights came from (a resume reads its weights from the checkpoint), and how
-# validation batches and scores (training is the same either way; older checkpoints lack these keys).
+# Model/data keys that may differ between a checkpoint and the run resuming it: loader settings, what to draw,
+# where pretrained weights came from (a resume reads its weights from the checkpoint), and how validation
+# batches and scores (training is the same either way).
 RESUMABLE_KEYS = frozenset(
     {
         "data.num_workers", "data.pin_memory", "data.persistent_workers", "data.cache_images",
-        "data.label_cache_dir", "data.prepare_data_per_node", "model.compile", "model.keep_host_memory",
-        "model.log_images", "model.weights", "model.weights_strict", "model.max_skipped_steps",
+        "data.label_cache_dir", "data.prepare_data_per_node", "model.log_images", "model.weights", "model.weights_strict", "model.max_skipped_steps",
         "data.rect_val", "data.eval_box_gain", "model.reference_style_map",
     }
 )  # fmt: skip
-# Keys added after checkpoints were written, with the value an older checkpoint trained with: a checkpoint
-# without one is the same run as a current run at that default.
-ADDED_DEFAULTS: dict[str, Any] = {"data.task": "detect", "data.mask_overlap": True}
 
 
 def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], seed: Any) -> dict[str, Any]:
-    """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys.
-
-    ``close_mosaic`` counts as a data setting wherever it was given: checkpoints written before it moved to the
-    DataModule hold it as ``model.close_mosaic``. A checkpoint without ``model.task`` is a detection one.
-    """
-    model_hparams, data_hparams = dict(model_hparams), dict(data_hparams)
-    model_hparams.setdefault("task", "detect")  # checkpoints from before tasks are detection ones
-    moved = model_hparams.pop("close_mosaic", None)
-    if moved is not None:
-        data_hparams["close_mosaic"] = moved
+    """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys."""
     flat = {f"model.{k}": v for k, v in model_hparams.items()}
     flat.update({f"data.{k}": v for k, v in data_hparams.items()})
     flat["seed_everything"] = None if seed is None else int(seed)
-    for key, default in ADDED_DEFAULTS.items():
-        flat.setdefault(key, default)
     return {k: v for k, v in flat.items() if k not in RESUMABLE_KEYS}
 
 

@@ -18,8 +18,8 @@ the datasets of a ``setup`` call:
    a named segment whose owners are dead: the next build on the node removes it. A job never opens a
    segment of another token, so a stale one is never read.
 
-Without a usable ``/dev/shm`` (absent, read-only, too small) every rank builds its own copy in its memory,
-as before; each node always builds its own segment (``/dev/shm`` is per host). The log says which.
+Without a usable ``/dev/shm`` (absent, read-only, too small) every rank builds its own copy in its memory;
+each node always builds its own segment (``/dev/shm`` is per host). The log says which.
 ``YOLO11_SHM_DIR`` moves the segments elsewhere (tests use it).
 """
 

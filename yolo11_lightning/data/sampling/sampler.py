@@ -127,7 +127,7 @@ class ElasticDistributedSampler(DistributedSampler):
             )
         self.epoch = int(state["epoch"])
         consumed = int(state["consumed_samples"])
-        saved_size = state.get("num_samples")  # absent in checkpoints written before it was recorded
+        saved_size = state.get("num_samples")  # None: the saved size is unknown, taken as this dataset's
         if saved_size is not None and int(saved_size) != len(self.dataset):
             saved_total = math.ceil(int(saved_size) / self.global_batch_size) * self.global_batch_size
             if consumed == saved_total:  # saved at an epoch end: the next epoch simply uses the new size

@@ -246,8 +246,7 @@ class YoloEntry:
         return bool(self.images)
 
     def fingerprint(self, h, image_dir: str) -> None:
-        # "False": the entry-kind tag of the cache key since its first version (COCO writes "True"), so
-        # caches written before the formats became modules stay valid.
+        # "False": this entry kind's tag in the cache key (COCO writes "True").
         h.update(f"{self.path}\0False\0{image_dir}\n".encode())
         for image in self.images:
             hash_files([image, label_path_for(image)], h)

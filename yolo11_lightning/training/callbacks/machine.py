@@ -19,7 +19,7 @@ from yolo11_lightning.data.cpu_cores import usable_cpus
 from yolo11_lightning.training.cpu_threads import training_threads
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
 
-# Defaults of the settings; YOLO11Module's deprecated arguments of the same names override them.
+# Defaults of the settings, also what a Trainer without this callback gets (``YOLO11Module.setup``).
 MACHINE_DEFAULTS = {"compile": False, "keep_host_memory": True}
 
 
@@ -60,23 +60,18 @@ class MachineSettings(Callback):
         self.cpu_threads = cpu_threads
         self._threads_before: int | None = None
 
-    def _setting(self, pl_module: L.LightningModule, name: str) -> bool:
-        """This callback's value, unless the module was given the deprecated argument of the same name."""
-        overrides = getattr(pl_module, "machine_overrides", {})
-        return bool(overrides.get(name, getattr(self, name)))
-
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         on_cpu = trainer.strategy.root_device.type == "cpu"
-        if self._setting(pl_module, "keep_host_memory") and on_cpu:
+        if self.keep_host_memory and on_cpu:
             keep_freed_host_memory()
         if on_cpu and self.cpu_threads is not None:
             self._set_cpu_threads(trainer)
-        if stage != "fit" and self._setting(pl_module, "compile"):  # no EMA copy outside fit
+        if stage != "fit" and self.compile:  # no EMA copy outside fit
             compile_in_place(pl_module.model)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After every callback's setup, where Lightning's weight averaging deep-copies the module.
-        if self._setting(pl_module, "compile"):
+        if self.compile:
             compile_in_place(pl_module.model)
 
     def _set_cpu_threads(self, trainer: L.Trainer) -> None:

@@ -59,8 +59,6 @@ class ReferenceRecipe(Callback):
     accumulation and zeroing are kept and only the LR/momentum warmup is applied.
 
     State in checkpoints: ``last_step_index``, the global batch index of the last optimiser step (-1: none).
-    Checkpoints written before this callback existed kept it as ``checkpoint["last_step_batch_index"]``;
-    that key is still read.
     """
 
     def __init__(self) -> None:
@@ -182,7 +180,7 @@ class ReferenceRecipe(Callback):
         return {"last_step_index": self.last_step_index}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.last_step_index = int(state_dict.get("last_step_index", -1))
+        self.last_step_index = int(state_dict["last_step_index"])
 
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
@@ -200,9 +198,6 @@ class ReferenceRecipe(Callback):
     def on_load_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        # Before load_state_dict, which overrides this when the checkpoint has the callback's own state.
-        if "last_step_batch_index" in checkpoint:
-            self.last_step_index = int(checkpoint["last_step_batch_index"])
         self._restored_gradients = checkpoint.get("carried_gradients")
 
     def _restore_gradients(
