@@ -84,7 +84,7 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
     import yolo11_lightning.data.images.loading as image_loading
 
     for owner, name, stage in [
-        (image_loading, "read_image_retrying", "decode"),  # the loading moved out of data.dataset
+        (image_loading, "read_image_retrying", "decode"),
         (dataset, "read_image_retrying", "decode"),
         (dataset, "read_image_reduced", "decode"),
         (image_loading, "resize_long_side", "resize to long side"),

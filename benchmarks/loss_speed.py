@@ -23,7 +23,8 @@ import types
 import _common as C
 import torch
 
-from yolo11_lightning.loss import DetectionLoss, SegmentationLoss
+from yolo11_lightning.loss.detection import DetectionLoss
+from yolo11_lightning.tasks.segment.loss import SegmentationLoss
 
 STRIDES = (8, 16, 32)
 NUM_MASKS = 32

@@ -8,7 +8,7 @@ Both sides validate the same synthetic images with the same weights: a reference
 built with a fixed seed, its BatchNorm statistics measured on the images and its class biases set so
 that about ``--candidates`` (anchor, class) pairs per image score above the 0.001 threshold (the load
 NMS and the metric see in early training; see ``make_weights``), converted to ours with
-``YOLO11.from_ultralytics``. Ours is ``Trainer.validate`` (letterbox, uint8 batches, the module's NMS,
+``model_files.weights.from_reference``. Ours is ``Trainer.validate`` (letterbox, uint8 batches, the module's NMS,
 the torchmetrics/faster-coco-eval mAP); the oracle is ultralytics' ``DetectionValidator`` called with the
 model (it fuses Conv+BN first). Timed from the loop start to the end of the mAP computation, the same
 torch threads, 0 loader workers (the oracle forces 0 on CPU). Each run is a fresh process, rounds

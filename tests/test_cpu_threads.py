@@ -15,7 +15,7 @@ from yolo11_lightning.data import cpu_cores, datamodule
 from yolo11_lightning.data.cpu_cores import cgroup_cpu_limit, cores_per_rank
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.loader_workers import auto_num_workers
-from yolo11_lightning.training import machine
+from yolo11_lightning.training.callbacks import machine
 from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.cpu_threads import training_threads
 

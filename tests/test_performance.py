@@ -1,6 +1,6 @@
 """Performance switches and fast paths: they must not change the numbers.
 
-channels_last is a YOLO11Module hyper-parameter and compile a machine setting (training.machine); the EMA callback's fast update must equal the
+channels_last is a YOLO11Module hyper-parameter and compile a machine setting (training.callbacks.machine); the EMA callback's fast update must equal the
 reference formula, continue its count after a resume and live on the module's device.
 """
 
@@ -39,7 +39,7 @@ def _loss_and_grads(module: YOLO11Module, images: torch.Tensor, targets: torch.T
 
 def test_defaults_are_nhwc_without_compile() -> None:
     module = YOLO11Module(scale="n", num_classes=3, log_images=0)
-    # compile is a machine setting now (training.machine), off by default and not a model hparam.
+    # compile is a machine setting (training.callbacks.machine), off by default and not a model hparam.
     assert module.hparams.channels_last is True and "compile" not in module.hparams
     assert MachineSettings().compile is False
     assert module.model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)

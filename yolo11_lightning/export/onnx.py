@@ -67,7 +67,7 @@ def export_onnx(
 
     ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
     ``image_size``. Uses the TorchScript-based exporter (no extra dependency). The metadata
-    (``onnx_metadata.metadata_props``) is written when the ``onnx`` package is installed. A float32 CPU copy is
+    (``export.metadata.metadata_props``) is written when the ``onnx`` package is installed. A float32 CPU copy is
     traced: ``model`` keeps its device, dtype and mode.
     """
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size

@@ -64,7 +64,7 @@ class YOLO11Module(L.LightningModule):
         class_names: class names, index = class id (linked from the dataset).
         weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; the class head keeps
             its fresh initialisation when the class count differs. An exported ``.onnx`` file replaces the
-            detector with ``onnx_runner.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
+            detector with ``export.runtime.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
         weights_strict: refuse ``weights`` unless every tensor outside the class head fits (another scale or
             task is an error naming it); ``False`` loads whatever fits and warns.
         optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen
@@ -383,7 +383,7 @@ class YOLO11Module(L.LightningModule):
     def settle_step_exchange(self) -> None:
         """Read what the last optimiser step published (flags summed over ranks, the guard's counters):
         warns about a skipped step, raises ``NonFiniteLossError`` at the limit. Called at every step and before
-        checkpoints and epoch ends (``checkpoint_callbacks``); reading a step twice does nothing more."""
+        checkpoints and epoch ends (``training.callbacks.checkpoints``); reading a step twice does nothing more."""
         if self.step_exchange.advance() and self.step_exchange.extra:
             self._read_guard(self.step_exchange.extra, self._published_step)
 

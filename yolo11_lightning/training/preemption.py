@@ -8,7 +8,7 @@ and saves SLURM's checkpoint inside the signal handler, in the middle of a batch
 Here a signal only raises a flag (``StopRequest``): handlers run between Python bytecodes of the main thread
 and must not start collectives. The ranks then agree at the next optimiser-step boundary with one
 all-reduce of the flag (``agree``): a signal that reached only some ranks, or reached them at different
-moments, stops them all after the same batch. ``LastCheckpoint`` (``checkpoint_callbacks``) then writes the
+moments, stops them all after the same batch. ``LastCheckpoint`` (``training.callbacks.checkpoints``) then writes the
 exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM).
 
 DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that signals the whole

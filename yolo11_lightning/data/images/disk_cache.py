@@ -1,7 +1,7 @@
 """Decoded images on disk (``cache_images: disk``): ``.npy`` memory maps beside the label cache.
 
 The data stays on disk (the page cache keeps what fits) but no image is decoded again: each split's decoded,
-resized images are one ``.npy`` file of the ``image_cache.cache_layout`` storage (flag bytes, then the
+resized images are one ``.npy`` file of the ``images.cache.cache_layout`` storage (flag bytes, then the
 images), named after the fingerprint of the split, the output size and scale-up (``node_cache.fingerprint``):
 ``<label cache stem>.images-<fingerprint>.npy``. A changed dataset or setting gets another file; nothing is
 read that was not written whole, since a file only gets its name by an atomic rename once complete. The

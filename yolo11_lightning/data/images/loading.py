@@ -72,7 +72,7 @@ class RecordImageLoader:
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
 
         Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
-        (``image_io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
+        (``images.io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
         check then expects ceil(height / f) x ceil(width / f).
         """
         if not (self.augment and self.reduced_decode):

@@ -4,7 +4,7 @@
 the datasets of a ``setup`` call:
 
 1. Every rank lays the images out from the records and checks the memory for one copy per node (host and
-   container limits, ``image_cache.memory_budget``); global rank 0 draws a job token. One collective
+   container limits, ``images.cache.memory_budget``); global rank 0 draws a job token. One collective
    agrees on the verdicts, on ``/dev/shm`` being usable and on the token.
 2. Local rank 0 removes stale segments of dead jobs (``sweep_stale_segments``) and creates
    ``yolo11-cache-<token>-node<N>``: header first (job token, boot id, fingerprint of the datasets and

@@ -8,7 +8,7 @@ Where the pool lies decides how many images a DataLoader worker decodes per samp
 * ``"dataset"``: any training image. The most diverse mosaics, up to 4 decodes per sample (the partners
   are rarely in the worker's decode cache). The default from 2026-12-01 until ``"recent"`` was measured.
 * ``"batch"``: positions of the sample's own global batch, congruent to its position modulo
-  ``partner_stride(B)`` (``sample_seeds``), so the pool lies on the sample's rank (world sizes dividing
+  ``partner_stride(B)`` (``sampling.seeds``), so the pool lies on the sample's rank (world sizes dividing
   the stride) in its per-device batch, which the same worker decodes anyway: 1 decode per sample. But
   each image meets only the 15 others of its pool in an epoch; on the hard synthetic set at 50 epochs
   that cost a tenth of the mAP (``benchmarks/README.md``).
