@@ -294,18 +294,6 @@ def test_rank_agreement_hash_covers_the_polygons(painted) -> None:
     assert seg_a.records[3].num_polygons == 3
 
 
-def test_checkpoints_from_before_the_task_keys_are_the_same_detection_run(seg_yaml: Path) -> None:
-    from yolo11_lightning.training.run_identity import differences, identity
-
-    hparams = dict(YOLODataModule(str(seg_yaml), image_size=SIZE).hparams)
-    old = {k: v for k, v in hparams.items() if k not in ("task", "mask_overlap")}
-    assert differences(identity({}, old, 0), identity({}, hparams, 0)) == []
-    segment = dict(YOLODataModule(str(seg_yaml), image_size=SIZE, task="segment").hparams)
-    assert differences(identity({}, old, 0), identity({}, segment, 0)) == [
-        "data.task: 'detect' in the checkpoint, 'segment' now"
-    ]
-
-
 def test_synthetic_segment_task_generates_the_polygon_set(tmp_path: Path) -> None:
     dm = YOLODataModule(
         "synthetic", synthetic_dir=str(tmp_path), synthetic_train=4, synthetic_val=2, synthetic_image_size=SIZE,
