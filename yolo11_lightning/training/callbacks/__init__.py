@@ -1,0 +1,11 @@
+"""Lightning callbacks, one per module.
+
+checkpoints.py         ``LastCheckpoint`` and ``BestCheckpoint`` (``best.ckpt`` follows the task's monitor)
+ema.py                 ``ModelEMA``: the weights validation scores and checkpoints hold
+recipe.py              ``ReferenceRecipe``: warmup, accumulation ramp, loss scale, windows across epoch ends
+machine.py             ``MachineSettings``: compile, host memory, CPU threads (not saved with the model)
+hang_watchdog.py       ``HangWatchdog``: which rank stopped, with every rank's stacks
+throughput.py          images/s, data-wait share, peak memory
+validation_images.py   predictions drawn on the first validation images
+unreadable_images.py   the account of images that could not be read, and its limit
+"""
