@@ -1,34 +1,27 @@
 """DDP's ``broadcast_buffers`` on 2 gloo ranks through the CLI: BatchNorm statistics per rank, the EMA, validation.
 
-Three runs of ``tests/scripts/buffers_fit.yaml`` (BatchNorm in training mode, accumulation windows of 3 batches
+Two runs of ``tests/scripts/buffers_fit.yaml`` (BatchNorm in training mode, accumulation windows of 3 batches
 over epochs of 4, so the epoch ends inside a window), recorded per rank by ``ddp_options.RecordBuffers``:
 
 * ``on``: DDP's default, rank 0's buffers broadcast before every forward that follows a gradient all-reduce;
-* ``off``: ``--trainer.strategy.broadcast_buffers false``;
-* ``global_bn``: ``off`` with statistics of the global batch (``ddp_options.CpuSyncBatchNorm``, what
-  ``--trainer.sync_batchnorm true`` does on GPUs; SyncBatchNorm itself runs on CUDA only).
+* ``off``: ``--trainer.strategy.broadcast_buffers false``.
 """
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from cli_runs import SCRIPTS, ddp, final_checkpoint, load, run_cli, tail
 
 sys.path.insert(0, str(SCRIPTS))
-from ddp_options import GlobalBatchNorm
 
 CONFIG = SCRIPTS / "buffers_fit.yaml"
 RUNS = {
     "on": [],
     "off": ["--trainer.strategy.broadcast_buffers", "false"],
-    "global_bn": ["--trainer.strategy.broadcast_buffers", "false", "--trainer.plugins", "ddp_options.CpuSyncBatchNorm"],
 }  # fmt: skip
 
 
@@ -98,51 +91,3 @@ def test_every_rank_validates_the_model_the_checkpoint_holds(runs: dict[str, dic
     saved = saved_model(runs[name]["checkpoint"])
     assert equal(zero["validated"], saved) and equal(one["validated"], saved)
     torch.testing.assert_close(zero["output"], one["output"], rtol=0, atol=0)
-
-
-def test_statistics_of_the_global_batch_agree_on_every_rank(runs: dict[str, dict]) -> None:
-    """With synchronised BatchNorm every rank computes the same statistics (those of the global batch) and so the
-    same EMA, with no broadcast: ``broadcast_buffers`` is redundant there. They are not rank 0's own."""
-    zero, one = runs["global_bn"]["ranks"]
-    assert equal(zero["raw"], one["raw"]) and equal(zero["ema"], one["ema"])
-    assert distance(zero["raw"], runs["off"]["ranks"][0]["raw"]) > 0
-
-
-# ------------------------------------------------------------------------------------ the SyncBN stand-in
-def _compare_with_batchnorm(rank: int, port: int) -> None:
-    """Rank ``rank`` of 2 holds 2 or 4 of 6 images; outputs, input and parameter gradients and running statistics
-    must equal BatchNorm2d's on all 6."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    try:
-        torch.manual_seed(0)
-        x, upstream = torch.randn(6, 4, 5, 5) * 3 + 1, torch.randn(6, 4, 5, 5)
-        reference = torch.nn.BatchNorm2d(4, eps=1e-3, momentum=0.03)
-        torch.nn.init.uniform_(reference.weight, 0.5, 1.5)
-        torch.nn.init.uniform_(reference.bias, -1, 1)
-        layer = GlobalBatchNorm(4, 1e-3, 0.03)
-        layer.load_state_dict(reference.state_dict())
-        mine = slice(0, 2) if rank == 0 else slice(2, 6)
-        whole, shard = x.clone().requires_grad_(), x[mine].clone().requires_grad_()
-        expected = reference(whole)
-        (expected * upstream).sum().backward()
-        out = layer(shard)
-        (out * upstream[mine]).sum().backward()  # this rank's part of the loss
-        torch.testing.assert_close(out, expected[mine], rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(shard.grad, whole.grad[mine], rtol=1e-4, atol=1e-5)
-        for name in ("weight", "bias"):
-            grad = getattr(layer, name).grad.clone()
-            dist.all_reduce(
-                grad
-            )  # the ranks' parts of the loss summed, as DDP's all-reduce (before its mean)
-            torch.testing.assert_close(grad, getattr(reference, name).grad, rtol=1e-4, atol=1e-4)
-        for name in ("running_mean", "running_var"):
-            torch.testing.assert_close(getattr(layer, name), getattr(reference, name), rtol=1e-5, atol=1e-6)
-    finally:
-        dist.destroy_process_group()
-
-
-def test_global_batchnorm_equals_batchnorm_on_the_whole_batch() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(_compare_with_batchnorm, args=(port,), nprocs=2, join=True)

@@ -159,33 +159,86 @@ def test_validate_on_one_device_under_ddp(one_device, tiny_dataset: Path, tmp_pa
 
 
 # ------------------------------------------------------------------------------------------ the mechanism
-def test_the_emu_device_has_a_gpus_rules() -> None:
-    """What the reproductions rest on: run in a fresh interpreter (registering the device is per process)."""
-    code = """
+# Registering the device is per process: the mechanism's checks run in one fresh interpreter, each section
+# reporting on its own line.
+MECHANISM = """
+import traceback
 import torch, emulated_gpu as emu
-x = torch.ones(3, device="emu")
-try:
-    x + torch.ones(3)  # a host tensor beside a device tensor
-except RuntimeError as e:
-    assert "same device" in str(e), e
-else:
-    raise SystemExit("mixed devices accepted")
-y = x * torch.tensor(2.0)  # a 0-dim host scalar is fine, as on CUDA
-with emu.sync_mode("error"):
-    z = (y * 2).sum()
-    for read in (lambda: z.item(), lambda: y.tolist(), lambda: y.cpu(), lambda: y[y > 1], lambda: bool(z)):
-        try:
-            read()
-        except emu.HostSyncError:
-            continue
-        raise SystemExit("a host read went unnoticed")
-    host = torch.empty(3)
-    host.copy_(y, non_blocking=True)  # an asynchronous copy is not a sync
-print("ok")
+
+
+def rules():
+    import torch, emulated_gpu as emu
+    x = torch.ones(3, device="emu")
+    try:
+        x + torch.ones(3)  # a host tensor beside a device tensor
+    except RuntimeError as e:
+        assert "same device" in str(e), e
+    else:
+        raise SystemExit("mixed devices accepted")
+    y = x * torch.tensor(2.0)  # a 0-dim host scalar is fine, as on CUDA
+    with emu.sync_mode("error"):
+        z = (y * 2).sum()
+        for read in (lambda: z.item(), lambda: y.tolist(), lambda: y.cpu(), lambda: y[y > 1], lambda: bool(z)):
+            try:
+                read()
+            except emu.HostSyncError:
+                continue
+            raise SystemExit("a host read went unnoticed")
+        host = torch.empty(3)
+        host.copy_(y, non_blocking=True)  # an asynchronous copy is not a sync
+
+
+def loss():
+    import torch, emulated_gpu as emu
+    from yolo11_lightning.loss import DetectionLoss
+    from yolo11_lightning.tasks.segment.loss import SegmentationLoss
+    g = torch.Generator().manual_seed(0)
+    nc, bs, counts = 3, 3, [2, 0, 3]
+    feats = [torch.randn(bs, 64 + nc, s, s, generator=g, requires_grad=True) for s in (8, 4, 2)]
+    rows = [[i, i % nc, 0.3 + 0.1 * i, 0.5, 0.2, 0.3] for i, n in enumerate(counts) for _ in range(n)]
+    targets = torch.tensor(rows)
+    targets[:, 2] += torch.rand(len(rows), generator=g) * 0.2
+    coef = torch.randn(bs, 32, 84, generator=g, requires_grad=True)
+    protos = torch.randn(bs, 32, 16, 16, generator=g, requires_grad=True)
+    masks = torch.zeros(bs, 16, 16)
+    masks[0, 2:8, 2:8], masks[0, 8:12, 8:12], masks[2, 1:15, 3:9] = 1, 2, 1
+    dev = lambda t: t.detach().to("emu").requires_grad_(t.requires_grad)
+    for loss_fn, args, dargs in (
+        (DetectionLoss(nc), (feats, targets), ([dev(f) for f in feats], dev(targets))),
+        (SegmentationLoss(nc), ((feats, coef, protos), targets, masks, counts),
+         (([dev(f) for f in feats], dev(coef), dev(protos)), dev(targets), dev(masks), counts)),
+    ):
+        loss, items = loss_fn(*args)
+        with emu.sync_mode("error"):
+            dloss, ditems = loss_fn(*dargs)
+            dloss.backward()
+        torch.testing.assert_close(ditems.cpu(), items, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(dloss.cpu(), loss, rtol=1e-5, atol=1e-6)
+
+
+for name, check in (("rules", rules), ("loss", loss)):
+    try:
+        check()
+        print(name, "ok")
+    except BaseException:
+        print(name, "failed:", traceback.format_exc().replace(chr(10), " | "))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env={**_env(), "PYTHONPATH": str(TESTS)},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def mechanism() -> dict[str, str]:
+    """Section -> "ok" or its failure, from one run of ``MECHANISM`` on the emu device."""
+    proc = subprocess.run([sys.executable, "-c", MECHANISM], env={**_env(), "PYTHONPATH": str(TESTS)},
+                          capture_output=True, text=True, timeout=180)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return dict(
+        line.split(" ", 1) for line in proc.stdout.splitlines() if line.split(" ", 1)[0] in ("rules", "loss")
+    )
+
+
+def test_the_emu_device_has_a_gpus_rules(mechanism: dict[str, str]) -> None:
+    """What the reproductions rest on: mixed devices refused, every host read noticed, async copies not."""
+    assert mechanism.get("rules") == "ok", mechanism
 
 
 def _env() -> dict[str, str]:
@@ -194,40 +247,10 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
-def test_loss_makes_no_host_sync_on_a_device_and_equals_the_cpu_loss() -> None:
+def test_loss_makes_no_host_sync_on_a_device_and_equals_the_cpu_loss(mechanism: dict[str, str]) -> None:
     """Detection and segmentation losses on the emu device: no host read (the segmentation mask term sizes its
     per-image work from the batch's host-side counts), and the same values as on the CPU."""
-    code = """
-import torch, emulated_gpu as emu
-from yolo11_lightning.loss import DetectionLoss
-from yolo11_lightning.tasks.segment.loss import SegmentationLoss
-g = torch.Generator().manual_seed(0)
-nc, bs, counts = 3, 3, [2, 0, 3]
-feats = [torch.randn(bs, 64 + nc, s, s, generator=g, requires_grad=True) for s in (8, 4, 2)]
-rows = [[i, i % nc, 0.3 + 0.1 * i, 0.5, 0.2, 0.3] for i, n in enumerate(counts) for _ in range(n)]
-targets = torch.tensor(rows)
-targets[:, 2] += torch.rand(len(rows), generator=g) * 0.2
-coef = torch.randn(bs, 32, 84, generator=g, requires_grad=True)
-protos = torch.randn(bs, 32, 16, 16, generator=g, requires_grad=True)
-masks = torch.zeros(bs, 16, 16)
-masks[0, 2:8, 2:8], masks[0, 8:12, 8:12], masks[2, 1:15, 3:9] = 1, 2, 1
-dev = lambda t: t.detach().to("emu").requires_grad_(t.requires_grad)
-for loss_fn, args, dargs in (
-    (DetectionLoss(nc), (feats, targets), ([dev(f) for f in feats], dev(targets))),
-    (SegmentationLoss(nc), ((feats, coef, protos), targets, masks, counts),
-     (([dev(f) for f in feats], dev(coef), dev(protos)), dev(targets), dev(masks), counts)),
-):
-    loss, items = loss_fn(*args)
-    with emu.sync_mode("error"):
-        dloss, ditems = loss_fn(*dargs)
-        dloss.backward()
-    torch.testing.assert_close(ditems.cpu(), items, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(dloss.cpu(), loss, rtol=1e-5, atol=1e-6)
-print("ok")
-"""
-    proc = subprocess.run([sys.executable, "-c", code], env={**_env(), "PYTHONPATH": str(TESTS)},
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr[-3000:]
+    assert mechanism.get("loss") == "ok", mechanism
 
 
 def test_exchange_on_one_process_moves_nothing_and_agrees_one_step_late() -> None:
@@ -246,8 +269,10 @@ def test_exchange_on_one_process_moves_nothing_and_agrees_one_step_late() -> Non
 
 def test_cuda_only_sync_tests_exist_for_the_device_run() -> None:
     """benchmarks/gpu.py runs tests/test_gpu_syncs.py on a lent GPU; here it must at least be collected."""
-    assert (TESTS / "test_gpu_syncs.py").is_file()
-    if not torch.cuda.is_available():
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               str(TESTS / "test_gpu_syncs.py")], capture_output=True, text=True, timeout=120)  # fmt: skip
-        assert proc.returncode == 0 and "skipped" in proc.stdout, proc.stdout[-2000:]
+    import importlib
+
+    syncs = importlib.import_module("test_gpu_syncs")  # collected by this suite too: an import error fails it
+    tests = [name for name in dir(syncs) if name.startswith("test_")]
+    assert {"test_single_gpu_step_makes_no_host_sync", "test_ddp_step_makes_no_host_sync"} <= set(tests)
+    mark = syncs.pytestmark.mark  # skipped exactly where there is no GPU
+    assert mark.name == "skipif" and bool(mark.args[0]) == (not torch.cuda.is_available())

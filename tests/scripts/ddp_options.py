@@ -2,13 +2,8 @@
 validation, and a gradient-compression hook that really runs on CPU.
 
 Named by class path in ``tests/test_ddp_buffers.py`` and ``tests/test_comm_hook.py`` (``--trainer.callbacks+=
-ddp_options.RecordBuffers``, ``--trainer.plugins ddp_options.CpuSyncBatchNorm``), so the runs go through the
+ddp_options.RecordBuffers``, ``--trainer.callbacks+=ddp_options.CommHookOnCpu``), so the runs go through the
 real ``fit`` of the CLI.
-
-``GlobalBatchNorm`` stands in for ``SyncBatchNorm`` on CPU: torch's SyncBatchNorm refuses CPU tensors (its
-kernels, ``batch_norm_stats`` and friends, exist for CUDA only), so a gloo test cannot run it. It computes
-what SyncBatchNorm computes, statistics of the global batch, from an all-reduce of per-channel sums, and
-enters the run through Lightning's ``LayerSync`` plugin, as ``--trainer.sync_batchnorm true`` does on GPUs.
 """
 
 from __future__ import annotations
@@ -19,12 +14,8 @@ from typing import Any
 
 import lightning as L
 import torch
-import torch.distributed as dist
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.plugins.layer_sync import LayerSync
 from torch import nn
-from torch.distributed.nn.functional import all_reduce
-from torch.nn.modules.batchnorm import _NormBase
 
 
 def bn_statistics(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -70,59 +61,6 @@ class RecordBuffers(Callback):
         if self.record:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             torch.save(self.record, self.out_dir / f"buffers-rank{trainer.global_rank}.pt")
-
-
-class GlobalBatchNorm(_NormBase):
-    """BatchNorm with the global batch's statistics in training, as ``SyncBatchNorm``, computed on any device.
-
-    Not a ``SyncBatchNorm`` subclass: DDP refuses those on CPU modules. Same parameters and buffers as
-    ``BatchNorm2d``, so checkpoints and the EMA see the usual names.
-
-    Per channel, the sums of x and x² and the element count are summed over ranks (a differentiable
-    all-reduce: the backward sums every rank's gradient of the shared statistics, as SyncBatchNorm's does);
-    the running statistics are updated with the global mean and the unbiased global variance.
-    """
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not (self.training and dist.is_available() and dist.is_initialized()):
-            return nn.functional.batch_norm(
-                x, self.running_mean, self.running_var, self.weight, self.bias, self.training, self.momentum,
-                self.eps,
-            )  # fmt: skip
-        channels = x.shape[1]
-        local = torch.cat((x.sum((0, 2, 3)), (x * x).sum((0, 2, 3)), x.new_full((1,), x.numel() / channels)))
-        total = all_reduce(local)
-        count = total[-1]
-        mean = total[:channels] / count
-        var = (total[channels : 2 * channels] / count - mean * mean).clamp_min(0.0)
-        with torch.no_grad():
-            self.num_batches_tracked.add_(1)
-            self.running_mean.lerp_(mean, self.momentum)
-            self.running_var.lerp_(var * count / (count - 1), self.momentum)
-        shape = (1, channels, 1, 1)
-        scale = self.weight.view(shape) * torch.rsqrt(var.view(shape) + self.eps)
-        return (x - mean.view(shape)) * scale + self.bias.view(shape)
-
-
-class CpuSyncBatchNorm(LayerSync):
-    """``--trainer.plugins ddp_buffers.CpuSyncBatchNorm``: every BatchNorm2d becomes a ``GlobalBatchNorm``
-    (same parameters and statistics) for training, and back afterwards."""
-
-    def apply(self, model: nn.Module) -> nn.Module:
-        return self._convert(model, nn.BatchNorm2d, GlobalBatchNorm)
-
-    def revert(self, model: nn.Module) -> nn.Module:
-        return self._convert(model, GlobalBatchNorm, nn.BatchNorm2d)
-
-    def _convert(self, module: nn.Module, old: type, new: type) -> nn.Module:
-        if type(module) is old:
-            converted = new(module.num_features, module.eps, module.momentum)
-            converted.load_state_dict(module.state_dict())
-            converted.to(module.weight.device)
-            return converted
-        for name, child in module.named_children():
-            module.add_module(name, self._convert(child, old, new))
-        return module
 
 
 class CommHookOnCpu(Callback):
