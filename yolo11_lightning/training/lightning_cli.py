@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import LearningRateMonitor
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
@@ -20,6 +20,7 @@ from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
+from yolo11_lightning.training.callbacks.learning_rates import LearningRates
 from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.callbacks.throughput import Throughput
 from yolo11_lightning.training.checkpointing import (
@@ -36,18 +37,34 @@ from yolo11_lightning.training.run_identity import CheckpointSummary, difference
 TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
 
 
-def default_callbacks(last: bool = True) -> list[Any]:
-    """``best.ckpt`` on validation mAP50-95, an always-current ``last.ckpt`` (unless ``last=False``: the CLI
-    adds its own, configured by ``--last_checkpoint.*``), the LR monitor, and the hang watchdog (stack dumps
-    and the laggard's name when a rank stops making progress), and the throughput / data-wait meter. With
-    ``last=True`` (Python use), also the default machine settings (the CLI adds its own, ``--machine.*``)."""
+def default_callbacks(last: bool = True, checkpoints: bool = True) -> list[Any]:
+    """``best.ckpt`` on the task's validation score, an always-current ``last.ckpt`` (unless ``last=False``: the
+    CLI adds its own, configured by ``--last_checkpoint.*``), the learning rates (logged when the Trainer has a
+    logger), the hang watchdog (stack dumps and the laggard's name when a rank stops making progress), and the
+    throughput / data-wait meter. With ``last=True`` (Python use), also the default machine settings (the CLI
+    adds its own, ``--machine.*``).
+
+    ``checkpoints=False`` leaves both checkpoints out, for ``Trainer(enable_checkpointing=False)`` (Lightning
+    refuses any ``ModelCheckpoint`` there) or ``Trainer(barebones=True)``; the CLI does this by itself.
+    """
     callbacks: list[Any] = [
-        BestCheckpoint(),
-        LearningRateMonitor(logging_interval="step"),
+        *([BestCheckpoint()] if checkpoints else []),
+        LearningRates(logging_interval="step"),
         HangWatchdog(),
         Throughput(),
     ]
-    return [*callbacks, MachineSettings(), LastCheckpoint()] if last else callbacks
+    if not last:
+        return callbacks
+    return [*callbacks, MachineSettings(), *([LastCheckpoint()] if checkpoints else [])]
+
+
+def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) -> list[Callback]:
+    """``callbacks`` without our checkpoint callbacks when the Trainer will not checkpoint
+    (``enable_checkpointing: false`` or ``barebones: true``): the user asked for no files, and Lightning
+    refuses a ``ModelCheckpoint`` there. A ``ModelCheckpoint`` the user added stays, for Lightning to judge."""
+    if trainer_config.get("enable_checkpointing") is not False and not trainer_config.get("barebones"):
+        return callbacks
+    return [c for c in callbacks if not isinstance(c, (BestCheckpoint, LastCheckpoint))]
 
 
 class YOLOLightningCLI(LightningCLI):
@@ -70,12 +87,24 @@ class YOLOLightningCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self._get(self.config_init, "trainer", default={})
-        if config.get("logger") in (None, True) and "logger" not in kwargs:
+        barebones = bool(config.get("barebones"))  # Lightning refuses any logger there
+        if config.get("logger") in (None, True) and "logger" not in kwargs and not barebones:
             # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
             kwargs["logger"] = default_loggers(config.get("default_root_dir"))
         trainer = super().instantiate_trainer(**kwargs)
         use_atomic_checkpoints(trainer)
         return trainer
+
+    def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:
+        # LightningCLI appends trainer_defaults' callbacks to config["callbacks"] inside; ours are filtered
+        # there, the extra ones (--last_checkpoint, --machine) here.
+        defaults = self.trainer_defaults
+        fitted = fit_to_trainer(defaults.get("callbacks", []), config)
+        self.trainer_defaults = {**defaults, "callbacks": fitted}
+        try:
+            return super()._instantiate_trainer(config, fit_to_trainer(callbacks, config))
+        finally:
+            self.trainer_defaults = defaults
 
     def _run_guarded(self, name: str, **kwargs: Any) -> Any:
         try:

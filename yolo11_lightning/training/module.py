@@ -10,7 +10,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import BatchSizeFinder, Callback, LearningRateFinder
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
@@ -44,6 +44,29 @@ log = logging.getLogger(__name__)
 warnings.filterwarnings(
     "ignore", message=r"It is recommended to use `self\.log\('(val|test)/", category=PossibleUserWarning
 )
+
+
+def refuse_tuners(trainer: L.Trainer) -> None:
+    """Refuse Lightning's tuners (``LearningRateFinder``, ``BatchSizeFinder``, ``Tuner``), naming what to set.
+
+    Both change a setting while training runs, under assumptions this module does not meet: the learning rate
+    follows the reference recipe step by step (warmup from ``warmup_bias_lr``, then ``lr0`` to ``lr0 * lrf``),
+    which overrides any trial schedule, and ``data.batch_size`` is the global batch the data order, the
+    nominal-batch accumulation and every resume depend on.
+    """
+    for callback in trainer.callbacks:
+        if isinstance(callback, LearningRateFinder):
+            raise ValueError(
+                "LearningRateFinder is not supported: the learning rate follows the reference recipe at every "
+                "step (warmup, then lr0 -> lr0 * lrf), which would override its trial schedule; set --model.lr0 "
+                "(or --model.optimizer auto, which picks lr0 from the dataset size)"
+            )
+        if isinstance(callback, BatchSizeFinder):
+            raise ValueError(
+                "BatchSizeFinder is not supported: data.batch_size is the global batch that the data order, the "
+                "nominal-batch accumulation and resuming depend on, so it is not changed during a run; set "
+                "--data.batch_size (it is split over the devices)"
+            )
 
 
 class YOLO11Module(L.LightningModule):
@@ -186,10 +209,18 @@ class YOLO11Module(L.LightningModule):
         trainer = self._trainer  # None when setup is called by hand
         if trainer is not None:
             self.step_guard.precision = str(trainer.precision)
+            refuse_tuners(trainer)
         # A Trainer built without the machine-settings callback gets its defaults.
         without_settings = trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks)
         if without_settings and MACHINE_DEFAULTS["keep_host_memory"] and trainer.strategy.root_device.type == "cpu":
             keep_freed_host_memory()
+
+    def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
+        """``LightningModule.log``, which does nothing under ``Trainer(barebones=True)`` (Lightning refuses every
+        call there); our callbacks log through it too."""
+        if self._trainer is not None and self._trainer.barebones:
+            return
+        super().log(name, value, *args, **kwargs)
 
     def global_batch_size(self) -> int:
         """Images per training batch over all devices (the DataModule's ``batch_size``)."""
