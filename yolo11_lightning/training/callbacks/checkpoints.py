@@ -61,6 +61,19 @@ def _at_epoch_end(trainer: L.Trainer) -> bool:
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
+def _training_ends_here(trainer: L.Trainer) -> bool:
+    """Whether training ends after this optimiser step with batches of the epoch left: ``max_steps`` reached, or
+    a stop the loop will honour (``max_time``'s ``Timer``, ``EarlyStopping``, any callback's ``should_stop``).
+    The epoch-end save that follows would record the epoch as done, and a resume would skip its remaining
+    batches; ``LastCheckpoint`` keeps the moment itself instead, as for a stop signal."""
+    if _at_epoch_end(trainer) or trainer.state.fn != TrainerFn.FITTING:
+        return False
+    max_steps = trainer.max_steps
+    if max_steps is not None and max_steps >= 0 and trainer.global_step >= max_steps:
+        return True
+    return bool(trainer.should_stop) and trainer.fit_loop._can_stop_early
+
+
 def _settle_step_exchange(trainer: L.Trainer) -> None:
     """Read what the last optimiser step exchanged before a checkpoint is written, so that the counts kept in
     it (skipped steps, substituted images) include that step (a host read; checkpoints are rare)."""
@@ -140,6 +153,9 @@ class LastCheckpoint(ModelCheckpoint):
         self._last_save_time = time.monotonic()
         self._saves_asked = 0  # time-based saves rank 0 asked for in this fit (sent through the exchange)
         self._saves_done = 0  # ... and those every rank has acted on
+        self._stepped = False  # whether the last training batch ended with an optimiser step
+        self._stop_held = False  # a stop asked inside an accumulation window, applied at its optimiser step
+        self._saved_at_end = False  # training ended inside an epoch and last.ckpt holds that moment
 
     # ------------------------------------------------------------------------------------ signals
     def _listen(self, trainer: L.Trainer) -> None:
@@ -162,6 +178,7 @@ class LastCheckpoint(ModelCheckpoint):
         self._boundary_step = trainer.global_step
         self._last_save_time = time.monotonic()
         self._saves_asked = self._saves_done = 0
+        self._stepped = self._stop_held = self._saved_at_end = False
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         self.stop_request.uninstall()
@@ -218,9 +235,13 @@ class LastCheckpoint(ModelCheckpoint):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        if step == self._boundary_step:  # no optimiser step in this batch: gradients are half accumulated
+        self._stepped = step != self._boundary_step
+        if not self._stepped:  # no optimiser step in this batch: gradients are half accumulated
+            self._hold_stop(trainer)
             return
         self._boundary_step = step
+        if self._stop_held:
+            trainer.should_stop, self._stop_held = True, False
         exchange = getattr(pl_module, "step_exchange", None)
         if trainer.world_size > 1 and isinstance(exchange, StepExchange):
             signum, due = self._agreed_exchanged(trainer, exchange)
@@ -229,13 +250,30 @@ class LastCheckpoint(ModelCheckpoint):
         if _at_epoch_end(trainer):  # the epoch-end save comes next (after validation)
             self._stop_at_epoch_end = self._stop_at_epoch_end or signum
             return
-        if due or signum or (self.every_n_steps and step % self.every_n_steps == 0):
+        ends = _training_ends_here(trainer)
+        if due or signum or ends or (self.every_n_steps and step % self.every_n_steps == 0):
             self._save_now(trainer)
+        self._saved_at_end = ends
         if signum:
             self._stop(trainer, signum)
 
+    def _hold_stop(self, trainer: L.Trainer) -> None:
+        """Inside an accumulation window, hold a stop asked by another callback (max_time's ``Timer``,
+        ``EarlyStopping`` on mid-epoch validation) until the window's optimiser step: stopping now would drop
+        half a gradient whose samples the checkpoint already counts as trained."""
+        if trainer.should_stop and not _at_epoch_end(trainer) and trainer.state.fn == TrainerFn.FITTING:
+            trainer.should_stop, self._stop_held = False, True
+
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_validation_end(trainer, pl_module)
+        if not trainer.sanity_checking:
+            # Validation inside an epoch may have asked to stop (EarlyStopping): at an optimiser step, keep
+            # this moment as last.ckpt; inside an accumulation window, stop at its end instead.
+            if not self._stepped:
+                self._hold_stop(trainer)
+            elif _training_ends_here(trainer) and not self._saved_at_end:
+                self._save_now(trainer)
+                self._saved_at_end = True
         if trainer.state.fn != TrainerFn.FITTING or not self.stop_on_signal:
             return
         signum, _ = self._agreed_now(trainer, with_clock=False)  # every rank ends validation, in step
@@ -253,7 +291,8 @@ class LastCheckpoint(ModelCheckpoint):
         settle = getattr(pl_module, "settle_step_exchange", None)
         if callable(settle):  # what the epoch's last step published (its skipped-step count), before the save
             settle()
-        super().on_train_epoch_end(trainer, pl_module)  # the epoch-end last.ckpt
+        if not self._saved_at_end:  # training ended inside the epoch: last.ckpt already holds where
+            super().on_train_epoch_end(trainer, pl_module)  # the epoch-end last.ckpt
         if self.stop_on_signal and trainer.world_size > 1:
             # A signal sent in the epoch's last steps has not travelled with a step exchange yet.
             signum, _ = self._agreed_now(trainer, with_clock=False)
