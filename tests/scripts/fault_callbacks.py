@@ -98,6 +98,18 @@ class StopAt(Callback):
             os._exit(self.EXIT_CODE)
 
 
+class ShouldStopAt(Callback):
+    """Asks the Trainer to stop (``trainer.should_stop``, as ``EarlyStopping`` or ``max_time``'s ``Timer`` do) at the
+    end of batch ``(epoch, batch_idx)``, on every rank: a clean end of ``fit`` inside an epoch."""
+
+    def __init__(self, epoch: int, batch_idx: int) -> None:
+        self.at = (epoch, batch_idx)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == self.at:
+            trainer.should_stop = True
+
+
 class KillRankAt(Callback):
     """Rank ``rank`` SIGKILLs itself when batch ``(epoch, batch_idx)`` starts, in torchrun's first attempt only."""
 
