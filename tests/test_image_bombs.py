@@ -164,6 +164,10 @@ def test_unparsed_headers_fall_back_to_the_decoder(tmp_path: Path) -> None:
         read_image(str(path), max_pixels=1000)
     with pytest.raises(ImageTooLargeError):
         probe_image(str(path), max_pixels=1000)
+    # A size we do not parse and OpenCV's own limit (2^30 pixels) refuses: an error naming the file, not cv2.error.
+    path.write_bytes(b"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y 60000 +X 60000\n" + bytes(64))
+    with pytest.raises(ImageReadError, match="OpenCV's limit"):
+        read_image(str(path))
     for broken in (
         b"\x89PNG\r\n\x1a\n" + bytes(8),
         b"II*\x00\xff\xff\xff\xff",

@@ -18,7 +18,7 @@ bytes only; a TIFF's first IFD wherever it lies) and refuses an image above the 
 limit defaults to the reference's (``DEFAULT_MAX_IMAGE_PIXELS``); None or 0 turns it off. A header
 we cannot parse (another format, a malformed header) is decoded as before and the decoded size is
 checked afterwards; OpenCV's own limit (``OPENCV_IO_MAX_IMAGE_PIXELS``, 2^30 pixels by default) bounds
-that decode. We do not set that variable: OpenCV reads it once, when cv2 is imported (often before
+that decode (its refusal, a ``cv2.error`` in OpenCV 5, becomes an ``ImageReadError`` too). We do not set that variable: OpenCV reads it once, when cv2 is imported (often before
 this module), for the whole process, so it could not follow a per-dataset limit.
 """
 
@@ -350,7 +350,13 @@ def _jpeg_frame(path: str, data: bytes) -> tuple[int, int]:
 
 
 def _decode(path: str, data: bytes, flags: int) -> np.ndarray:
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error as e:  # OpenCV 5 raises (not None) for a header beyond its own size limits
+        message = str(e).strip().splitlines()[-1]
+        if "validateInputImageSize" in message:
+            message = "its header claims more pixels than OpenCV's limit (OPENCV_IO_MAX_IMAGE_PIXELS)"
+        raise ImageReadError(path, f"not decodable: {message}") from e
     if img is None:
         kind = "PNG" if data.startswith(_PNG_MAGIC) else "JPEG" if data.startswith(_JPEG_MAGIC) else "image"
         what = f"corrupt or truncated {kind}" if kind != "image" else "not a readable image (unknown format)"
