@@ -170,7 +170,12 @@ def test_near_square_rotated_jpeg_size(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("content", "reason"),
-    [(b"", "empty file"), (b"GIF89a not really", "not a readable image"), (None, "cannot read file")],
+    # The GIF claims 1 x 1 pixels (bytes 6-9), then garbage: within the pixel limit, so the decoder refuses it.
+    [
+        (b"", "empty file"),
+        (b"GIF89a\x01\x00\x01\x00 not really", "not a readable image"),
+        (None, "cannot read file"),
+    ],
 )
 def test_read_image_errors_name_the_file(tmp_path: Path, content: bytes | None, reason: str) -> None:
     path = tmp_path / "x.jpg"

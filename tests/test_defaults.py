@@ -41,6 +41,9 @@ def test_reference_column_is_the_oracles_default_configuration() -> None:
         pytest.importorskip("ultralytics.engine.validator").BaseValidator.__init__
     )
     assert f"else {REFERENCE_DEFAULTS['val_conf']}" in validator_src
+    # The reference checks images with PIL, whose Image.open refuses more than twice MAX_IMAGE_PIXELS.
+    pil_image = pytest.importorskip("PIL.Image")
+    assert REFERENCE_DEFAULTS["max_image_pixels"] == 2 * pil_image.MAX_IMAGE_PIXELS
 
 
 def test_every_row_is_equal_or_explains_why_not() -> None:

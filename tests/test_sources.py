@@ -131,9 +131,9 @@ def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
     original = yolo_source._load_one
 
-    def counting(path: str, num_classes: int):
+    def counting(path: str, *args):
         calls.append(path)
-        return original(path, num_classes)
+        return original(path, *args)
 
     monkeypatch.setattr(yolo_source, "_load_one", counting)
     return calls

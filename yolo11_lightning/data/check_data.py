@@ -5,7 +5,9 @@ per split, writes label statistics (``<split>_classes.png``, ``<split>_boxes.png
 of augmented training samples with their boxes (``train_preview.png``, the training pipeline's
 own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``, with the polygons
 of a segmentation dataset outlined in white). Bad polygons are reported like bad rows: file and line
-(or json and annotation id) and the reason; a polygon whose box is usable keeps the box.
+(or json and annotation id) and the reason; a polygon whose box is usable keeps the box. An image above
+``--max_image_pixels`` (default the reference's 178,956,970; 0: no limit) is refused from its header, never
+decoded, and reported with its size (a decompression bomb: a 100 KB PNG can decode to gigabytes).
 
 Exit status: 0 when the dataset can be trained on, even with warnings; 1 when it cannot (bad yaml,
 a missing ``train``/``val`` split, a split without a usable image); 2 for bad arguments.
@@ -21,6 +23,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.plots import box_scatter, class_histogram
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
@@ -66,11 +69,14 @@ def _preview(
     count: int,
     augment: bool,
     seed: int,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Path:
     """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn."""
     from yolo11_lightning.data.dataset import DetectionDataset
 
-    dataset = DetectionDataset(records, image_size=image_size, augment=augment, seed=seed)
+    dataset = DetectionDataset(
+        records, image_size=image_size, augment=augment, seed=seed, max_image_pixels=max_image_pixels
+    )
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(records), size=min(count, len(records)), replace=False)
     tiles = []
@@ -92,9 +98,18 @@ def _preview(
 
 
 def check_dataset(
-    config: DatasetConfig, out: Path | None, image_size: int, samples: int, seed: int, use_cache: bool
+    config: DatasetConfig,
+    out: Path | None,
+    image_size: int,
+    samples: int,
+    seed: int,
+    use_cache: bool,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> bool:
-    """Print the report of every split, write the pictures; True when the dataset is usable."""
+    """Print the report of every split, write the pictures; True when the dataset is usable.
+
+    ``max_image_pixels``: larger images are refused from their headers (None or 0: no limit).
+    """
     usable = True
     loaded: dict[str, list[ImageRecord]] = {}
     for split in REQUIRED_SPLITS:
@@ -104,7 +119,9 @@ def check_dataset(
     for split in config.splits:
         print(f"--- {split}")
         try:
-            records, report = load_split(config, split, use_cache=use_cache, verbose=False)
+            records, report = load_split(
+                config, split, use_cache=use_cache, verbose=False, max_image_pixels=max_image_pixels
+            )
         except DatasetError as e:
             print(f"error: {e}", file=sys.stderr)
             usable = False
@@ -122,12 +139,28 @@ def check_dataset(
     if "train" in loaded:
         written.append(
             _preview(
-                loaded["train"], config.names, out / "train_preview.png", image_size, samples, True, seed
+                loaded["train"],
+                config.names,
+                out / "train_preview.png",
+                image_size,
+                samples,
+                True,
+                seed,
+                max_image_pixels,
             )
         )
     if "val" in loaded:
         written.append(
-            _preview(loaded["val"], config.names, out / "val_preview.png", image_size, samples, False, seed)
+            _preview(
+                loaded["val"],
+                config.names,
+                out / "val_preview.png",
+                image_size,
+                samples,
+                False,
+                seed,
+                max_image_pixels,
+            )
         )
     print("wrote " + ", ".join(str(p) for p in written))
     return usable
@@ -144,14 +177,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--no-cache", action="store_true", help="check everything again; neither read nor write a cache"
     )
     p.add_argument("--no-images", action="store_true", help="only print the report")
+    p.add_argument(
+        "--max_image_pixels",
+        "--max-image-pixels",
+        dest="max_image_pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="refuse images of more pixels from their headers, undecoded (decompression bombs; default "
+        f"{DEFAULT_MAX_IMAGE_PIXELS}, the reference's; 0: no limit)",
+    )
     args = p.parse_args(argv)
+    if args.max_image_pixels < 0:
+        p.error(f"--max_image_pixels must be >= 0 (0: no limit), got {args.max_image_pixels}")
     try:
         config = load_dataset_config(args.dataset)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     out = None if args.no_images else Path(args.out or Path("runs") / "check-data" / Path(args.dataset).stem)
-    usable = check_dataset(config, out, args.imgsz, args.samples, args.seed, not args.no_cache)
+    usable = check_dataset(
+        config, out, args.imgsz, args.samples, args.seed, not args.no_cache, args.max_image_pixels
+    )
     if not usable:
         print(
             f"error: {config.source}: the dataset cannot be trained on (see the errors above)",

@@ -26,6 +26,7 @@ from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.cpu_cores import cores_per_rank
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
 from yolo11_lightning.data.loader_workers import (
     auto_num_workers,
@@ -94,6 +95,10 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
             1 disables the limit.
+        max_image_pixels: an image of more pixels (width x height) is refused from its header before any
+            decode, as an unreadable image: left out by the label check (named in the report) and, if it
+            changed since, when read. Default 178,956,970, the reference's (PIL's decompression-bomb limit);
+            0 or null: no limit.
         task: a task of ``tasks.TASKS``: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
             resolution from the polygons; "synthetic" then generates the segmentation set).
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
@@ -132,6 +137,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         label_cache_dir: str | None = None,
         prepare_data_per_node: bool = False,
         max_substituted_fraction: float = 0.01,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
         rect_val: bool = True,
         eval_box_gain: str = "reference",
         task: str = "detect",
@@ -196,6 +202,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if max_substituted_fraction < 0:
             raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
         self.max_substituted_fraction = max_substituted_fraction
+        self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         self.rect_val = rect_val
         self.eval_box_gain = eval_box_gain
         # LightningCLI links these into the model at instantiation: read only the yaml here.
@@ -252,7 +259,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             # The generator's own default seed, not `seed`: runs with other seeds compare on the same data.
             make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
         config = load_dataset_config(self.yaml_path)
-        build_label_cache(config, ["train", "val", "test"], cache_dir=self.label_cache_dir)
+        build_label_cache(
+            config,
+            ["train", "val", "test"],
+            cache_dir=self.label_cache_dir,
+            max_image_pixels=self.max_image_pixels,
+        )
 
     def _config(self) -> DatasetConfig:
         config = load_dataset_config(self.yaml_path)
@@ -263,7 +275,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def _make_dataset(self, config: DatasetConfig, split: str, augment: bool) -> DetectionDataset:
         if not config.splits.get(split):
             raise DatasetError(f"{config.source}: split `{split}` is not defined")
-        records, _ = load_split(config, split, cache_dir=self.label_cache_dir, verbose=self.global_rank == 0)
+        records, _ = load_split(
+            config,
+            split,
+            cache_dir=self.label_cache_dir,
+            verbose=self.global_rank == 0,
+            max_image_pixels=self.max_image_pixels,
+        )
         if self.global_rank == 0:
             self.task_spec.check_records(records, f"{config.source} `{split}`")
         partners = (
@@ -284,6 +302,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             eval_box_gain=self.eval_box_gain,
             task=self.task,
             mask_overlap=self.mask_overlap,
+            max_image_pixels=self.max_image_pixels,
         )
         return dataset
 

@@ -38,7 +38,7 @@ from yolo11_lightning.data.augment.transforms import letterbox, xywhn_to_xyxy, x
 from yolo11_lightning.data.batch import image_tensor
 from yolo11_lightning.data.eval_shapes import eval_resized_shape, rect_batches
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
-from yolo11_lightning.data.images.io import ImageReadError
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
 from yolo11_lightning.data.images.loading import RecordImageLoader
 from yolo11_lightning.data.labels.instances import Instances
 from yolo11_lightning.data.sampling.partner_pools import (
@@ -72,7 +72,8 @@ class DetectionDataset(RecordImageLoader, Dataset):
     ranks or nodes.
 
     Images that cannot be read (deleted, truncated, a transient I/O error) are retried ``read_attempts``
-    times with a short backoff. In training an image that still fails is replaced by a deterministic
+    times with a short backoff; one above ``max_image_pixels`` (from the record's size or the file's header,
+    before any decode) is unreadable at once. In training an image that still fails is replaced by a deterministic
     substitute (``substitute_index``; the augmentation stays that of the original sample), reported in the
     batch (``substitutes``, ``unreadable``); in evaluation the sample is marked missing and
     ``collate_detection`` leaves it out of the batch, so it is scored nowhere. The substitutes are the same
@@ -116,6 +117,8 @@ class DetectionDataset(RecordImageLoader, Dataset):
         task: "detect", or "segment" for samples with instance masks (module docstring).
         mask_overlap: segment task: one index map per image (True, the reference's default) or one 0/1
             mask per instance (False).
+        max_image_pixels: an image of more pixels is unreadable (``images.io.ImageTooLargeError``, never
+            decoded); default the reference's limit, None or 0: no limit.
     """
 
     def __init__(
@@ -137,8 +140,10 @@ class DetectionDataset(RecordImageLoader, Dataset):
         eval_box_gain: str = "reference",
         task: str = "detect",
         mask_overlap: bool = True,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         self.task = get_task(task)  # a clear error naming the known tasks
+        self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
         if seed < 0:

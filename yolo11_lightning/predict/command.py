@@ -36,6 +36,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.nn.yolo11 import YOLO11
@@ -98,11 +99,14 @@ def predict(
     num_workers: int = 0,
     save_media: bool = True,
     progress_bar: bool = True,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> PredictionWriter:
     """Predict on ``source`` and write the outputs under ``out_dir``; returns the writer (results, counts).
 
     ``model`` is a ``YOLO11`` (e.g. ``module.model`` in a notebook) or a model file: Lightning ``.ckpt``,
     weights file, reference ``.pt``. Raises FileNotFoundError / ValueError naming a missing or unusable source or model file.
+    An image above ``max_image_pixels`` (None or 0: no limit) is skipped from its header, undecoded, like an
+    unreadable one.
     """
     if not 0.0 <= conf <= 1.0 or not 0.0 <= iou <= 1.0:
         raise ValueError(f"--conf and --iou must lie in [0, 1], got {conf} and {iou}")
@@ -115,7 +119,9 @@ def predict(
         clash = [s.path for s in sources if (out / names[str(s.path)]).resolve() == s.path.resolve()]
         if clash:
             raise ValueError(f"--out {out_dir}: the annotated copy would overwrite the input {clash[0]}")
-    dataset = PredictionSource(sources, image_size, keep_originals=save_media)
+    dataset = PredictionSource(
+        sources, image_size, keep_originals=save_media, max_image_pixels=max_image_pixels
+    )
     module = build_module(model, conf, iou, max_det)
     writer = PredictionWriter(out_dir, module.model.names, save_media, sources)
     accelerator, devices = _trainer_device(device)
@@ -160,6 +166,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--num-workers", "--num_workers", dest="num_workers", type=int, default=0,
                    help="DataLoader processes decoding the inputs (default 0: in the main process)")  # fmt: skip
     p.add_argument("--no-save", action="store_true", help="only write predictions.json")
+    p.add_argument("--max-image-pixels", "--max_image_pixels", dest="max_image_pixels", type=int,
+                   default=DEFAULT_MAX_IMAGE_PIXELS,
+                   help="skip images of more pixels, refused from their headers before decoding (default "
+                   f"{DEFAULT_MAX_IMAGE_PIXELS}, the reference's limit; 0: no limit)")  # fmt: skip
     return p
 
 
@@ -171,7 +181,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         writer = predict(
             args.ckpt_path, args.source, args.out, conf=args.conf, iou=args.iou, max_det=args.max_det,
             image_size=args.image_size, device=args.device, batch_size=args.batch_size,
-            num_workers=args.num_workers, save_media=not args.no_save,
+            num_workers=args.num_workers, save_media=not args.no_save, max_image_pixels=args.max_image_pixels,
         )  # fmt: skip
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -4,7 +4,8 @@ A source is an image file, a video file, or a folder of them (not recursive, sor
 video are read in order, so the set of sources is an ``IterableDataset``: with DataLoader workers each
 worker takes whole files (file i goes to worker i mod W), which keeps every video's frames in order.
 
-An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming the file and the reason,
+An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming the file and the reason (an
+image above the pixel limit is one: refused from its header, never decoded; videos are OpenCV's to bound),
 and so is the rest of a video that stops before the frame count its header gives (truncated or corrupt:
 the frames read are kept). The rest of the run goes on, and the failure travels to the main process in
 the batch (``problems``), whatever the number of DataLoader workers. Batches are ``data.batch.PredictionBatch``:
@@ -28,7 +29,13 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.batch import PredictionBatch, image_tensor, stack_images
-from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS, ImageReadError, read_image
+from yolo11_lightning.data.images.io import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    IMAGE_EXTENSIONS,
+    ImageReadError,
+    pixel_limit,
+    read_image,
+)
 
 VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mov", "mkv", "m4v", "webm", "mpg", "mpeg", "wmv", "asf", "gif"})
 
@@ -100,15 +107,24 @@ class PredictionSource(IterableDataset):
         image_size: side of the square network input (multiple of 32). Images are scaled to fit (up or
             down) and padded with grey 114, as the reference predictor does for a batch.
         keep_originals: carry the decoded original (H, W, 3) RGB image in each sample (for drawing).
+        max_image_pixels: an image of more pixels is skipped from its header, undecoded (default the
+            reference's limit; None or 0: no limit).
     """
 
-    def __init__(self, sources: Sequence[Source], image_size: int = 640, keep_originals: bool = True) -> None:
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        image_size: int = 640,
+        keep_originals: bool = True,
+        max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    ) -> None:
         super().__init__()
         if image_size <= 0 or image_size % 32:
             raise ValueError(f"image_size must be a positive multiple of 32, got {image_size}")
         self.sources = list(sources)
         self.image_size = image_size
         self.keep_originals = keep_originals
+        self.max_image_pixels = pixel_limit(max_image_pixels)
 
     def _sample(self, rgb: np.ndarray, source: Source, frame: int, fps: float) -> dict[str, Any]:
         image, scale, (left, top) = letterbox(rgb, self.image_size, scaleup=True)
@@ -153,7 +169,7 @@ class PredictionSource(IterableDataset):
                 yield from self._frames(source)
                 continue
             try:
-                rgb = read_image(str(source.path))
+                rgb = read_image(str(source.path), max_pixels=self.max_image_pixels)
             except ImageReadError as e:
                 yield _skip(source.path, e.reason)
                 continue

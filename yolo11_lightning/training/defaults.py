@@ -21,12 +21,14 @@ REFERENCE_DEFAULTS: dict[str, Any] = {
     "cls": 0.5, "dfl": 1.5, "nbs": 64, "hsv_h": 0.015, "hsv_s": 0.7, "hsv_v": 0.4, "degrees": 0.0,
     "translate": 0.1, "scale": 0.5, "shear": 0.0, "perspective": 0.0, "flipud": 0.0, "fliplr": 0.5,
     "mosaic": 1.0, "mixup": 0.0, "iou": 0.7, "max_det": 300,
-    # Not in the yaml: fixed in the reference's code.
+    # Not in the yaml: fixed in the reference's code (max_image_pixels: PIL's, whose `Image.open` in the label
+    # check refuses images above 2 * `Image.MAX_IMAGE_PIXELS`).
     "ema_decay": 0.9999, "ema_tau": 2000, "clip_grad_norm": 10.0, "val_conf": 0.001,
+    "max_image_pixels": 178_956_970,
 }  # fmt: skip
 
 # Keys that are constants in the reference's code rather than entries of its default configuration.
-CODE_CONSTANTS = ("ema_decay", "ema_tau", "clip_grad_norm", "val_conf")
+CODE_CONSTANTS = ("ema_decay", "ema_tau", "clip_grad_norm", "val_conf", "max_image_pixels")
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ ROWS: tuple[DefaultRow, ...] = (
     DefaultRow("ema_decay", "model.ema_decay", ""),
     DefaultRow("ema_tau", "model.ema_tau", ""),
     DefaultRow("clip_grad_norm", "model.grad_clip_norm", ""),
+    DefaultRow("max_image_pixels", "data.max_image_pixels", ""),
 )  # fmt: skip
 
 _MISSING = object()

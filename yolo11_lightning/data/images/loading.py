@@ -2,7 +2,8 @@
 
 The loading half of ``DetectionDataset`` (a mixin of it): it reads the attributes ``DetectionDataset``
 sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``label_fields``,
-``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode`` and the per-process
+``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels`` and the
+per-process
 ``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
 """
 
@@ -15,7 +16,7 @@ from yolo11_lightning.data.augment.pipeline import Labelled
 from yolo11_lightning.data.augment.transforms import resize_long_side
 from yolo11_lightning.data.eval_shapes import eval_resize, eval_resized_shape
 from yolo11_lightning.data.images.cache import resized_shape
-from yolo11_lightning.data.images.io import ImageReadError, decode_scale, read_image_retrying
+from yolo11_lightning.data.images.io import ImageReadError, check_pixels, decode_scale, read_image_retrying
 from yolo11_lightning.data.labels.instances import Instances
 from yolo11_lightning.data.sampling.seeds import substitute_index
 
@@ -48,6 +49,9 @@ class RecordImageLoader:
         if known is not None:
             raise ImageReadError(rec.path, known)
         try:
+            # The record's size first (a record from elsewhere, or a cache of a higher limit), then the file's
+            # header when it is read (the file may have changed since).
+            check_pixels(rec.path, rec.height, rec.width, self.max_image_pixels)
             image, f = self._read(rec.path, rec.height, rec.width)
             if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
                 raise ImageReadError(
@@ -75,9 +79,10 @@ class RecordImageLoader:
         (``images.io.decode_scale``: libjpeg's DCT scaling), f = 1 otherwise. The size
         check then expects ceil(height / f) x ceil(width / f).
         """
+        attempts, backoff, limit = self.read_attempts, self.retry_backoff_s, self.max_image_pixels
         if not (self.augment and self.reduced_decode):
-            return read_image_retrying(path, self.read_attempts, self.retry_backoff_s), 1
-        image = read_image_retrying(path, self.read_attempts, self.retry_backoff_s, self.image_size)
+            return read_image_retrying(path, attempts, backoff, max_pixels=limit), 1
+        image = read_image_retrying(path, attempts, backoff, self.image_size, limit)
         return image, 1 if image.shape[:2] == (height, width) else decode_scale(
             height, width, self.image_size
         )

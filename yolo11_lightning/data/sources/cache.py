@@ -8,7 +8,11 @@ classes and boxes, every instance's polygon vertex count and all vertices, and a
 
 Validity: ``key`` hashes what can be listed before parsing (config, entries, image and label
 paths with sizes and mtimes, json files); ``deps`` lists files only known after parsing (the
-images a COCO json names), re-stat'ed on load. Any change -> rebuilt. Writes are atomic
+images a COCO json names), re-stat'ed on load. Any change -> rebuilt. The pixel limit the cache was
+built under is in the header, not the key: a cache built under a higher limit (or none) stays valid
+under a lower one, whose caller refuses the records above it from their stored sizes
+(``split.load_split``); one that refused images for their size is rebuilt under a higher limit (those
+images may now be usable). Writes are atomic
 (temporary file in the same folder, then ``os.replace``), so concurrent readers see the old or the
 new file, never half of one.
 """
@@ -26,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.records import ImageRecord
 
@@ -70,12 +75,21 @@ def _unblob(arr: np.ndarray, count: int) -> list[str]:
     return out
 
 
-def save_cache(path: Path, key: str, records: list[ImageRecord], report: DataReport, deps: list[str]) -> None:
-    """Write atomically; raises OSError when the folder is not writable."""
+def save_cache(
+    path: Path,
+    key: str,
+    records: list[ImageRecord],
+    report: DataReport,
+    deps: list[str],
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+) -> None:
+    """Write atomically; raises OSError when the folder is not writable. ``max_pixels``: the pixel limit
+    the records were checked under (None or 0: none)."""
     counts = np.array([len(r.classes) for r in records], np.int64)
     meta = {
         "version": CACHE_VERSION,
         "key": key,
+        "max_image_pixels": pixel_limit(max_pixels) or 0,
         "deps_hash": hash_files(deps).hexdigest(),
         "num_deps": len(deps),
         "report": {**report.to_dict(), "cache_path": None, "from_cache": False},
@@ -132,8 +146,19 @@ def check_npz(path: Path) -> str | None:
     return None
 
 
-def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | None:
-    """Records and report from a valid cache file; None when missing, stale or unreadable."""
+def _raised(limit: int | None, built: int | None) -> bool:
+    """Whether pixel limit ``limit`` accepts more than ``built`` did (None: no limit)."""
+    return built is not None and (limit is None or limit > built)
+
+
+def load_cache(
+    path: Path, key: str, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+) -> tuple[list[ImageRecord], DataReport] | None:
+    """Records and report from a valid cache file; None when missing, stale or unreadable, or when it
+    refused images above a lower pixel limit than ``max_pixels`` (they are checked again).
+
+    The records may include images above ``max_pixels`` (a cache built under a higher limit): the caller
+    refuses them from their sizes."""
     if not path.is_file():
         return None
     try:
@@ -152,6 +177,14 @@ def load_cache(path: Path, key: str) -> tuple[list[ImageRecord], DataReport] | N
                 )
                 return None
             if meta.get("key") != key:
+                return None
+            built = meta.get("max_image_pixels") or None  # 0 or absent (older caches): no limit
+            if meta["report"].get("num_too_large", 0) and _raised(pixel_limit(max_pixels), built):
+                log.info(
+                    "label cache %s refused images above %s pixels, a lower limit than now: rebuilt",
+                    path,
+                    built,
+                )
                 return None
             counts = z["counts"]
             deps = _unblob(z["deps"], int(meta["num_deps"]))

@@ -164,7 +164,8 @@ class DataReport:
     """What a split's loading kept, skipped and why.
 
     ``warnings`` holds one line per skipped image or row, ``"<file>[:<line>]: <reason>"``; the
-    counts are over the split. ``num_images`` counts usable images (records), background included.
+    counts are over the split. ``num_images`` counts usable images (records), background included;
+    ``num_too_large`` those of the skipped images that exceed the pixel limit (``images.io``).
     """
 
     split: str = ""
@@ -178,11 +179,14 @@ class DataReport:
     num_crowd: int = 0
     num_polygons: int = 0
     num_bad_polygons: int = 0
+    num_too_large: int = 0
     cache_path: str | None = None
     from_cache: bool = False
 
-    def skip_image(self, path: str, reason: str) -> None:
+    def skip_image(self, path: str, reason: str, too_large: bool = False) -> None:
+        """An image left out; ``too_large``: because it exceeds the pixel limit."""
         self.num_skipped_images += 1
+        self.num_too_large += too_large
         self.warnings.append(f"{path}: {reason}")
 
     def skip_row(self, location: str, reason: str) -> None:
@@ -204,6 +208,13 @@ class DataReport:
         self.num_polygons += num_polygons
         self.num_background += num_boxes == 0
 
+    def remove_image(self, num_boxes: int, num_polygons: int = 0) -> None:
+        """Undo ``add_image`` (a cached record that the current pixel limit refuses)."""
+        self.num_images -= 1
+        self.num_boxes -= num_boxes
+        self.num_polygons -= num_polygons
+        self.num_background -= num_boxes == 0
+
     def summary(self) -> str:
         """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``."""
         head = f"{self.split}: " if self.split else ""
@@ -213,6 +224,8 @@ class DataReport:
         extras = []
         if self.num_skipped_images or self.num_skipped_rows:
             extras.append(f"skipped {self.num_skipped_images} images and {self.num_skipped_rows} label rows")
+        if self.num_too_large:
+            extras.append(f"{self.num_too_large} of those images above the pixel limit")
         if self.num_clipped_rows:
             extras.append(f"{self.num_clipped_rows} boxes clipped to the image")
         if self.num_bad_polygons:

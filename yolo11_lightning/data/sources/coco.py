@@ -28,7 +28,12 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import ImageReadError, probe_image
+from yolo11_lightning.data.images.io import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    ImageReadError,
+    ImageTooLargeError,
+    probe_image,
+)
 from yolo11_lightning.data.labels.polygons import merge_parts
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
@@ -166,10 +171,12 @@ def load_coco_json(
     report: DataReport,
     image_dir: str | None = None,
     map_fn: Callable[[Callable, Iterable], Iterable] = map,
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[list[ImageRecord], list[str]]:
     """Records of one COCO json, and the image paths it refers to (their changes invalidate a cache).
 
-    Problems go to ``report`` as ``"<json>: annotation id N: <reason>"`` or ``"<image>: <reason>"``.
+    Problems go to ``report`` as ``"<json>: annotation id N: <reason>"`` or ``"<image>: <reason>"``. An
+    image above ``max_pixels`` (None or 0: no limit) is skipped from its header, undecoded.
     """
     data = _read_json(json_path)
     cat_map = _category_map(json_path, data.get("categories", []), names)
@@ -229,14 +236,14 @@ def load_coco_json(
 
     def probe(path: str):
         try:
-            return probe_image(path)
+            return probe_image(path, max_pixels)
         except ImageReadError as e:
             return e
 
     records = []
     for img, path, probed in zip(images, paths, map_fn(probe, paths)):
         if isinstance(probed, ImageReadError):
-            report.skip_image(path, probed.reason)
+            report.skip_image(path, probed.reason, isinstance(probed, ImageTooLargeError))
             continue
         json_size = (_positive_int(img.get("height")), _positive_int(img.get("width")))
         if min(json_size) > 0 and json_size != probed:
@@ -290,10 +297,11 @@ class CocoEntry:
         return Path(self.path).with_name(f"{Path(self.path).stem}.{split}.cache.npz")
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
     ) -> tuple[list[ImageRecord], list[str]]:
+        image_dir = config.image_dirs.get(self.path)
         return load_coco_json(
-            self.path, config.names, str(config.root), report, config.image_dirs.get(self.path), map_fn
+            self.path, config.names, str(config.root), report, image_dir, map_fn, max_pixels
         )
 
 

@@ -92,7 +92,10 @@ class SplitEntry(Protocol):
         ...
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
     ) -> tuple[list[ImageRecord], list[str]]:
-        """Checked records (problems go to ``report``) and extra files whose changes invalidate the cache."""
+        """Checked records (problems go to ``report``) and extra files whose changes invalidate the cache.
+
+        An image above ``max_pixels`` (None or 0: no limit) is skipped, read no further than its header.
+        """
         ...

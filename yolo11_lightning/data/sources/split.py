@@ -2,7 +2,9 @@
 
 ``load_split`` lists the split's files, returns the label cache when it is still valid, and
 otherwise checks every image and label (in a thread pool: decoding and reading release the GIL),
-then saves the cache. ``build_label_cache`` is what ``LightningDataModule.prepare_data`` calls
+then saves the cache. Images above the pixel limit (``max_image_pixels``, ``images.io``) are refused
+from their headers in the check, and, cheaply from their stored sizes, in a cache built under a higher
+limit. ``build_label_cache`` is what ``LightningDataModule.prepare_data`` calls
 once (rank 0) so that every rank's ``setup`` only reads the cache.
 
 Cache location: beside the labels (``<labels dir>.<split>.cache.npz``, or
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
 from yolo11_lightning.data.sources import coco, yolo
 from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
@@ -88,7 +91,11 @@ def label_cache_locations(
 
 
 def _parse(
-    config: DatasetConfig, split: str, entries: list[SplitEntry], workers: int | None
+    config: DatasetConfig,
+    split: str,
+    entries: list[SplitEntry],
+    workers: int | None,
+    max_pixels: int | None,
 ) -> tuple[list[ImageRecord], DataReport, list[str]]:
     report = DataReport(split=split)
     records: list[ImageRecord] = []
@@ -96,10 +103,30 @@ def _parse(
     workers = workers or min(16, 2 * (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
         for e in entries:
-            recs, paths = e.parse(config, split, report, pool.map)
+            recs, paths = e.parse(config, split, report, pool.map, max_pixels)
             records += recs
             deps += paths
     return records, report, deps
+
+
+def refuse_too_large(
+    records: list[ImageRecord], report: DataReport, max_pixels: int | None
+) -> list[ImageRecord]:
+    """The records within ``max_pixels`` (None or 0: all); the others move to the report's refused images.
+
+    For records of a cache built under a higher limit (or none): their sizes are stored, so nothing is read.
+    """
+    limit = pixel_limit(max_pixels)
+    if limit is None or all(r.height * r.width <= limit for r in records):
+        return records
+    kept = []
+    for r in records:
+        if r.height * r.width <= limit:
+            kept.append(r)
+            continue
+        report.remove_image(len(r.classes), r.num_polygons)
+        report.skip_image(r.path, ImageTooLargeError(r.path, r.height, r.width, limit).reason, too_large=True)
+    return kept
 
 
 def _emit(report: DataReport, config: DatasetConfig) -> None:
@@ -124,6 +151,7 @@ def load_split(
     *,
     verbose: bool = True,
     workers: int | None = None,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> tuple[list[ImageRecord], DataReport]:
     """Checked records of one split (in a stable order) and the report of what was skipped.
 
@@ -134,24 +162,28 @@ def load_split(
         use_cache: False: check everything and neither read nor write a cache.
         verbose: log each warning (once per process) and the summary; pass False on ranks > 0.
         workers: threads for checking images (default: 2 per CPU, at most 16).
+        max_image_pixels: images of more pixels are refused from their headers, undecoded, and reported
+            (``images.io.DEFAULT_MAX_IMAGE_PIXELS``, the reference's limit; None or 0: no limit).
 
     Raises:
         DatasetError: the split is not defined, an entry is missing, or no image is usable.
     """
+    pixel_limit(max_image_pixels)  # a negative limit fails here, before any work
     entries = _list_entries(config, split)
     cached = None
     if use_cache:
         key = _cache_key(config, split, entries)
         primary, fallback = _cache_locations(entries, split, cache_dir)
-        cached = load_cache(primary, key) or load_cache(fallback, key)
+        cached = load_cache(primary, key, max_image_pixels) or load_cache(fallback, key, max_image_pixels)
     if cached is not None:
         records, report = cached
+        records = refuse_too_large(records, report, max_image_pixels)
     else:
-        records, report, deps = _parse(config, split, entries, workers)
+        records, report, deps = _parse(config, split, entries, workers, max_image_pixels)
         if use_cache:
             for path in (primary, fallback):
                 try:
-                    save_cache(path, key, records, report, deps)
+                    save_cache(path, key, records, report, deps, max_image_pixels)
                     report.cache_path = str(path)
                     break
                 except OSError as e:
@@ -172,9 +204,12 @@ def load_split(
 
 
 def build_label_cache(
-    config: DatasetConfig, splits: Sequence[str], cache_dir: str | Path | None = None
+    config: DatasetConfig,
+    splits: Sequence[str],
+    cache_dir: str | Path | None = None,
+    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> None:
     """Check the given splits (those the config defines) and write their caches; for rank 0 only."""
     for split in splits:
         if config.splits.get(split):
-            load_split(config, split, cache_dir=cache_dir, use_cache=True)
+            load_split(config, split, cache_dir=cache_dir, use_cache=True, max_image_pixels=max_image_pixels)

@@ -18,7 +18,13 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS, ImageReadError, probe_image
+from yolo11_lightning.data.images.io import (
+    DEFAULT_MAX_IMAGE_PIXELS,
+    IMAGE_EXTENSIONS,
+    ImageReadError,
+    ImageTooLargeError,
+    probe_image,
+)
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
@@ -166,17 +172,18 @@ class _ImageResult:
 
     record: ImageRecord | None = None
     image_problem: str | None = None
+    too_large: bool = False  # the image problem: above the pixel limit
     row_problems: list[str] = field(default_factory=list)
     polygon_problems: list[tuple[str, str]] = field(default_factory=list)  # (where, why): box kept
     num_clipped: int = 0
     has_label_file: bool = False
 
 
-def _load_one(image_path: str, num_classes: int) -> _ImageResult:
+def _load_one(image_path: str, num_classes: int, max_pixels: int | None) -> _ImageResult:
     try:
-        height, width = probe_image(image_path)
+        height, width = probe_image(image_path, max_pixels)
     except ImageReadError as e:
-        return _ImageResult(image_problem=e.reason)
+        return _ImageResult(image_problem=e.reason, too_large=isinstance(e, ImageTooLargeError))
     label_path = label_path_for(image_path)
     try:
         with open(label_path, encoding="utf-8-sig") as f:
@@ -205,17 +212,19 @@ def load_yolo_images(
     num_classes: int,
     report: DataReport,
     map_fn: Callable[[Callable, Iterable], Iterable] = map,
+    max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> list[ImageRecord]:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
     ``map_fn`` runs the per-image work (``executor.map`` to use threads: OpenCV decodes and file
-    reads release the GIL).
+    reads release the GIL). An image above ``max_pixels`` (None or 0: no limit) is skipped from its
+    header, undecoded.
     """
     records: list[ImageRecord] = []
     any_label_file = False
-    for image_path, result in zip(images, map_fn(lambda p: _load_one(p, num_classes), images)):
+    for image_path, result in zip(images, map_fn(lambda p: _load_one(p, num_classes, max_pixels), images)):
         if result.record is None:
-            report.skip_image(image_path, result.image_problem or "unusable")
+            report.skip_image(image_path, result.image_problem or "unusable", result.too_large)
             continue
         for line in result.row_problems:
             report.num_skipped_rows += 1
@@ -257,11 +266,11 @@ class YoloEntry:
         return labels.with_name(f"{labels.name}.{split}.cache.npz")
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn
+        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
     ) -> tuple[list[ImageRecord], list[str]]:
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
-        return load_yolo_images(self.images, config.num_classes, report, map_fn), []
+        return load_yolo_images(self.images, config.num_classes, report, map_fn, max_pixels), []
 
 
 def open_entry(path: str, seen: set[str]) -> YoloEntry:
