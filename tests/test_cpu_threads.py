@@ -4,6 +4,9 @@ device (``data.loader_workers``), and the torch threads CPU runs give the traini
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -20,11 +23,32 @@ from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.cpu_threads import training_threads
 
 
-def test_training_threads_leave_the_workers_their_cores() -> None:
-    assert training_threads(cpus=2, local_processes=1, loader_workers=2) == 1  # never 0
-    assert training_threads(cpus=16, local_processes=1, loader_workers=2) == 14
-    assert training_threads(cpus=16, local_processes=2, loader_workers=2) == 6  # 8 per rank, minus its 2
-    assert training_threads(cpus=1, local_processes=4, loader_workers=0) == 1
+def test_spinning_threads_leave_the_workers_their_cores() -> None:
+    assert training_threads(cpus=2, local_processes=1, loader_workers=2, passive_waits=False) == 1  # never 0
+    assert training_threads(cpus=16, local_processes=1, loader_workers=2, passive_waits=False) == 14
+    assert training_threads(cpus=16, local_processes=2, loader_workers=2, passive_waits=False) == 6  # 8 - 2
+    assert training_threads(cpus=1, local_processes=4, loader_workers=0, passive_waits=False) == 1
+
+
+def test_passive_threads_take_the_rank_share() -> None:
+    assert training_threads(cpus=2, local_processes=1, loader_workers=2, passive_waits=True) == 2
+    assert training_threads(cpus=16, local_processes=2, loader_workers=2, passive_waits=True) == 8
+    assert training_threads(cpus=2, local_processes=4, loader_workers=1, passive_waits=True) == 1  # never 0
+
+
+@pytest.mark.parametrize(
+    ("environment", "policy"), [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE")]
+)
+def test_the_command_sets_passive_waits_before_torch_loads(environment: dict[str, str], policy: str) -> None:
+    """``yolo11-lightning`` sets OMP_WAIT_POLICY before torch (and OpenMP with it) is imported, unless the user
+    chose a policy; the commands' child processes (DDP ranks, loader workers) inherit it."""
+    script = (
+        "import os, sys; from yolo11_lightning.cli import main; main(['configs']); "
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded', os.environ.get('OMP_WAIT_POLICY'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | environment
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip().splitlines()[-1] == f"torch not loaded {policy}", out.stderr[-2000:]
 
 
 def test_cgroup_quota_v2_v1_and_unlimited(tmp_path: Path) -> None:
@@ -118,6 +142,7 @@ def _fit(
 def test_cpu_threads_during_the_run_and_restored_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: object, during: int
 ) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # spinning waits: auto leaves the workers their cores
     before = torch.get_num_threads()
     monkeypatch.setattr(machine, "usable_cpus", lambda: 8)
     try:
@@ -128,8 +153,23 @@ def test_cpu_threads_during_the_run_and_restored_after(
         torch.set_num_threads(before)
 
 
+def test_auto_with_passive_waits_keeps_the_workers_cores(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passive OpenMP waits: the training process takes its whole share (4 cores), its 3 workers beside it."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+    monkeypatch.setattr(machine, "usable_cpus", lambda: 4)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(7)
+        assert _fit(tmp_path, MachineSettings()) == 4
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_auto_never_raises_the_thread_count(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """1 thread chosen by the user (or OMP_NUM_THREADS, or Lightning's launcher) stays 1 on a big machine."""
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     before = torch.get_num_threads()
     monkeypatch.setattr(machine, "usable_cpus", lambda: 64)
     try:
@@ -156,7 +196,7 @@ def test_auto_workers_reach_the_loader_and_the_cpu_threads(
 ) -> None:
     """``num_workers: auto`` is resolved in the DataModule's setup, logged, given to the DataLoader, and counted by
     ``--machine.cpu_threads auto`` (which runs after it): 6 cores -> 5, rounded to 4 workers -> 2 threads."""
-    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE"):
+    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "OMP_WAIT_POLICY"):  # spinning waits
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(cpu_cores, "usable_cpus", lambda: 6)
     monkeypatch.setattr(machine, "usable_cpus", lambda: 6)
