@@ -141,6 +141,11 @@ class YOLO11Module(L.LightningModule):
             claim = weights_task_claim(weights) if weights else None
             task = choose_task([], weights=claim)
         self.save_hyperparameters()  # after `task` is resolved: hparams hold the task, never None
+        # LightningCLI hands its config as the hyper-parameters: a task the file named is not in it (.onnx).
+        self.hparams["task"] = task
+        initial = getattr(self, "_hparams_initial", None)  # Lightning's copy for the loggers
+        if initial is not None:
+            initial["task"] = task
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         self.task = get_task(task)
