@@ -132,6 +132,22 @@ def test_file_task_of_a_reference_state_dict(tmp_path: Path) -> None:
         assert file_task(tmp_path / f"{task}.pt") == task
 
 
+def test_reference_files_name_their_task(tmp_path: Path) -> None:
+    """Release-format files (the reference's pickled model classes, read by our restricted unpickler)."""
+    pytest.importorskip("ultralytics")
+    from model_oracle import save_like_release
+    from ultralytics.nn.tasks import PoseModel, SegmentationModel
+
+    seg = save_like_release(SegmentationModel("yolo11n-seg.yaml", nc=3, verbose=False), tmp_path / "seg.pt")
+    pose = save_like_release(PoseModel("yolo11n-pose.yaml", nc=1, verbose=False), tmp_path / "pose.pt")
+    assert (file_task(seg), file_task(pose)) == ("segment", "pose")
+    assert YOLO11Module(weights=str(seg), num_classes=3).task.name == "segment"
+    with pytest.raises(
+        TaskError, match=r"holds a keypoint \(pose\) model: the pose task is not supported yet"
+    ):
+        YOLO11Module(weights=str(pose), num_classes=1)
+
+
 # -- contradictions: one line, both sources -----------------------------------------------------------------
 @pytest.mark.parametrize(
     ("options", "expected"),
