@@ -226,7 +226,7 @@ def test_eval_stages_use_letterboxed_splits(synthetic):
     batch = next(iter(dm.predict_dataloader()))
     assert batch["images"].shape == (6, 3, 64, 64)  # the 6 val images, per-device batch 8
     assert not torch.isnan(batch["scales"]).any()
-    with pytest.raises(ValueError, match="split `test` is not defined"):
+    with pytest.raises(ValueError, match=r"has no `test` split \(defined: train, val\); use `validate`"):
         dm.setup("test")
 
 

@@ -383,7 +383,9 @@ def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> 
 
     mismatch = ["fit", "--data.dataset", str(dataset), "--model.task", "segment", "--data.task", "detect",
                 "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "mismatch")]  # fmt: skip
-    with pytest.raises(ValueError, match=r"model.task='segment' but data.task='detect'"):
+    with pytest.raises(
+        ValueError, match=r"model.task='segment' \(--model.task\) but data.task='detect' \(--data"
+    ):
         run_lightning_cli(mismatch)
 
 

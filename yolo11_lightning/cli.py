@@ -8,6 +8,10 @@ the configs shipped in the package (``--config NAME``); ``--version`` prints the
 ``predict`` has two forms: with ``--source`` (files, folders, videos) it is the utility in
 ``yolo11_lightning.predict.command``; without it, LightningCLI's predict over the dataset's test/val split.
 ``predict --help`` alone shows the utility's help, which names the other form.
+
+An error in what the user asked for (``errors.UserInputError``: a task the model and the data disagree on, a
+split the dataset lacks, ...) is printed as one line, ``error: <message>``, with exit code 2 and no traceback;
+under DDP every rank raises it alike, before any collective.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.training.cpu_threads import wait_passively
 
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
@@ -54,6 +59,11 @@ def _run_utility(target: str, rest: Sequence[str]) -> int:
     return int(getattr(importlib.import_module(module_name), func_name)(list(rest)) or 0)
 
 
+def one_line(message: str) -> str:
+    """``message`` on one line (a path or value that held a line break cannot split it)."""
+    return " ".join(message.split("\n")).strip()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Dispatch to a utility command or to LightningCLI; returns the process exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -76,7 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # From the shell, LightningCLI reads sys.argv itself (passing it again makes it warn); from Python,
         # the given argv is the command line.
-        run_lightning_cli(None if argv is None else [command, *rest])
+        try:
+            run_lightning_cli(None if argv is None else [command, *rest])
+        except UserInputError as e:
+            sys.stderr.write(f"error: {one_line(str(e))}\n")
+            return 2
         return 0
     sys.stderr.write(f"unknown command {command!r}\n" + _usage())
     return 2

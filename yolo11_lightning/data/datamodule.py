@@ -6,7 +6,7 @@ Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each
 ``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
 resume mid-epoch on any number of devices (``data.sampling.checkpoint``). The DataLoader workers are set up
 by ``data.loader_workers``. The task (``tasks.get_task(task)``) gives the labels' instance fields, the collate
-and the check of the records.
+and the check of the records; left unset, it follows the model the data is trained with (``tasks.choice``).
 """
 
 from __future__ import annotations
@@ -37,18 +37,36 @@ from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
 from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.config import (
+    DatasetConfig,
+    DatasetError,
+    MissingSplitError,
+    load_dataset_config,
+)
 from yolo11_lightning.data.sources.split import build_label_cache, label_cache_locations, load_split
+from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.data.synthetic.shapes import (
     SYNTHETIC_YAML,
     make_synthetic_dataset,
     synthetic_class_names,
 )
 from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
 
 log = logging.getLogger(__name__)
 
 SYNTHETIC = "synthetic"
+
+
+def dataset_task_claim(dataset: str) -> TaskClaim | None:
+    """What a dataset's files say its task is (``data.sources.task_hint``), for ``tasks.choice``; None when they
+    do not say (the synthetic dataset is generated for the task the run chooses)."""
+    hint = dataset_task(dataset) if dataset != SYNTHETIC else None
+    if hint is None:
+        return None
+    return TaskClaim(
+        hint.task, f"data.dataset={dataset!r} is a {task_words(hint.task)} dataset ({hint.evidence})"
+    )
 
 
 class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
@@ -100,7 +118,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             changed since, when read. Default 178,956,970, the reference's (PIL's decompression-bomb limit);
             0 or null: no limit.
         task: a task of ``tasks.TASKS``: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
-            resolution from the polygons; "synthetic" then generates the segmentation set).
+            resolution from the polygons; "synthetic" then generates the segmentation set). None (default):
+            the task of the model the data is trained with (read from the trainer's LightningModule in
+            ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose,
+            not supported yet), else detection (``tasks.choice``). A given task must agree with both.
+            ``task`` holds the resolved one once known, and so do the hyper-parameters.
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.
     """
@@ -140,11 +162,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
         rect_val: bool = True,
         eval_box_gain: str = "reference",
-        task: str = "detect",
+        task: str | None = None,
         mask_overlap: bool = True,
     ) -> None:
         super().__init__()
-        self.task_spec = get_task(task)  # a clear error naming the known tasks
+        if task is not None:
+            get_task(task)  # a clear error naming the known tasks
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if image_size <= 0 or image_size % 32:
@@ -188,7 +211,6 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             hsv_v=hsv_v,
         )
         self.synthetic_dir = synthetic_dir
-        self.task = task
         self.mask_overlap = mask_overlap
         self.synthetic_options = {
             "num_train": synthetic_train,
@@ -197,6 +219,14 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             "num_classes": synthetic_classes,
             "task": task,
         }
+        # The task: given, or what the dataset's files say (before the yaml is read: an ImageFolder root has
+        # none), or left to `prepare_data` / `setup`, which read the model's (`resolve_task`).
+        self.given_task = task
+        self.task: str | None = None
+        self.task_spec = None
+        self.dataset_claim = dataset_task_claim(dataset)
+        if task is not None or self.dataset_claim is not None:
+            self._set_task(choose_task(self._named_tasks(), dataset=self.dataset_claim))
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         if max_substituted_fraction < 0:
@@ -252,9 +282,86 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             )
         return self.batch_size // world
 
+    # ------------------------------------------------------------------------------------ task
+    def _named_tasks(self, model_task: str | None = None) -> list[TaskClaim]:
+        named = [TaskClaim(self.given_task, f"data.task={self.given_task!r}")] if self.given_task else []
+        if model_task is not None:
+            named.append(TaskClaim(model_task, f"model.task={model_task!r} (the model trained on the data)"))
+        return named
+
+    def model_task(self) -> str | None:
+        """The task of the LightningModule the trainer runs with this data, if it tells (``task``, a ``Task``
+        or its name, or ``hparams["task"]``)."""
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
+        task = getattr(module, "task", None)
+        task = getattr(task, "name", task)
+        if not isinstance(task, str):
+            task = dict(getattr(module, "hparams", None) or {}).get("task")
+        return task if isinstance(task, str) else None
+
+    def resolve_task(self) -> str:
+        """Settle the data's task (``task`` argument): the given one, else the model's, else the dataset's, else
+        detection; TaskError names two sources that disagree. Datasets built for another task are dropped."""
+        task = choose_task(self._named_tasks(self.model_task()), dataset=self.dataset_claim)
+        if task != self.task:
+            # Set up for another task before (e.g. used alone, then with a segmentation model): built again.
+            if self.datasets:
+                self.datasets, self._train_loader = {}, None
+            self._set_task(task)
+        return task
+
+    def _set_task(self, task: str) -> None:
+        self.task, self.task_spec = task, get_task(task)
+        self.synthetic_options["task"] = task
+        # Checkpoints, run identities and the logged hyper-parameters hold the resolved task, never None.
+        self.hparams["task"] = task
+        initial = getattr(self, "_hparams_initial", None)  # Lightning's copy for the loggers
+        if initial is not None:
+            initial["task"] = task
+
+    # ------------------------------------------------------------------------------------ splits
+    def defined_splits(self) -> list[str]:
+        """The splits the dataset defines (the synthetic dataset: train and val, before it is generated)."""
+        if self.dataset == SYNTHETIC and not self.yaml_path.is_file():
+            return ["train", "val"]
+        config = self._config()
+        return [s for s in ("train", "val", "test") if config.splits.get(s)]
+
+    def check_splits(self, stage: str | None) -> None:
+        """Raise MissingSplitError when the dataset lacks a split ``stage`` evaluates or trains on (fit: train
+        and val; validate: val; test: test; predict: test, else val), naming the splits it has and what to do.
+
+        An error, not a fall-back: numbers reported as test results must come from the test split. Reads only
+        the yaml, so the CLI calls it before any process starts; ``setup`` calls it too (Python use).
+        """
+        defined = self.defined_splits()
+        name = str(self.yaml_path)
+        have = f"defined: {', '.join(defined) or 'none'}"
+        if stage == "predict":
+            if not {"test", "val"} & set(defined):
+                raise MissingSplitError(
+                    f"{name} has neither a `test` nor a `val` split ({have}); predict reads test, else val: "
+                    "add one of them to the yaml, or use `predict --source <images>`"
+                )
+            return
+        wanted = {"validate": ["val"], "test": ["test"]}.get(stage or "fit", ["train", "val"])
+        missing = next((split for split in wanted if split not in defined), None)
+        if missing is None:
+            return
+        other = {"val": "test", "test": "val"}.get(missing)  # the other evaluation split, and its command
+        if stage == "fit" and missing == "val":
+            hint = "fit validates on it after each epoch: add `val:` to the yaml"
+        elif stage in ("validate", "test") and other in defined:
+            command = "validate" if other == "val" else "test"
+            hint = f"use `{command}` to evaluate on {other}, or add `{missing}:` to the yaml"
+        else:
+            hint = f"add `{missing}:` to the yaml"
+        raise MissingSplitError(f"{name} has no `{missing}` split ({have}); {hint}")
+
     # ------------------------------------------------------------------------------------ data
     def prepare_data(self) -> None:
-        """Generate the synthetic dataset if asked, then build the label caches (once per job)."""
+        """Settle the task, generate the synthetic dataset if asked, then build the label caches (once per job)."""
+        self.resolve_task()
         if self.dataset == SYNTHETIC:
             # The generator's own default seed, not `seed`: runs with other seeds compare on the same data.
             make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
@@ -273,8 +380,6 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         return config
 
     def _make_dataset(self, config: DatasetConfig, split: str, augment: bool) -> DetectionDataset:
-        if not config.splits.get(split):
-            raise DatasetError(f"{config.source}: split `{split}` is not defined")
         records, _ = load_split(
             config,
             split,
@@ -309,8 +414,11 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check
         that every rank loaded the same data (``agreement``; all ranks fail together when not); then, with
-        ``cache_images``, build the image cache of the new splits (one copy per node, ``node_cache``)."""
+        ``cache_images``, build the image cache of the new splits (one copy per node, ``node_cache``).
+        First, on every rank alike: the task (``resolve_task``) and the splits ``stage`` needs (``check_splits``)."""
         self.per_device_batch_size  # noqa: B018 -- raises early when the global batch does not divide
+        self.resolve_task()
+        self.check_splits(stage if stage in ("fit", "validate", "test", "predict") else "fit")
         if self.num_workers == "auto":  # before the datasets: the "recent" decode cache is sized by it
             local_ranks = int(getattr(self.trainer, "num_devices", 1)) if self.trainer is not None else 1
             cores, counted = cores_per_rank(local_ranks)

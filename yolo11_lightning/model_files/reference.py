@@ -27,6 +27,7 @@ __all__ = [
     "WrongTaskError",
     "infer_and_map",
     "load_reference",
+    "reference_task",
     "rename_key",
 ]
 
@@ -41,6 +42,8 @@ _TASKS = {
     "YOLOEModel": "open-vocabulary (YOLOE)",
     "RTDETRDetectionModel": "RT-DETR",
 }
+# The reference's task names of those that are YOLO11 tasks still to come (``tasks.choice.PLANNED``).
+_PLANNED_TASKS = {"ClassificationModel": "classify", "PoseModel": "pose", "OBBModel": "obb"}
 
 
 class WrongTaskError(CheckpointError):
@@ -96,6 +99,25 @@ def _extract(
             f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
         )
     return _tensor_dict(obj, label), None, label
+
+
+def reference_task(obj: Any) -> str | None:
+    """The task name of a reference checkpoint object (as ``torch_file.peek`` or ``load_reference`` return it):
+    from its pickled model class (a planned task's name for pose, OBB and classification files), or for a
+    plain state dict from the keys (a ``reference_key`` of a task, else detection). None when it says nothing
+    we know (another model family, or not a reference checkpoint)."""
+    if not isinstance(obj, Mapping):
+        return None
+    entry = obj.get("ema") if obj.get("ema") is not None else obj.get("model", obj)
+    if isinstance(entry, StandIn):
+        cls_name = entry.qualname.rpartition(".")[2]
+        ours = next((t.name for t in TASKS.values() if t.reference_class == cls_name), None)
+        return ours or _PLANNED_TASKS.get(cls_name)
+    if not isinstance(entry, Mapping) or not any(str(k).startswith("model.") for k in entry):
+        return None
+    return next(
+        (t.name for t in TASKS.values() if t.reference_key and t.reference_key in entry), DEFAULT_TASK
+    )
 
 
 def _not_a(wanted: str | None) -> str:

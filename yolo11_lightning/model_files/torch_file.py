@@ -78,6 +78,14 @@ def check(source: str | os.PathLike | IO[bytes], label: str | None = None) -> No
             )
 
 
+def peek(source: str | os.PathLike | IO[bytes], label: str | None = None) -> Any:
+    """What a file holds without its tensor data: the checks of ``load``, then the object with tensors as
+    ``safe_pickle.TensorRef`` (shape and dtype) and model classes as ``StandIn`` trees. Reads only the pickle
+    (a quarter MB for a yolo11x release): what a file is (its format, task) before anything loads it."""
+    with _opened(source, label) as (f, name):
+        return _Archive(f, name).unpickle(model_classes=True, read_data=False)
+
+
 def load_reference(source: str | os.PathLike | IO[bytes], label: str | None = None) -> Any:
     """The object a reference ``.pt`` holds, model classes as ``safe_pickle.StandIn`` trees, tensors real."""
     with _opened(source, label) as (f, name):

@@ -8,7 +8,8 @@
 - ``from_reference``: a reference ``.pt`` (or its state dict), detection or segmentation, the task inferred
   from the file; read by ``model_files.reference`` which receives the expected state dicts from here and never
   builds a model itself;
-- ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit.
+- ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit;
+- ``file_task``: the task a file holds, from its pickle alone (no tensor read, no model built).
 
 Every file is checked first (``model_files.torch_file``: archive structure, claimed sizes, restricted unpickler); ours
 are then read by torch's ``weights_only`` loader, reference files by our restricted one. Imports torch only;
@@ -33,6 +34,7 @@ from yolo11_lightning.model_files.reference import (
     WrongTaskError,
     infer_and_map,
     load_reference,
+    reference_task,
     rename_key,
 )
 from yolo11_lightning.model_files.torch_file import CheckpointError
@@ -45,6 +47,7 @@ __all__ = [
     "WEIGHTS_FORMAT",
     "WeightsMismatchError",
     "checkpoint_model",
+    "file_task",
     "from_reference",
     "load_model",
     "load_pretrained",
@@ -208,6 +211,27 @@ def load_model(path: str | os.PathLike, task: str | None = "detect") -> YOLO11:
             word,
         )
     return model.eval()
+
+
+def file_task(path: str | os.PathLike) -> str | None:
+    """The task a model file holds, read from its pickle only (``torch_file.peek``: no tensor data, no model).
+
+    A weights file's ``task`` (detection when absent), a Lightning checkpoint's ``hyper_parameters["task"]``,
+    a reference file's model class or keys (``reference.reference_task``: ``pose``, ``obb`` or ``classify``
+    for the reference's tasks not implemented here). None when the file says nothing we know, or cannot be
+    read: the loader that reads it next reports why.
+    """
+    try:
+        obj = torch_file.peek(path)
+    except (OSError, CheckpointError):
+        return None
+    if isinstance(obj, Mapping) and obj.get("format") == WEIGHTS_FORMAT:
+        task = obj.get("task", DEFAULT_TASK)
+    elif isinstance(obj, Mapping) and "state_dict" in obj and "hyper_parameters" in obj:
+        task = (obj.get("hyper_parameters") or {}).get("task")
+    else:
+        task = reference_task(obj)
+    return task if isinstance(task, str) else None
 
 
 # -- pretrained weights into an existing model -------------------------------------------------------------

@@ -6,8 +6,10 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Trainer
@@ -16,8 +18,11 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.data.datamodule import YOLODataModule, dataset_task_claim
+from yolo11_lightning.export.runtime import is_onnx_file
+from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.packaged_configs import packaged_config_names
+from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.callbacks.learning_rates import LearningRates
@@ -31,6 +36,7 @@ from yolo11_lightning.training.checkpointing import (
 from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
+from yolo11_lightning.training.pretrained import weights_task_claim
 from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
 
 # Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
@@ -132,33 +138,93 @@ class YOLOLightningCLI(LightningCLI):
     def predict(self, **kwargs: Any) -> Any:
         return self._run_guarded("predict", **kwargs)
 
-    def check_task(self) -> None:
-        """Refuse a model and data of different tasks (``--model.task segment`` with detection data, ...).
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        # The command line as typed: messages name `--model.task` where it came from (`resolve_task`).
+        given = sys.argv[1:] if args is None else args
+        self.given_args = [str(a) for a in given] if isinstance(given, list | tuple) else []
+        super().parse_arguments(parser, args)
 
-        Every rank runs it before anything starts, on the same config: they all raise alike. Data modules
-        without a ``task`` (attribute or hyper-parameter) are not checked.
+    def before_instantiate_classes(self) -> None:
+        self.resolve_task()
+
+    def resolve_task(self) -> None:
+        """Set the run's task once, in the config, before the model and the data are built (``tasks.choice``).
+
+        Named: ``model.task`` (``--model.task``, a model config, or the checkpoint of ``--ckpt_path``, whose
+        hyper-parameters Lightning copied into ``model.*``), ``data.task``; else the ``--model.weights`` file's
+        task; else the dataset's (a ``kpt_shape`` yaml is pose, ...); else detection. ``model.task`` and
+        ``data.task`` both get the result, so checkpoints, ``config.yaml`` and run identities hold it. Every
+        process runs this on the same config and files: under DDP all raise the same TaskError, before any
+        collective. An ``.onnx`` model file without a named task: the module reads the file's task and the data
+        follows it in ``setup``.
+        """
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        model, data = config.get("model"), config.get("data")
+        if model is None or data is None or "task" not in model or "task" not in data:
+            return
+        args = getattr(self, "given_args", [])
+        named: list[TaskClaim] = []
+        ckpt_path = config.get("ckpt_path")
+        ckpt_task = file_task(ckpt_path) if ckpt_path and Path(str(ckpt_path)).is_file() else None
+        typed = _typed_value(args, "--model.task")
+        if ckpt_task is not None:  # Lightning's `_parse_ckpt_path` put it into model.task, over --model.task
+            named.append(
+                TaskClaim(ckpt_task, f"model.task={ckpt_task!r} (the checkpoint of --ckpt_path {ckpt_path})")
+            )
+            if typed is not None:
+                named.append(TaskClaim(typed, f"model.task={typed!r} (--model.task)"))
+        elif model.task is not None:
+            where = "--model.task" if typed == model.task else "config"
+            named.append(TaskClaim(model.task, f"model.task={model.task!r} ({where})"))
+        if data.task is not None:
+            where = "--data.task" if _typed_value(args, "--data.task") == data.task else "config"
+            named.append(TaskClaim(data.task, f"data.task={data.task!r} ({where})"))
+        dataset = dataset_task_claim(str(data.dataset))
+        weights = model.get("weights")
+        if not named and is_onnx_file(weights):
+            if dataset is not None:
+                choose_task([], dataset=dataset)  # refuses a dataset of a task we do not train
+            return
+        claim = weights_task_claim(weights) if weights and not named else None
+        model.task = data.task = choose_task(named, claim, dataset)
+
+    def check_task(self) -> None:
+        """Refuse a model and data of different tasks (a safety net after ``resolve_task``: e.g. a data module
+        class of another kind). Every rank runs it before anything starts, on the same config: they all raise
+        alike. Data modules without a ``task`` (attribute or hyper-parameter) are not checked.
         """
         data = self.datamodule
         data_task = getattr(data, "task", None) or dict(getattr(data, "hparams", None) or {}).get("task")
-        model_task = dict(getattr(self.model, "hparams", None) or {}).get("task", "detect")
-        if data_task is not None and data_task != model_task:
-            raise ValueError(
+        model_task = getattr(getattr(self.model, "task", None), "name", None)
+        model_task = model_task or dict(getattr(self.model, "hparams", None) or {}).get("task")
+        if data_task is not None and model_task is not None and data_task != model_task:
+            raise TaskError(
                 f"model.task={model_task!r} but data.task={data_task!r}: the model and the data must be of the "
-                f"same task; pass --model.task {data_task} (or --data.task {model_task}), e.g. with "
-                "configs/model/yolo11n-seg.yaml for segmentation"
+                "same task; set it once with --model.task (the data follows)"
             )
+
+    def check_splits(self, stage: str) -> None:
+        """Refuse, before any process starts, a dataset without the split ``stage`` reads (``test`` without a
+        ``test`` split: an error, not val numbers reported as test ones); ``YOLODataModule.check_splits``."""
+        check = getattr(self.datamodule, "check_splits", None)
+        if check is not None:
+            check(stage)
 
     def before_validate(self) -> None:
         self.check_task()
+        self.check_splits("validate")
 
     def before_test(self) -> None:
         self.check_task()
+        self.check_splits("test")
 
     def before_predict(self) -> None:
         self.check_task()
+        self.check_splits("predict")
 
     def before_fit(self) -> None:
         self.check_task()
+        self.check_splits("fit")
         world = self.trainer.num_nodes * self.trainer.num_devices
         batch = getattr(self.datamodule, "batch_size", None)
         if batch is not None and batch % world:
@@ -224,6 +290,17 @@ class YOLOLightningCLI(LightningCLI):
             self._nothing_to_fit = True
             return
         continue_logger_version(trainer, path)
+
+
+def _typed_value(args: Sequence[str], option: str) -> str | None:
+    """The last value of ``option`` on the command line (``--x v`` or ``--x=v``); None when not typed."""
+    value = None
+    for i, arg in enumerate(args):
+        if arg == option and i + 1 < len(args):
+            value = args[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg[len(option) + 1 :]
+    return value
 
 
 def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:

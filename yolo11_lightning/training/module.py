@@ -17,9 +17,11 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks.choice import choose_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
@@ -35,7 +37,7 @@ from yolo11_lightning.training.optim import (
     build_optimizer,
     nominal_accumulation,
 )
-from yolo11_lightning.training.pretrained import load_pretrained
+from yolo11_lightning.training.pretrained import load_pretrained, weights_task_claim
 from yolo11_lightning.training.step_exchange import StepExchange
 
 log = logging.getLogger(__name__)
@@ -56,13 +58,13 @@ def refuse_tuners(trainer: L.Trainer) -> None:
     """
     for callback in trainer.callbacks:
         if isinstance(callback, LearningRateFinder):
-            raise ValueError(
+            raise UserInputError(
                 "LearningRateFinder is not supported: the learning rate follows the reference recipe at every "
                 "step (warmup, then lr0 -> lr0 * lrf), which would override its trial schedule; set --model.lr0 "
                 "(or --model.optimizer auto, which picks lr0 from the dataset size)"
             )
         if isinstance(callback, BatchSizeFinder):
-            raise ValueError(
+            raise UserInputError(
                 "BatchSizeFinder is not supported: data.batch_size is the global batch that the data order, the "
                 "nominal-batch accumulation and resuming depend on, so it is not changed during a run; set "
                 "--data.batch_size (it is split over the devices)"
@@ -108,8 +110,11 @@ class YOLO11Module(L.LightningModule):
         channels_last: keep weights and activations in NHWC memory layout (on by default: +20-30% training
             images/s on oneDNN CPUs, the layout Tensor Cores want; the numbers stay the same up to float
             rounding). Turn off to train in PyTorch's default NCHW layout.
-        task: ``detect`` or ``segment`` (``configs/model/yolo11*-seg.yaml``); must match the data's task (the
-            CLI checks it). Checkpoints keep it in their hyper-parameters.
+        task: ``detect`` or ``segment`` (``configs/model/yolo11*-seg.yaml``). None (default): the task of the
+            ``weights`` file (read from its header: ``model_files.weights.file_task``; an ``.onnx`` file's
+            metadata), else detection. A given task keeps it whatever ``weights`` holds (fine-tuning from
+            another task's file loads what fits). The data follows it (``YOLODataModule(task=None)``).
+            Checkpoints and ``hparams`` keep the resolved task.
     """
 
     def __init__(
@@ -145,21 +150,33 @@ class YOLO11Module(L.LightningModule):
         max_skipped_steps: int = 10,
         channels_last: bool = True,
         reference_style_map: bool = False,
-        task: str = "detect",
+        task: str | None = None,
     ) -> None:
         super().__init__()
         if isinstance(
             weights, os.PathLike
         ):  # a string in the checkpoint's hyper-parameters (plain data only)
             weights = os.fspath(weights)
-        self.save_hyperparameters()
+        onnx = None
+        if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
+            onnx = OnnxDetector(weights, num_classes, task=task)  # task None: the file's
+            task = onnx.task
+        elif task is None:  # the weights file's task (its header only), else detection
+            claim = weights_task_claim(weights) if weights else None
+            task = choose_task([], weights=claim)
+        self.save_hyperparameters()  # after `task` is resolved: hparams hold the task, never None
+        # LightningCLI hands its config as the hyper-parameters: a task the file named is not in it (.onnx).
+        self.hparams["task"] = task
+        initial = getattr(self, "_hparams_initial", None)  # Lightning's copy for the loggers
+        if initial is not None:
+            initial["task"] = task
         if class_names is not None and len(class_names) != num_classes:
             raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         self.task = get_task(task)
         self.model = YOLO11(scale=scale, num_classes=num_classes, task=task)
         self.model.names = list(class_names) if class_names is not None else None
-        if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
-            self.model = OnnxDetector(weights, num_classes, task=task)
+        if onnx is not None:
+            self.model = onnx
         elif weights:
             load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
@@ -211,8 +228,14 @@ class YOLO11Module(L.LightningModule):
             self.step_guard.precision = str(trainer.precision)
             refuse_tuners(trainer)
         # A Trainer built without the machine-settings callback gets its defaults.
-        without_settings = trainer is not None and not any(isinstance(c, MachineSettings) for c in trainer.callbacks)
-        if without_settings and MACHINE_DEFAULTS["keep_host_memory"] and trainer.strategy.root_device.type == "cpu":
+        without_settings = trainer is not None and not any(
+            isinstance(c, MachineSettings) for c in trainer.callbacks
+        )
+        if (
+            without_settings
+            and MACHINE_DEFAULTS["keep_host_memory"]
+            and trainer.strategy.root_device.type == "cpu"
+        ):
             keep_freed_host_memory()
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:

@@ -8,6 +8,7 @@
     rle.py      COCO run-length masks: decoding and outlines, without pycocotools
     cache.py    the label cache (one checked ``.npz`` per split)
     split.py    ``load_split``: list a split's files, use the cache when valid, else parse and check
+    task_hint.py  the task a dataset's files say (``kpt_shape``: pose; class folders: classification)
 
 Everything after the records (image cache, Dataset, augmentation, sampler) does not know the format.
 """

@@ -26,11 +26,18 @@ from typing import Any
 
 import yaml
 
+from yolo11_lightning.errors import UserInputError
+
 SPLITS = ("train", "val", "test")
 
 
 class DatasetError(ValueError):
     """A dataset that cannot be used as configured; the message names the file, key or split."""
+
+
+class MissingSplitError(DatasetError, UserInputError):
+    """A command needs a split the dataset yaml does not define; the message names those it does (one line
+    on the command line: ``errors.UserInputError``)."""
 
 
 @dataclass
