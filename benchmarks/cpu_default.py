@@ -10,9 +10,10 @@ variants alternating, so slow drifts of the machine hit all of them alike::
     python benchmarks/cpu_default.py --conditions idle --rounds 1 --variants threads1 threads2
 
 "Loaded" starts one busy process (a Python spin loop, same priority) for the whole condition: another job on
-the same node, as on shared CI machines. Variants differ only in ``--machine.cpu_threads`` and the OpenMP
-environment of the process (``OMP_WAIT_POLICY``: GNU OpenMP's threads spin at every barrier by default, which
-burns the core another thread needs when the cores are shared).
+the same node, as on shared CI machines; "crowded" starts three. Variants differ only in
+``--machine.cpu_threads`` and the OpenMP environment of the process (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``:
+GNU OpenMP's waiting threads spin 300,000 times by default, burning the core another thread needs when the
+cores are shared; ``training/cpu_threads.py``).
 """
 
 from __future__ import annotations
@@ -45,12 +46,19 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "threads2": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "ACTIVE"}),
     "threads2_passive": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "PASSIVE"}),
     "threads1_passive": (["--machine.cpu_threads", "1"], {"OMP_WAIT_POLICY": "PASSIVE"}),
+    # An empty OMP_WAIT_POLICY: OpenMP's own default (a bounded spin), which the command does not replace.
+    "threads2_unset": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": ""}),
+    "threads2_spin1k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1000"}),
+    "threads2_spin10k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"}),
+    "threads2_spin100k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000"}),
     "threads2_passive_1worker": (
         ["--machine.cpu_threads", "2", "--data.num_workers", "1"],
         {"OMP_WAIT_POLICY": "PASSIVE"},
     ),
     "reference": ([], {}),
 }
+
+BUSY = {"idle": 0, "loaded": 1, "crowded": 3}  # condition -> busy processes beside the run
 
 REFERENCE_SCRIPT = """
 import sys, torch
@@ -66,13 +74,13 @@ YOLO("yolo11n.yaml").train(
 
 
 @contextlib.contextmanager
-def busy_process(active: bool) -> Iterator[None]:
-    """One spinning Python process while the block runs (nothing when ``active`` is False)."""
-    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if active else None
+def busy_processes(count: int) -> Iterator[None]:
+    """``count`` spinning Python processes while the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
     try:
         yield
     finally:
-        if proc is not None:
+        for proc in procs:
             proc.kill()
             proc.wait()
 
@@ -82,6 +90,7 @@ def run_variant(name: str, args: Any, yaml: Path, workdir: Path) -> tuple[float,
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "YOLO_OFFLINE": "1", "WANDB_MODE": "offline"}
     env.pop("OMP_NUM_THREADS", None)
     env.pop("OMP_WAIT_POLICY", None)
+    env.pop("GOMP_SPINCOUNT", None)
     options, extra_env = VARIANTS[name]
     env.update(extra_env)
     run_dir = Path(tempfile.mkdtemp(dir=workdir, prefix=f"{name}_"))
@@ -112,7 +121,7 @@ def run_variant(name: str, args: Any, yaml: Path, workdir: Path) -> tuple[float,
 
 def main() -> None:
     ap = parser(__doc__)
-    ap.add_argument("--conditions", nargs="+", default=["idle", "loaded"], choices=["idle", "loaded"])
+    ap.add_argument("--conditions", nargs="+", default=["idle", "loaded"], choices=list(BUSY))
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=2)
@@ -128,7 +137,7 @@ def main() -> None:
     for condition in args.conditions:
         walls: dict[str, list[float]] = {n: [] for n in args.variants}
         cpus: dict[str, list[float]] = {n: [] for n in args.variants}
-        with busy_process(condition == "loaded"):
+        with busy_processes(BUSY[condition]):
             time.sleep(1.0)
             for round_index in range(args.rounds):
                 order = args.variants if round_index % 2 == 0 else list(reversed(args.variants))

@@ -20,35 +20,57 @@ from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.training.callbacks import machine
 from yolo11_lightning.training.callbacks.machine import MachineSettings
-from yolo11_lightning.training.cpu_threads import training_threads
+from yolo11_lightning.training.cpu_threads import openmp_waits_briefly, training_threads
 
 
 def test_spinning_threads_leave_the_workers_their_cores() -> None:
-    assert training_threads(cpus=2, local_processes=1, loader_workers=2, passive_waits=False) == 1  # never 0
-    assert training_threads(cpus=16, local_processes=1, loader_workers=2, passive_waits=False) == 14
-    assert training_threads(cpus=16, local_processes=2, loader_workers=2, passive_waits=False) == 6  # 8 - 2
-    assert training_threads(cpus=1, local_processes=4, loader_workers=0, passive_waits=False) == 1
+    assert training_threads(cpus=2, local_processes=1, loader_workers=2, brief_waits=False) == 1  # never 0
+    assert training_threads(cpus=16, local_processes=1, loader_workers=2, brief_waits=False) == 14
+    assert training_threads(cpus=16, local_processes=2, loader_workers=2, brief_waits=False) == 6  # 8 - 2
+    assert training_threads(cpus=1, local_processes=4, loader_workers=0, brief_waits=False) == 1
 
 
-def test_passive_threads_take_the_rank_share() -> None:
-    assert training_threads(cpus=2, local_processes=1, loader_workers=2, passive_waits=True) == 2
-    assert training_threads(cpus=16, local_processes=2, loader_workers=2, passive_waits=True) == 8
-    assert training_threads(cpus=2, local_processes=4, loader_workers=1, passive_waits=True) == 1  # never 0
+def test_briefly_waiting_threads_take_the_rank_share() -> None:
+    assert training_threads(cpus=2, local_processes=1, loader_workers=2, brief_waits=True) == 2
+    assert training_threads(cpus=16, local_processes=2, loader_workers=2, brief_waits=True) == 8
+    assert training_threads(cpus=2, local_processes=4, loader_workers=1, brief_waits=True) == 1  # never 0
 
 
 @pytest.mark.parametrize(
-    ("environment", "policy"), [({}, "PASSIVE"), ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE")]
+    ("environment", "spins"),
+    [({}, "1000"), ({"OMP_WAIT_POLICY": "ACTIVE"}, None), ({"GOMP_SPINCOUNT": "20000"}, "20000")],
 )
-def test_the_command_sets_passive_waits_before_torch_loads(environment: dict[str, str], policy: str) -> None:
-    """``yolo11-lightning`` sets OMP_WAIT_POLICY before torch (and OpenMP with it) is imported, unless the user
-    chose a policy; the commands' child processes (DDP ranks, loader workers) inherit it."""
+def test_the_command_sets_brief_waits_before_torch_loads(
+    environment: dict[str, str], spins: str | None
+) -> None:
+    """``yolo11-lightning`` sets GOMP_SPINCOUNT before torch (and OpenMP with it) is imported, unless the user
+    chose a wait policy; the commands' child processes (DDP ranks, loader workers) inherit it."""
     script = (
         "import os, sys; from yolo11_lightning.cli import main; main(['configs']); "
-        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded', os.environ.get('OMP_WAIT_POLICY'))"
+        "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded', os.environ.get('GOMP_SPINCOUNT'))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | environment
-    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60)
-    assert out.stdout.strip().splitlines()[-1] == f"torch not loaded {policy}", out.stderr[-2000:]
+    keep = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    out = subprocess.run(
+        [sys.executable, "-c", script], env=keep | environment, capture_output=True, text=True, timeout=60
+    )
+    assert out.stdout.strip().splitlines()[-1] == f"torch not loaded {spins}", out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    ("environment", "brief"),
+    [
+        ({"GOMP_SPINCOUNT": "1000"}, True), ({"GOMP_SPINCOUNT": "300000"}, False), ({}, False),
+        ({"OMP_WAIT_POLICY": "passive"}, True), ({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "0"}, False),
+    ],
+)  # fmt: skip
+def test_brief_waits_read_from_the_environment(
+    environment: dict[str, str], brief: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for key in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    assert openmp_waits_briefly() is brief
 
 
 def test_cgroup_quota_v2_v1_and_unlimited(tmp_path: Path) -> None:
@@ -142,7 +164,7 @@ def _fit(
 def test_cpu_threads_during_the_run_and_restored_after(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: object, during: int
 ) -> None:
-    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # spinning waits: auto leaves the workers their cores
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # long spins: auto leaves the workers their cores
     before = torch.get_num_threads()
     monkeypatch.setattr(machine, "usable_cpus", lambda: 8)
     try:
@@ -153,11 +175,10 @@ def test_cpu_threads_during_the_run_and_restored_after(
         torch.set_num_threads(before)
 
 
-def test_auto_with_passive_waits_keeps_the_workers_cores(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Passive OpenMP waits: the training process takes its whole share (4 cores), its 3 workers beside it."""
-    monkeypatch.setenv("OMP_WAIT_POLICY", "passive")
+def test_auto_with_brief_waits_takes_the_rank_share(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Brief OpenMP waits: the training process takes its whole share (4 cores), its 3 workers beside it."""
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "1000")
     monkeypatch.setattr(machine, "usable_cpus", lambda: 4)
     before = torch.get_num_threads()
     try:
@@ -196,7 +217,12 @@ def test_auto_workers_reach_the_loader_and_the_cpu_threads(
 ) -> None:
     """``num_workers: auto`` is resolved in the DataModule's setup, logged, given to the DataLoader, and counted by
     ``--machine.cpu_threads auto`` (which runs after it): 6 cores -> 5, rounded to 4 workers -> 2 threads."""
-    for key in ("SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "OMP_WAIT_POLICY"):  # spinning waits
+    for key in (
+        "SLURM_CPUS_PER_TASK",
+        "SLURM_CPUS_ON_NODE",
+        "OMP_WAIT_POLICY",
+        "GOMP_SPINCOUNT",
+    ):  # long spins
         monkeypatch.delenv(key, raising=False)
     monkeypatch.setattr(cpu_cores, "usable_cpus", lambda: 6)
     monkeypatch.setattr(machine, "usable_cpus", lambda: 6)

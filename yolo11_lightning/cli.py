@@ -21,7 +21,7 @@ import sys
 from collections.abc import Sequence
 
 from yolo11_lightning.errors import UserInputError
-from yolo11_lightning.training.cpu_threads import wait_passively
+from yolo11_lightning.training.cpu_threads import spin_briefly
 
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
 UTILITY_COMMANDS = {
@@ -76,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(version_line())
         return 0
     command, rest = args[0], args[1:]
-    wait_passively()  # before torch is imported: OpenMP reads its wait policy once (training.cpu_threads)
+    spin_briefly()  # before torch is imported: OpenMP reads its wait policy once (training.cpu_threads)
     if command in UTILITY_COMMANDS:
         return _run_utility(UTILITY_COMMANDS[command], rest)
     if command == "predict" and _wants_predict_utility(rest):

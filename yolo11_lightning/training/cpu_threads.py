@@ -2,17 +2,19 @@
 
 PyTorch starts one intra-op thread per visible core, and Lightning's launcher splits the cores among the local
 ranks, but neither counts the DataLoader workers: on a small machine they share the cores with the training
-threads. GNU OpenMP (torch's, on Linux) lets a thread that waits at the end of a parallel region spin for a
-while before it sleeps. With the cores shared, the spinning threads burn the time slices the working thread
-needs: measured on 2 cores (yolo11n, 224 px, batch 16, 2 workers), torch's 2 threads took 0.9 s per step instead
-of 0.3 s beside one other busy process, and 18 s instead of 0.5 s on a crowded machine.
+threads. GNU OpenMP (torch's, on Linux) lets a thread that waits at the end of a parallel region spin before it
+sleeps, 300,000 times by default. With the cores shared, spinning threads burn the time slices the working
+thread needs. Measured on 2 cores, whole 2-epoch runs (yolo11n, 320 px, batch 16, 2 workers;
+``benchmarks/cpu_default.py``), torch's 2 threads against 1: 20 s against 33 s on an idle machine, but 51-71 s
+against 44 s beside one other busy process (145 s with 100,000 spins).
 
-``OMP_WAIT_POLICY=PASSIVE`` makes waiting threads sleep at once. It is read once, when OpenMP is loaded with
-torch, so the ``yolo11-lightning`` command sets it before anything imports torch (``wait_passively``) unless the
-environment already says otherwise. With passive waits the training process can take every core of its share:
-the workers get a core when they need one, and nobody spins. Without them (a notebook that imported torch first,
-or ``OMP_WAIT_POLICY=ACTIVE``) the robust choice is the cores the workers leave. ``benchmarks/cpu_default.py``
-measures both, idle and beside a busy process, against the reference trainer.
+``GOMP_SPINCOUNT=1000`` keeps a spin of a microsecond or two, which catches the short hand-overs of an idle
+machine, and then sleeps: 19 s idle, 37 s beside a busy process (the reference trainer: 37 s both). It is read
+once, when OpenMP is loaded with torch, so the ``yolo11-lightning`` command sets it before anything imports torch
+(``spin_briefly``) unless the environment already sets a policy (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``). With
+brief (or passive) waits the training process takes every core of its share, the workers beside it. Without
+them (a notebook that imported torch first, ``OMP_WAIT_POLICY=ACTIVE``) the robust choice is the cores the
+workers leave.
 
 The cores are counted by ``data.cpu_cores.usable_cpus`` (CPU affinity and container quota), which the
 DataLoader's ``num_workers: auto`` counts with too.
@@ -23,26 +25,36 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["openmp_waits_passively", "training_threads", "wait_passively"]
+__all__ = ["openmp_waits_briefly", "spin_briefly", "training_threads"]
 
 WAIT_POLICY = "OMP_WAIT_POLICY"
+SPIN_COUNT = "GOMP_SPINCOUNT"
+BRIEF_SPINS = 1000  # spins before a waiting thread sleeps: ~1-2 us (GNU OpenMP's default: 300,000)
 
 
-def wait_passively() -> None:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` for this process and its children, unless the environment already sets a
-    policy or torch (and so OpenMP) is already loaded: call it before importing torch."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault(WAIT_POLICY, "PASSIVE")
+def spin_briefly() -> None:
+    """Set ``GOMP_SPINCOUNT`` to ``BRIEF_SPINS`` for this process and its children (DDP ranks, loader workers),
+    unless the environment already sets a wait policy or torch (and so OpenMP) is already loaded: call it before
+    importing torch."""
+    if "torch" not in sys.modules and WAIT_POLICY not in os.environ and SPIN_COUNT not in os.environ:
+        os.environ[SPIN_COUNT] = str(BRIEF_SPINS)
 
 
-def openmp_waits_passively() -> bool:
-    """Whether OpenMP threads in this process sleep when they wait (``OMP_WAIT_POLICY=passive``)."""
-    return os.environ.get(WAIT_POLICY, "").strip().lower() == "passive"
+def openmp_waits_briefly() -> bool:
+    """Whether waiting OpenMP threads in this process sleep at once or after a brief spin: ``OMP_WAIT_POLICY``
+    passive, or (no policy) ``GOMP_SPINCOUNT`` of at most ``BRIEF_SPINS``."""
+    policy = os.environ.get(WAIT_POLICY, "").strip().lower()
+    if policy in ("passive", "active"):
+        return policy == "passive"
+    try:
+        return float(os.environ[SPIN_COUNT]) <= BRIEF_SPINS
+    except (KeyError, ValueError):
+        return False
 
 
-def training_threads(cpus: int, local_processes: int, loader_workers: int, passive_waits: bool) -> int:
+def training_threads(cpus: int, local_processes: int, loader_workers: int, brief_waits: bool) -> int:
     """Torch threads for one training process: its share of ``cpus`` among ``local_processes`` ranks; with
-    spinning waits (``passive_waits=False``) minus its ``loader_workers`` (each a single-threaded process); at
+    spinning waits (``brief_waits=False``) minus its ``loader_workers`` (each a single-threaded process); at
     least 1."""
     share = cpus // max(local_processes, 1)
-    return max(1, share if passive_waits else share - max(loader_workers, 0))
+    return max(1, share if brief_waits else share - max(loader_workers, 0))

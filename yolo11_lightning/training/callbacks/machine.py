@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
 from yolo11_lightning.data.cpu_cores import usable_cpus
-from yolo11_lightning.training.cpu_threads import openmp_waits_passively, training_threads
+from yolo11_lightning.training.cpu_threads import openmp_waits_briefly, training_threads
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
 
 # Defaults of the settings, also what a Trainer without this callback gets (``YOLO11Module.setup``).
@@ -40,9 +40,10 @@ class MachineSettings(Callback):
             returning it to the OS after every step (``training.host_memory``): up to 1.5x faster CPU steps
             at 640 px. Process-wide; the process keeps its peak memory.
         cpu_threads: torch threads of each process when running on a CPU. ``"auto"``: its share of the usable
-            cores (affinity, container quota) among the local ranks; when OpenMP threads spin while they wait
-            (no ``OMP_WAIT_POLICY=PASSIVE``, which the ``yolo11-lightning`` command sets), minus the
-            DataModule's loader workers, whose cores spinning threads would take (``training.cpu_threads``);
+            cores (affinity, container quota) among the local ranks; when OpenMP threads spin long while they
+            wait (no ``GOMP_SPINCOUNT=1000`` as the ``yolo11-lightning`` command sets, no
+            ``OMP_WAIT_POLICY=PASSIVE``), minus the DataModule's loader workers, whose cores spinning threads
+            would take (``training.cpu_threads``);
             at least 1, and only ever lower than torch's current count. An int sets it; None leaves torch's
             as it is. Restored when the run ends (notebooks keep their setting).
     """
@@ -78,7 +79,7 @@ class MachineSettings(Callback):
         workers = int(getattr(trainer.datamodule, "num_workers", 0) or 0)
         cpus, current = usable_cpus(), torch.get_num_threads()
         if self.cpu_threads == "auto":
-            threads = training_threads(cpus, trainer.num_devices, workers, openmp_waits_passively())
+            threads = training_threads(cpus, trainer.num_devices, workers, openmp_waits_briefly())
             if threads >= current:  # never more than the user, OMP_NUM_THREADS or Lightning's launcher chose
                 return
         else:
