@@ -17,10 +17,11 @@ under DDP every rank raises it alike, before any collective.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
-from yolo11_lightning.errors import UserInputError
+from yolo11_lightning.errors import TRACEBACK_ENV, UserInputError, wants_traceback
 from yolo11_lightning.training.cpu_threads import spin_briefly
 
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
@@ -65,8 +66,18 @@ def one_line(message: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Dispatch to a utility command or to LightningCLI; returns the process exit code."""
+    """Dispatch to a utility command or to LightningCLI; returns the process exit code.
+
+    An error in what the user asked for (``errors.UserInputError``: a bad option value, dataset or model file,
+    a missing file) is printed as ``error: <message>`` with exit code 2; ``--traceback`` anywhere on the command
+    line (or ``YOLO11_TRACEBACK=1``) shows its traceback instead. Other errors keep their traceback.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
+    if "--traceback" in args:
+        args.remove("--traceback")
+        os.environ[TRACEBACK_ENV] = "1"  # DDP ranks started from this process inherit it
+        if argv is None:  # LightningCLI reads sys.argv itself
+            sys.argv = [sys.argv[0], *args]
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage())
         return 0 if args else 2
@@ -77,6 +88,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     command, rest = args[0], args[1:]
     spin_briefly()  # before torch is imported: OpenMP reads its wait policy once (training.cpu_threads)
+    try:
+        return _run_command(command, rest, from_shell=argv is None)
+    except (UserInputError, FileNotFoundError) as e:
+        if wants_traceback():
+            raise
+        sys.stderr.write(f"error: {one_line(str(e))}\n")
+        return 2
+
+
+def _run_command(command: str, rest: list[str], from_shell: bool) -> int:
     if command in UTILITY_COMMANDS:
         return _run_utility(UTILITY_COMMANDS[command], rest)
     if command == "predict" and _wants_predict_utility(rest):
@@ -86,11 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         # From the shell, LightningCLI reads sys.argv itself (passing it again makes it warn); from Python,
         # the given argv is the command line.
-        try:
-            run_lightning_cli(None if argv is None else [command, *rest])
-        except UserInputError as e:
-            sys.stderr.write(f"error: {one_line(str(e))}\n")
-            return 2
+        run_lightning_cli(None if from_shell else [command, *rest])
         return 0
     sys.stderr.write(f"unknown command {command!r}\n" + _usage())
     return 2

@@ -9,13 +9,25 @@ An error class joins by inheriting ``UserInputError`` (beside its own base, e.g.
 message must be one line and name the option or file to change. Raise it where every rank decides alike
 (from the config or the files, before any collective), so under DDP each process prints the same line.
 
+``--traceback`` on the command line (or ``YOLO11_TRACEBACK=1`` in the environment, which DDP ranks inherit)
+shows the traceback instead.
+
 Imports nothing: every layer may raise one.
 """
 
 from __future__ import annotations
 
-__all__ = ["UserInputError"]
+import os
+
+__all__ = ["TRACEBACK_ENV", "UserInputError", "wants_traceback"]
+
+TRACEBACK_ENV = "YOLO11_TRACEBACK"  # set (to anything but "" or "0"): user errors keep their traceback
 
 
 class UserInputError(ValueError):
     """An option, config or input file that cannot work as given; the message says what to change."""
+
+
+def wants_traceback() -> bool:
+    """Whether user errors should show their traceback (``--traceback`` / ``YOLO11_TRACEBACK``)."""
+    return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")

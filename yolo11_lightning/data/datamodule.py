@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
+import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
@@ -50,6 +51,7 @@ from yolo11_lightning.data.synthetic.shapes import (
     make_synthetic_dataset,
     synthetic_class_names,
 )
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
 
@@ -79,7 +81,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         num_workers: DataLoader worker processes per device, or ``"auto"`` (the GPU presets): each local rank's
             cores minus one (``data.loader_workers.auto_num_workers``), resolved in ``setup`` and logged.
         seed: seed of the data order and of the augmentation.
-        pin_memory: page-locked batches for faster host-to-GPU copies.
+        pin_memory: page-locked batches for faster host-to-GPU copies (only when the batches go to an
+            accelerator).
         persistent_workers: keep workers between epochs (only used when num_workers > 0).
         cache_images: keep decoded, resized images in RAM, one copy per node in ``/dev/shm`` shared by every
             local rank and worker (``data.images.node_cache``; refused when it would not fit); ``"disk"``: as
@@ -169,17 +172,17 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if task is not None:
             get_task(task)  # a clear error naming the known tasks
         if batch_size <= 0:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
+            raise UserInputError(f"data.batch_size must be positive, got {batch_size}")
         if image_size <= 0 or image_size % 32:
-            raise ValueError(
-                f"image_size must be a positive multiple of 32 (the largest stride), got {image_size}"
+            raise UserInputError(
+                f"data.image_size must be a positive multiple of 32 (the largest stride), got {image_size}"
             )
         if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
-            raise ValueError(f"num_workers must be 'auto' or an int >= 0, got {num_workers!r}")
+            raise UserInputError(f"data.num_workers must be 'auto' or an int >= 0, got {num_workers!r}")
         if cache_images not in (True, False, "disk"):
-            raise ValueError(f"cache_images must be true, false or 'disk', got {cache_images!r}")
+            raise UserInputError(f"data.cache_images must be true, false or 'disk', got {cache_images!r}")
         if mosaic_partners not in PARTNER_MODES:
-            raise ValueError(f"mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
+            raise UserInputError(f"data.mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
         # Paths as strings: checkpoints hold the hyper-parameters, and their guarded reader takes plain data only.
         dataset, synthetic_dir, label_cache_dir = (
             os.fspath(p) if isinstance(p, os.PathLike) else p
@@ -230,7 +233,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         if max_substituted_fraction < 0:
-            raise ValueError(f"max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
+            raise UserInputError(f"data.max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
         self.max_substituted_fraction = max_substituted_fraction
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         self.rect_val = rect_val
@@ -276,7 +279,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         """``batch_size / world_size``; raises a clear error when it does not divide."""
         world = self.world_size
         if self.batch_size % world:
-            raise ValueError(
+            raise UserInputError(
                 f"data.batch_size={self.batch_size} is the GLOBAL batch over all devices and nodes and must "
                 f"divide by the world size {world}; use e.g. {max(world, self.batch_size // world * world)}"
             )
@@ -473,6 +476,15 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         return created
 
     # ------------------------------------------------------------------------------------ loaders
+    def _on_accelerator(self) -> bool:
+        """Whether batches go to an accelerator (pinned host memory helps only there): the Trainer's device, or
+        without a Trainer whether torch sees one."""
+        trainer = self.trainer  # LightningDataModule's: None until a Trainer uses it
+        if trainer is not None:
+            return trainer.strategy.root_device.type != "cpu"
+        accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+        return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
+
     def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
         if self.num_workers > 0:
             single_threaded_opencv()
@@ -481,7 +493,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             batch_size=batch_size,
             sampler=sampler,  # a DistributedSampler: Lightning keeps it instead of injecting its own
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and self._on_accelerator(),
             persistent_workers=self.persistent_workers and self.num_workers > 0,
             collate_fn=self.task_spec.collate,
             # Stop signals are the training process's to handle (it saves, then the workers end with it).

@@ -28,13 +28,14 @@ from typing import IO, Any, NoReturn
 
 import torch
 
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files import safe_pickle
 
 MAX_PICKLE_BYTES = 64 * 2**20  # the pickle of a file, not its tensors: a yolo11x release has 0.25 MB
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # first object of a pre-1.6 (non-zip) torch file
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserInputError):
     """A file or state dict that is not a readable (or not a safe) checkpoint; the message names the file."""
 
 

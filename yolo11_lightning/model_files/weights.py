@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 import torch
 from torch import Tensor
 
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.reference import (
     HEAD_INDEX,
@@ -63,7 +64,7 @@ log = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=YOLO11)
 
 
-class WeightsMismatchError(ValueError):
+class WeightsMismatchError(UserInputError):
     """Pretrained weights that do not fit the model; the message says what the file holds."""
 
 

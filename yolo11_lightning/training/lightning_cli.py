@@ -19,6 +19,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.data.datamodule import YOLODataModule, dataset_task_claim
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.export.runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.packaged_configs import packaged_config_names
@@ -229,7 +230,7 @@ class YOLOLightningCLI(LightningCLI):
         batch = getattr(self.datamodule, "batch_size", None)
         if batch is not None and batch % world:
             fits = [n for n in (batch // world * world, (batch // world + 1) * world) if n]
-            raise ValueError(
+            raise UserInputError(
                 f"data.batch_size={batch} is the GLOBAL batch and must divide by the world size {world} "
                 f"(trainer.num_nodes={self.trainer.num_nodes} x trainer.devices={self.trainer.num_devices}); "
                 f"e.g. data.batch_size={' or '.join(map(str, fits))}"
@@ -264,7 +265,7 @@ class YOLOLightningCLI(LightningCLI):
         saved = CheckpointSummary.read(path)
         batch = getattr(self.datamodule, "batch_size", None)
         if saved.global_batch is not None and batch is not None and saved.global_batch != batch:
-            raise ValueError(
+            raise UserInputError(
                 f"{path} was trained with data.batch_size={saved.global_batch} (the GLOBAL batch); resuming with "
                 f"data.batch_size={batch} would change the data order and the recipe. Resume with "
                 f"data.batch_size={saved.global_batch} (the per-device batch follows the number of devices)."
@@ -272,7 +273,7 @@ class YOLOLightningCLI(LightningCLI):
         current = identity(self.model.hparams, getattr(self.datamodule, "hparams", {}), seed)
         changed = differences(saved.identity, current)
         if changed and from_last:
-            raise ValueError(
+            raise UserInputError(
                 f"--ckpt_path last found {path}, a checkpoint of another run: "
                 + "; ".join(changed)
                 + ". Start the new experiment in another trainer.default_root_dir, or pass that checkpoint's "

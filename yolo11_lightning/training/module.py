@@ -19,6 +19,7 @@ from torch import Tensor
 from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
+from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.choice import choose_task
@@ -45,6 +46,13 @@ log = logging.getLogger(__name__)
 # Lightning advises sync_dist=True for epoch-level logs under DDP; the evaluation metrics are global already.
 warnings.filterwarnings(
     "ignore", message=r"It is recommended to use `self\.log\('(val|test)/", category=PossibleUserWarning
+)
+
+
+# Lightning 2.6 tests `isinstance(spec, LeafSpec)`, which torch deprecates since 2.9: a warning at every start that
+# no user can act on (Lightning's to change). Only that message is silenced.
+warnings.filterwarnings(
+    "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
 )
 
 
@@ -171,7 +179,9 @@ class YOLO11Module(L.LightningModule):
         if initial is not None:
             initial["task"] = task
         if class_names is not None and len(class_names) != num_classes:
-            raise ValueError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
+            raise UserInputError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
+        if scale not in SCALES:
+            raise UserInputError(f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}")
         self.task = get_task(task)
         self.model = YOLO11(scale=scale, num_classes=num_classes, task=task)
         self.model.names = list(class_names) if class_names is not None else None
@@ -284,7 +294,7 @@ class YOLO11Module(L.LightningModule):
             return recipe
         num_samples = self.num_train_samples()
         if num_samples is None:
-            raise ValueError(
+            raise UserInputError(
                 "optimizer 'auto' chooses from the training-set size, which this run does not tell: use "
                 "YOLODataModule (or a datamodule with a `num_train_samples` attribute), or set "
                 "model.optimizer to SGD or AdamW"

@@ -34,6 +34,8 @@ from typing import BinaryIO
 import cv2
 import numpy as np
 
+from yolo11_lightning.errors import UserInputError
+
 # Extensions picked up when a split points at a folder (lower case, without the dot).
 IMAGE_EXTENSIONS = frozenset(
     {"bmp", "jpg", "jpeg", "jpe", "mpo", "png", "tif", "tiff", "webp", "pbm", "pgm", "ppm"}
@@ -92,7 +94,7 @@ def pixel_limit(max_pixels: int | None) -> int | None:
     if max_pixels is None or max_pixels == 0:
         return None
     if max_pixels < 0:
-        raise ValueError(f"max_image_pixels must be >= 0 (0 or None: no limit), got {max_pixels}")
+        raise UserInputError(f"max_image_pixels must be >= 0 (0 or None: no limit), got {max_pixels}")
     return int(max_pixels)
 
 

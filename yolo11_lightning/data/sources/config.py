@@ -31,11 +31,12 @@ from yolo11_lightning.errors import UserInputError
 SPLITS = ("train", "val", "test")
 
 
-class DatasetError(ValueError):
-    """A dataset that cannot be used as configured; the message names the file, key or split."""
+class DatasetError(UserInputError):
+    """A dataset that cannot be used as configured; the message names the file, key or split (one line on the
+    command line: ``errors.UserInputError``)."""
 
 
-class MissingSplitError(DatasetError, UserInputError):
+class MissingSplitError(DatasetError):
     """A command needs a split the dataset yaml does not define; the message names those it does (one line
     on the command line: ``errors.UserInputError``)."""
 
