@@ -78,19 +78,21 @@ def _is_image(entry: os.DirEntry) -> bool:
 
 def _class_folders(folder: Path) -> list[str]:
     """The class folders of an ImageFolder root, else []: no image directly inside, subfolders holding images
-    directly, and none of those images with a YOLO label file (detection images kept in subfolders). Reads
-    each subfolder only up to its first image."""
+    directly, and none of those images with a YOLO label file (detection images kept in subfolders). Stops at
+    the first image directly inside (a detection split of a million images costs one entry, not a listing) and
+    reads each subfolder only up to its first image."""
+    subfolders = []
     try:
         with os.scandir(folder) as it:
-            entries = sorted(it, key=lambda e: e.name)
+            for entry in it:
+                if _is_image(entry):
+                    return []
+                if not entry.name.startswith(".") and entry.is_dir():
+                    subfolders.append(entry)
     except OSError:
         return []
-    if any(_is_image(e) for e in entries):
-        return []
     classes, labelled = [], False
-    for entry in entries:
-        if entry.name.startswith(".") or not entry.is_dir():
-            continue
+    for entry in sorted(subfolders, key=lambda e: e.name):
         try:
             with os.scandir(entry.path) as it:
                 first = next((e.path for e in it if _is_image(e)), None)
