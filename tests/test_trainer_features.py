@@ -9,6 +9,7 @@ refuse are refused in one line naming what to set instead. Training that ends in
 
 from __future__ import annotations
 
+import csv
 import random
 import sys
 from pathlib import Path
@@ -117,6 +118,19 @@ def check_overfit(root: Path) -> None:
     )  # one batch, every epoch
 
 
+def check_mid_epoch_val(root: Path) -> None:
+    # Validation after batches 2 and 4 of the one epoch: two logged scores.
+    (metrics,) = root.rglob("metrics.csv")
+    with open(metrics) as f:
+        scores = [row["val/mAP50-95"] for row in csv.DictReader(f) if row.get("val/mAP50-95")]
+    assert len(scores) == 2, scores
+
+
+def check_profile(root: Path) -> None:
+    (report,) = root.rglob("fit-prof.txt")
+    assert "run_training_batch" in report.read_text()
+
+
 def check_runs(root: Path) -> None:
     assert files(root, "last.ckpt")
 
@@ -137,7 +151,10 @@ MATRIX = {
         ],
         check_overfit,
     ),
-    "mid-epoch validation": (["--trainer.val_check_interval", "2", "--trainer.max_epochs", "1"], check_runs),
+    "mid-epoch validation": (
+        ["--trainer.val_check_interval", "2", "--trainer.max_epochs", "1"],
+        check_mid_epoch_val,
+    ),
     "own ModelCheckpoint": (
         [
             "--trainer.callbacks+=lightning.pytorch.callbacks.ModelCheckpoint",
@@ -170,7 +187,17 @@ MATRIX = {
     "limit_train_batches": (["--trainer.limit_train_batches", "2"], check_limits),
     "accumulate_grad_batches": (["--trainer.accumulate_grad_batches", "4"], check_accumulate),
     "gradient_clip_val": (["--trainer.gradient_clip_val", "0.5", "--trainer.max_epochs", "1"], check_runs),
-    "profiler": (["--trainer.profiler", "simple", "--trainer.max_epochs", "1"], check_runs),
+    "profiler": (
+        [
+            "--trainer.profiler",
+            "lightning.pytorch.profilers.SimpleProfiler",
+            "--trainer.profiler.filename",
+            "prof",
+            "--trainer.max_epochs",
+            "1",
+        ],
+        check_profile,
+    ),
     "max_steps inside an epoch": (["--trainer.max_steps", "3"], check_max_steps),
 }
 
