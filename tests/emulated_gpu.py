@@ -132,6 +132,12 @@ class EmuTensor(torch.Tensor):
         _host_sync("tolist")
         return self.inner.tolist()
 
+    def cpu(self, memory_format: torch.memory_format = torch.preserve_format) -> torch.Tensor:
+        # A tensor made under inference mode reaches no __torch_dispatch__ for this copy (PyTorch's own kernel
+        # would return another emu tensor); CUDA returns a host tensor.
+        _host_sync("copy to the host")
+        return self.inner.clone(memory_format=memory_format)
+
     def numpy(self, *, force: bool = False) -> Any:
         raise TypeError(f"can't convert {self.device} device type tensor to numpy. Use Tensor.cpu() to copy the "
                         "tensor to host memory first.")  # fmt: skip

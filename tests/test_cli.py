@@ -48,7 +48,7 @@ def test_print_config_round_trip(tmp_path: Path) -> None:
 
 
 def test_fit_one_device_writes_checkpoints_and_one_logger_run(tiny_dataset: Path, tmp_path: Path) -> None:
-    proc = _cli(*_tiny_fit_args(tiny_dataset, tmp_path / "run"), cwd=tmp_path)
+    proc = _cli(*_tiny_fit_args(tiny_dataset, tmp_path / "run"), "--pictures.train_batches", "1", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-5000:]
     versions = list((tmp_path / "run" / "lightning_logs").iterdir())
     assert [v.name for v in versions] == ["version_0"]
@@ -57,6 +57,15 @@ def test_fit_one_device_writes_checkpoints_and_one_logger_run(tiny_dataset: Path
     assert (run / "config.yaml").is_file() and (run / "metrics.csv").is_file()
     assert "val/mAP50-95" in (run / "metrics.csv").read_text().splitlines()[0]
     assert list((run / "val_images").glob("epoch_*.png")), "validation images were not saved"
+    # The result pictures (--pictures.*) and the closing summary, naming every class and the files.
+    pictures = {p.relative_to(run / "pictures").as_posix() for p in (run / "pictures").rglob("*.*")}
+    assert {"results.png", "train_batch0.jpg", "val/confusion_matrix.png", "val/box_PR_curve.png"} <= pictures
+    assert "train_batch1.jpg" not in pictures
+    printed = proc.stdout + proc.stderr
+    names = yaml.safe_load(tiny_dataset.read_text())["names"]
+    names = list(names.values()) if isinstance(names, dict) else names
+    assert "fit finished in" in printed and all(f"\n{name} " in printed for name in names), printed[-3000:]
+    assert (run / "summary_fit.csv").is_file() and "pictures/results.png" in printed
     # Batch 4, nominal 64: accumulation starts at 1 during warmup (reference ramp), so both batches step.
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["global_step"] == 2

@@ -6,6 +6,7 @@ output is the ground truth gives the metric a known answer (mask mAP 1.0, or 0.0
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +22,8 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.tasks.segment.batch import collate_segmentation
 from yolo11_lightning.tasks.segment.metric import SegmentationMAP, decode_runs, mask_runs
+from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
+from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
 from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.training.module import YOLO11Module
 
@@ -193,11 +196,23 @@ def test_validation_logs_mask_map_one_for_perfect_masks_and_draws_them(tmp_path:
         task="segment", num_classes=NUM_CLASSES, ema=False, log_images=2, channels_last=False
     )
     module.model = FakeSegmenter()
-    metrics = trainer(tmp_path).validate(module, loader(count=5, overlap=True), verbose=False)[0]
+    summary = ClosingSummary()
+    metrics = trainer(tmp_path, callbacks=[ResultPictures(), summary]).validate(
+        module, loader(count=5, overlap=True), verbose=False
+    )[0]
     for name in ("mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50"):
         assert metrics[f"val/{name}"] == pytest.approx(1.0), (name, metrics)
     drawn = cv2.imread(str(tmp_path / "val_images" / "epoch_000.png"))
     assert drawn is not None and drawn.shape == (SIZE, 2 * SIZE, 3)
+    # The closing summary and the result pictures have the mask results beside the box results.
+    table = {row["class"]: row for row in csv.DictReader((tmp_path / "summary_validate.csv").open())}
+    for column in ("box_P", "box_R", "box_mAP50-95", "mask_P", "mask_R", "mask_mAP50", "mask_mAP50-95"):
+        assert float(table["all"][column]) == pytest.approx(1.0), (column, table["all"])
+    assert "mask_mAP50-95" in summary.last_text
+    for kind in ("box", "mask"):
+        for curve in ("PR", "F1", "P", "R"):
+            image = cv2.imread(str(tmp_path / "pictures" / "val" / f"{kind}_{curve}_curve.png"))
+            assert image is not None and image.std() > 10, (kind, curve)
 
 
 def test_background_images_in_a_validation_batch_score_like_the_others(tmp_path: Path) -> None:

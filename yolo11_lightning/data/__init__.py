@@ -5,7 +5,7 @@ dataset.py        ``DetectionDataset``: augmented or letterboxed samples from th
 datamodule.py     ``YOLODataModule``: dataset yaml or the synthetic set -> DataLoaders, the global batch
 eval_shapes.py    the reference validator's resize and rectangular batches
 agreement.py      every rank loaded the same data (one collective at setup)
-check_data.py     ``yolo11-lightning check-data``; plots.py its label statistics
+check_data.py     ``yolo11-lightning check-data`` (its label statistics: ``plots.labels``)
 loader_workers.py DataLoader workers (``num_workers: auto``, signals, OpenCV threads); cpu_cores.py the cores
 
 Stages: ``sources/`` (files -> records), ``labels/`` (an image's instances), ``images/`` (reading, caches),

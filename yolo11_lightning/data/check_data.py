@@ -25,10 +25,10 @@ import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
-from yolo11_lightning.data.plots import box_scatter, class_histogram
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.plots.labels import box_scatter, class_histogram
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 REQUIRED_SPLITS = ("train", "val")

@@ -15,7 +15,8 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
   (``export --check-data``);
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
-  copies show and the json rows hold), ``draw_evaluated`` (the validation images);
+  copies show and the json rows hold), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
+  training batches of the result pictures);
 * export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` (reading an ONNX
   file back).
 
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from yolo11_lightning.data.batch import collate_detection
@@ -133,6 +135,18 @@ class Task:
         """Image ``index`` of an ``evaluate`` result drawn on ``image`` (detections where ``keep``)."""
         det = outputs["detections"][index].detach().float().cpu()[keep]
         return draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names)
+
+    def draw_targets(
+        self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
+        """The labels of image ``index`` of a training batch drawn on ``image`` ((H, W, 3) uint8 RGB, the
+        batch's pixels): boxes in their class colours."""
+        targets = batch["targets"].detach().float().cpu()
+        rows = targets[targets[:, 0] == index]
+        height, width = image.shape[:2]
+        centre, size = rows[:, 2:4] * rows.new_tensor([width, height]), rows[:, 4:6] * rows.new_tensor([width, height])
+        boxes = torch.cat((centre - size / 2, centre + size / 2), 1)
+        return draw_boxes(image, boxes.numpy(), rows[:, 1].numpy(), names=names)
 
     # ------------------------------------------------------------------------------------ prediction
     def predict(self, module: Any, batch: dict[str, Any]) -> list[Any]:

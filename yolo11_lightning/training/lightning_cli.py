@@ -25,9 +25,11 @@ from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
+from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.callbacks.learning_rates import LearningRates
 from yolo11_lightning.training.callbacks.machine import MachineSettings
+from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
 from yolo11_lightning.training.callbacks.throughput import Throughput
 from yolo11_lightning.training.checkpointing import (
     continue_logger_version,
@@ -48,8 +50,8 @@ def default_callbacks(last: bool = True, checkpoints: bool = True) -> list[Any]:
     """``best.ckpt`` on the task's validation score, an always-current ``last.ckpt`` (unless ``last=False``: the
     CLI adds its own, configured by ``--last_checkpoint.*``), the learning rates (logged when the Trainer has a
     logger), the hang watchdog (stack dumps and the laggard's name when a rank stops making progress), and the
-    throughput / data-wait meter. With ``last=True`` (Python use), also the default machine settings (the CLI
-    adds its own, ``--machine.*``).
+    throughput / data-wait meter, and the closing summary. With ``last=True`` (Python use), also the default
+    machine settings and result pictures (the CLI adds its own, ``--machine.*`` and ``--pictures.*``).
 
     ``checkpoints=False`` leaves both checkpoints out, for ``Trainer(enable_checkpointing=False)`` (Lightning
     refuses any ``ModelCheckpoint`` there) or ``Trainer(barebones=True)``; the CLI does this by itself.
@@ -61,8 +63,11 @@ def default_callbacks(last: bool = True, checkpoints: bool = True) -> list[Any]:
         Throughput(),
     ]
     if not last:
-        return callbacks
-    return [*callbacks, MachineSettings(), *([LastCheckpoint()] if checkpoints else [])]
+        return [*callbacks, ClosingSummary()]
+    return [
+        *callbacks, MachineSettings(), *([LastCheckpoint()] if checkpoints else []), ResultPictures(),
+        ClosingSummary(),
+    ]  # fmt: skip
 
 
 def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) -> list[Callback]:
@@ -91,6 +96,8 @@ class YOLOLightningCLI(LightningCLI):
         parser.add_lightning_class_args(LastCheckpoint, "last_checkpoint")
         # Machine settings (compile, keep_host_memory): Trainer-side, not saved with the model.
         parser.add_lightning_class_args(MachineSettings, "machine")
+        # Result pictures (curves, confusion matrix, per-class curves, labels, batches): --pictures.curves false...
+        parser.add_lightning_class_args(ResultPictures, "pictures")
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         config = self._get(self.config_init, "trainer", default={})

@@ -30,6 +30,7 @@ from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImag
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
+from yolo11_lightning.training.metrics.class_results import ClassResults, class_results
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.optim import (
     LRScaling,
@@ -212,6 +213,9 @@ class YOLO11Module(L.LightningModule):
             None  # the last training batch's loss items (device), logged on log steps
         )
         self._batch_images = 0
+        self._epoch_loss_sums: list[float] = []  # the loss items read back this epoch, summed (host)
+        self._epoch_loss_reads = 0
+        self._class_results: tuple[Any, ClassResults | None] = (None, None)  # (its evaluation, results)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> YOLO11Module:
@@ -437,6 +441,9 @@ class YOLO11Module(L.LightningModule):
             *([counters.float()] if counters is not None else []),
         ]
         host = torch.cat([p.to(parts[0].device) for p in parts]).cpu()
+        items = host[: len(self.task.loss_items)].tolist()
+        self._epoch_loss_sums = [a + b for a, b in zip(self._epoch_loss_sums or [0.0] * len(items), items)]
+        self._epoch_loss_reads += 1
         for name, value in zip(self.task.loss_items, host):
             self.log(f"train/{name}_loss", value, prog_bar=True, batch_size=self._batch_images)
         if counters is not None:
@@ -465,6 +472,17 @@ class YOLO11Module(L.LightningModule):
                 self.step_guard.consecutive, self.step_guard.max_consecutive,
             )  # fmt: skip
 
+    def on_train_epoch_start(self) -> None:
+        self._epoch_loss_sums, self._epoch_loss_reads = [], 0
+
+    def epoch_loss_means(self) -> dict[str, float]:
+        """This epoch's training loss items (``train/<name>_loss``), averaged over the steps they were logged at
+        (every ``log_every_n_steps`` and the epoch's last; they are read back on those steps only)."""
+        if not self._epoch_loss_reads:
+            return {}
+        reads = self._epoch_loss_reads
+        return {f"train/{n}_loss": v / reads for n, v in zip(self.task.loss_items, self._epoch_loss_sums)}
+
     def on_train_start(self) -> None:
         self.step_exchange.reset()  # nothing exchanged yet in this fit
         self._published_step = self._warned_step = -1
@@ -486,6 +504,23 @@ class YOLO11Module(L.LightningModule):
 
     def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         return self.task.evaluate(self, batch, metric)  # {"detections": ...}: ValidationImages draws these
+
+    def keep_evaluations(self) -> None:
+        """Make validation and test keep what they scored, for ``class_results`` (the result pictures and the
+        closing summary ask for it on rank 0; other ranks keep nothing)."""
+        for metric in (self.val_map, self.test_map):
+            metric.keep_evaluation = True
+
+    def class_results(self, split: str) -> ClassResults | None:
+        """Per-class results of the newest ``val`` or ``test`` evaluation (``metrics.class_results``); None when
+        none finished since ``keep_evaluations``. Computed once per evaluation."""
+        evaluation = (self.val_map if split == "val" else self.test_map).evaluation
+        if evaluation is None:
+            return None
+        if self._class_results[0] is not evaluation:
+            names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
+            self._class_results = (evaluation, class_results(evaluation, names))
+        return self._class_results[1]
 
     def on_validation_epoch_start(self) -> None:
         if self.trainer.state.fn == "fit" and self.trainer.world_size > 1:

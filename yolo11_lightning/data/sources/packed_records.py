@@ -38,6 +38,14 @@ class PackedRecords:
     def __len__(self) -> int:
         return len(self._sizes)
 
+    def all_classes(self) -> np.ndarray:
+        """(N,) int64: the class of every label row of every record, in record order (a view)."""
+        return self._classes
+
+    def all_boxes(self) -> np.ndarray:
+        """(N, 4) float32: every label row's box, normalised cx, cy, w, h, in record order (a view)."""
+        return self._boxes
+
     def __getitem__(self, index: int) -> ImageRecord:
         p0 = self._path_ends[index - 1] if index > 0 else 0
         l0 = self._label_ends[index - 1] if index > 0 else 0

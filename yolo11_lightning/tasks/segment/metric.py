@@ -9,9 +9,10 @@ import torch
 from torch import Tensor
 from torchmetrics.detection import MeanAveragePrecision
 
+from yolo11_lightning.training.metrics.class_results import match_at_half
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 
-__all__ = ["SegmentationMAP", "decode_runs", "mask_runs"]
+__all__ = ["SegmentationMAP", "decode_runs", "mask_iou", "mask_runs"]
 
 # Extra flat states (width 0: 1-D int64): per detection / truth row its mask's run count, in the order the rows
 # were added; every mask's runs, in the same order; per image [image, mask height, mask width].
@@ -38,6 +39,15 @@ def decode_runs(runs: Tensor, counts: Tensor, height: int, width: int) -> Tensor
     position = torch.arange(len(runs)) - torch.repeat_interleave(torch.cumsum(counts, 0) - counts, counts)
     flat = torch.repeat_interleave(position % 2 == 1, runs)  # odd runs are the ones
     return flat.reshape(len(counts), width, height).transpose(1, 2)
+
+
+def mask_iou(truths: Tensor, detections: Tensor) -> Tensor:
+    """(m, h, w) and (n, h, w) bool masks -> (m, n) float IoU."""
+    a = truths.reshape(len(truths), -1).float()
+    b = detections.reshape(len(detections), -1).float()
+    inter = a @ b.T
+    union = a.sum(1)[:, None] + b.sum(1)[None, :] - inter
+    return inter / union.clamp(min=1)
 
 
 class SegmentationMAP(DetectionMAP):
@@ -102,7 +112,7 @@ class SegmentationMAP(DetectionMAP):
             count = cat[counts].to(torch.float64)
             rows.append(torch.cat((cat[name], count[:, None], (torch.cumsum(count, 0) - count)[:, None]), 1))
         dets, truths = self._per_image(rows[0], rows[1], image_ids)
-        preds, targets = [], []
+        preds, targets, matched = [], [], []
         for image, d, t in zip(image_ids.tolist(), dets, truths):
             h, w = sizes[int(image)]
             preds.append({"masks": self._decode(d, cat["det_runs"].cpu(), h, w), "scores": d[:, 4].float(),
@@ -110,15 +120,22 @@ class SegmentationMAP(DetectionMAP):
             targets.append(
                 {"masks": self._decode(t, cat["truth_runs"].cpu(), h, w), "labels": t[:, 4].long()}
             )
+            if self.keep_evaluation and len(d):
+                iou = mask_iou(targets[-1]["masks"], preds[-1]["masks"]).numpy()
+                matched.append(match_at_half(iou, t[:, 4].numpy(), d[:, 5].numpy()))
         evaluator = MeanAveragePrecision(
             iou_type="segm",
             class_metrics=True,
             backend="faster_coco_eval",
             max_detection_thresholds=[1, 10, self.max_detections],
+            extended_summary=self.keep_evaluation,
             sync_on_compute=False,
         )
         evaluator.update(preds, targets)
         result = evaluator.compute()
+        if self.evaluation is not None and self.keep_evaluation:
+            self.evaluation.coco["mask"] = self._kept(result)
+            self.evaluation.matched["mask"] = np.concatenate(matched) if matched else np.zeros(0, bool)
         out.update(
             {"mask_mAP50-95": result["map"], "mask_mAP50": result["map_50"], "mask_mAP75": result["map_75"]}
         )

@@ -161,6 +161,15 @@ class SegmentTask(DetectTask):
         image = draw_masks(image, masks.numpy(), det[:, 5].numpy())
         return super().draw_evaluated(image, outputs, index, keep, names)
 
+    def draw_targets(
+        self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
+        """The ground-truth masks under the boxes."""
+        targets = batch["targets"].detach().cpu()
+        masks = image_target_masks(batch["masks"].detach().cpu(), batch["mask_overlap"], targets, index)
+        image = draw_masks(image, masks.numpy(), targets[targets[:, 0] == index, 1].numpy())
+        return super().draw_targets(image, batch, index, names)
+
     # ------------------------------------------------------------------------------------ prediction
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
         """Per image ``{"detections": (m, 6), "masks": (m, h0, w0) bool}`` in original image pixels

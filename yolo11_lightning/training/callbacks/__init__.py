@@ -8,5 +8,7 @@ machine.py             ``MachineSettings``: compile, host memory, CPU threads (n
 hang_watchdog.py       ``HangWatchdog``: which rank stopped, with every rank's stacks
 throughput.py          images/s, data-wait share, peak memory
 validation_images.py   predictions drawn on the first validation images
+result_pictures.py     ``ResultPictures``: training curves, confusion matrix, per-class curves, labels, batches
+closing_summary.py     ``ClosingSummary``: per-class table, best epoch, wall time and files when a run ends
 unreadable_images.py   the account of images that could not be read, and its limit
 """

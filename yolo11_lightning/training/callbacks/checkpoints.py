@@ -99,6 +99,21 @@ class BestCheckpoint(ModelCheckpoint):
         kwargs.setdefault("auto_insert_metric_name", False)
         self._follow_task = monitor is None
         super().__init__(monitor=monitor or self.DEFAULT_MONITOR, mode=mode, filename=filename, **kwargs)
+        self.best_epoch: int | None = None  # the epoch whose score is ``best_model_score`` (closing summary)
+
+    def _update_best_and_save(self, current: Any, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+        # Set before the save, which writes this callback's state into the checkpoint.
+        best, previous = self.best_model_score, self.best_epoch
+        if best is None or (float(current) > float(best) if self.mode == "max" else float(current) < float(best)):
+            self.best_epoch = int(monitor_candidates.get("epoch", trainer.current_epoch))
+        try:
+            super()._update_best_and_save(current, trainer, monitor_candidates)
+        except BaseException:
+            self.best_epoch = previous
+            raise
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "best_epoch": self.best_epoch}
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if self._follow_task:
@@ -117,6 +132,7 @@ class BestCheckpoint(ModelCheckpoint):
             self.best_k_models = dict(state_dict.get("best_k_models", {}))
             self.kth_best_model_path = state_dict.get("kth_best_model_path", "")
             self.kth_value = state_dict.get("kth_value", self.kth_value)
+        self.best_epoch = state_dict.get("best_epoch", self.best_epoch)
 
 
 class LastCheckpoint(ModelCheckpoint):

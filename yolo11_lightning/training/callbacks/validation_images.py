@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from torchvision.ops import box_convert
 
-from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
+from yolo11_lightning.training.callbacks._pictures import save_and_log
+from yolo11_lightning.visualize import draw_boxes, image_grid
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +81,4 @@ class ValidationImages(Callback):
             drawn.append(pl_module.task.draw_evaluated(image, outputs, i, keep, names))
         grid = image_grid(drawn)
         out_dir = self.out_dir or Path(trainer.default_root_dir) / "val_images"
-        out_dir.mkdir(parents=True, exist_ok=True)
-        save_rgb(str(out_dir / f"epoch_{trainer.current_epoch:03d}.png"), grid)
-        self._send_to_logger(trainer, grid)
-
-    @staticmethod
-    def _send_to_logger(trainer: L.Trainer, grid: Any) -> None:
-        for logger in trainer.loggers:
-            if hasattr(logger, "log_image"):  # W&B
-                logger.log_image(key="val/predictions", images=[grid], step=trainer.global_step)
-            elif hasattr(getattr(logger, "experiment", None), "add_image"):  # TensorBoard
-                logger.experiment.add_image("val/predictions", grid, trainer.global_step, dataformats="HWC")
+        save_and_log(trainer, out_dir / f"epoch_{trainer.current_epoch:03d}.png", grid, "val/predictions")

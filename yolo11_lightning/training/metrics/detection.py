@@ -11,6 +11,7 @@ from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_convert
 
 from yolo11_lightning.ops.letterbox import detections_to_original, letterbox_to_original
+from yolo11_lightning.training.metrics.class_results import Evaluation
 from yolo11_lightning.training.metrics.reference_ap import as_tensor, reference_style_map
 
 # Row layouts of the flat states: detections [image, x1, y1, x2, y2, score, class], truths [image, x1, y1, x2, y2, class].
@@ -30,6 +31,9 @@ class DetectionMAP(Metric):
     reference validator's rules (``training.metrics.reference_ap``), for comparison with Ultralytics logs. Like
     the reference, it matches in letterboxed-input pixels and does not clip the detections to the image
     (COCO scores them clipped, in original pixels), so two more states keep them as they come out of NMS.
+
+    With ``keep_evaluation`` set (the result pictures and the closing summary set it on rank 0), each compute
+    also keeps what it scored as ``evaluation`` (``class_results.Evaluation``), for the per-class results.
     """
 
     full_state_update = False
@@ -45,6 +49,8 @@ class DetectionMAP(Metric):
         self.class_names = class_names
         self.reference_style = reference_style
         self.max_detections = max_detections
+        self.keep_evaluation = False
+        self.evaluation: Evaluation | None = None
         self._widths = dict(_STATE_WIDTHS)
         if reference_style:  # detections and truths in letterboxed pixels, unclipped
             self._widths.update({"input_detections": 7, "input_truths": 6})
@@ -131,6 +137,11 @@ class DetectionMAP(Metric):
         finds them on the process group's device."""
         return {name: value.to(self.device) for name, value in self._evaluate().items()}
 
+    @staticmethod
+    def _kept(result: dict[str, Any]) -> dict[str, Tensor]:
+        """What ``Evaluation.coco`` keeps of an extended COCO result (not its per-image IoUs)."""
+        return {key: result[key] for key in Evaluation.KEPT}
+
     def _evaluate(self) -> dict[str, Tensor]:
         """``compute``'s values, on the host."""
         cat = self._host_states()
@@ -140,6 +151,7 @@ class DetectionMAP(Metric):
             class_metrics=True,
             backend="faster_coco_eval",
             max_detection_thresholds=[1, 10, self.max_detections],
+            extended_summary=self.keep_evaluation,
             sync_on_compute=False,
         )
         image_ids = torch.unique(cat["images"].reshape(-1))  # sorted: the same order on any world size
@@ -156,6 +168,8 @@ class DetectionMAP(Metric):
         evaluator.update(preds, targets)
         result = evaluator.compute()
         out = {"mAP50-95": result["map"], "mAP50": result["map_50"], "mAP75": result["map_75"]}
+        if self.keep_evaluation:
+            self.evaluation = Evaluation(det, truth, len(image_ids), {"box": self._kept(result)})
         if self.reference_style:
             out["mAP50-95_reference_style"] = as_tensor(
                 reference_style_map(*self._per_image(cat["input_detections"], cat["input_truths"], image_ids))

@@ -1,4 +1,4 @@
-"""Label statistics drawn with OpenCV (no plotting library): class histogram and box scatter plots.
+"""Label statistics drawn with OpenCV: class histogram and box scatter plots (``check-data``, the fit start).
 
 All functions return (H, W, 3) uint8 RGB images; ``save_rgb`` from ``yolo11_lightning.visualize``
 writes them.

@@ -1,0 +1,200 @@
+"""Result pictures and the closing summary follow the data: a perfect predictor gives a diagonal confusion matrix
+and P = R = mAP = 1 for every class; a class swap, a miss and a false alarm land in the cells they belong to;
+the pictures exist, are not blank, reach TensorBoard, and the curves survive a resume."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import cv2
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.plots.evaluation import confusion_matrix_image
+from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint
+from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
+from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
+from yolo11_lightning.training.metrics.class_results import (
+    CONFIDENCES,
+    Evaluation,
+    class_results,
+    confusion_matrix,
+)
+from yolo11_lightning.training.metrics.detection import DetectionMAP
+from yolo11_lightning.training.module import YOLO11Module
+
+NAMES = ["rectangle", "ellipse", "triangle"]
+
+
+def _evaluation(truths: torch.Tensor, detections: torch.Tensor, num_images: int) -> Evaluation:
+    """Score ``detections`` against ``truths`` with ``DetectionMAP`` and return what it kept."""
+    metric = DetectionMAP(NAMES)
+    metric.keep_evaluation = True
+    metric.truths.append(truths.double())
+    metric.detections.append(detections.double())
+    metric.images.append(torch.arange(num_images, dtype=torch.float64)[:, None])
+    metric._update_count = 1  # states filled by hand: as after one update
+    metric.compute()
+    assert metric.evaluation is not None
+    return metric.evaluation
+
+
+def _random_truths(generator: torch.Generator, images: int) -> torch.Tensor:
+    """(m, 6) ``[image, x1, y1, x2, y2, class]``, 1-4 boxes per image, classes 0 and 1 only (2 absent)."""
+    rows = []
+    for image in range(images):
+        n = int(torch.randint(1, 5, (1,), generator=generator))
+        xy = torch.rand(n, 2, generator=generator) * 200
+        wh = torch.rand(n, 2, generator=generator) * 40 + 10
+        cls = torch.randint(0, 2, (n, 1), generator=generator).double()
+        rows.append(torch.cat([torch.full((n, 1), float(image)), xy, xy + wh, cls], 1))
+    return torch.cat(rows)
+
+
+def _as_detections(truths: torch.Tensor, score: float = 0.9) -> torch.Tensor:
+    return torch.cat([truths[:, :5], torch.full((len(truths), 1), score, dtype=truths.dtype), truths[:, 5:]], 1)
+
+
+def test_a_perfect_predictor_is_diagonal_and_scores_one() -> None:
+    truths = _random_truths(torch.Generator().manual_seed(0), images=12)
+    results = class_results(_evaluation(truths, _as_detections(truths), 12), NAMES)
+    counts = np.bincount(truths[:, 5].long().numpy(), minlength=3)
+    assert results.instances.tolist() == counts.tolist()
+    assert results.images[2] == 0 and results.num_images == 12
+    expected = np.zeros((4, 4), np.int64)
+    expected[[0, 1], [0, 1]] = counts[:2]
+    np.testing.assert_array_equal(results.confusion, expected)
+    box = results.kinds["box"]
+    np.testing.assert_allclose(box.p[:2], 1.0)
+    np.testing.assert_allclose(box.r[:2], 1.0)
+    np.testing.assert_allclose(box.ap50_95[:2], 1.0)
+    assert np.isnan(box.ap50[2]) and np.isnan(box.p[2])  # a class without truths has no score
+    assert box.map50_95 == pytest.approx(1.0) and box.best_confidence == pytest.approx(0.9, abs=0.0015)
+    # Above the detections' score nothing is found.
+    assert (box.recall[:2, CONFIDENCES > 0.9] == 0).all() and (box.recall[:2, CONFIDENCES < 0.899] == 1).all()
+
+
+def test_swaps_misses_and_false_alarms_land_in_their_cells() -> None:
+    truths = torch.tensor(
+        [[0, 0, 0, 10, 10, 0], [0, 50, 50, 70, 70, 1], [1, 0, 0, 30, 30, 1], [1, 40, 40, 60, 60, 0]],
+        dtype=torch.float64,
+    )
+    detections = torch.tensor(
+        [
+            [0, 0, 0, 10, 10, 0.8, 1],  # truth class 0 predicted as 1
+            [0, 50, 50, 70, 71, 0.9, 1],  # right
+            [1, 100, 100, 120, 120, 0.7, 2],  # false alarm of class 2
+            [1, 40, 40, 60, 60, 0.1, 0],  # below the 0.25 confidence: the truth counts as missed
+        ],
+        dtype=torch.float64,
+    )
+    matrix = confusion_matrix(detections, truths, 3)
+    expected = np.zeros((4, 4), np.int64)
+    expected[1, 0] = 1  # predicted 1, true 0
+    expected[1, 1] = 1
+    expected[3, 1] = 1  # truth of class 1 in image 1 not found: background row
+    expected[3, 0] = 1  # the low-score detection does not count
+    expected[2, 3] = 1  # false alarm: background column
+    np.testing.assert_array_equal(matrix, expected)
+
+
+def test_curves_follow_precision_and_recall() -> None:
+    """Half the truths found at a high score, plus false alarms at a low one: recall 0.5 above the false alarms'
+    score; below it precision drops."""
+    truths = _random_truths(torch.Generator().manual_seed(1), images=20)
+    found = _as_detections(truths[::2], score=0.8)
+    alarms = found.clone()
+    alarms[:, 1:5] += 500  # far from any truth
+    alarms[:, 5] = 0.3
+    box = class_results(_evaluation(truths, torch.cat([found, alarms]), 20), NAMES).kinds["box"]
+    high = (CONFIDENCES > 0.3) & (CONFIDENCES < 0.799)
+    for c in (0, 1):
+        share = (truths[::2, 5] == c).sum() / (truths[:, 5] == c).sum()
+        assert box.recall[c, high] == pytest.approx(np.floor(float(share) * 100) / 100, abs=0.011)
+        assert (box.precision[c, high] == 1).all() and (box.precision[c, CONFIDENCES < 0.299] < 1).all()
+    assert np.all(np.diff(box.recall[:2], axis=1) <= 0)  # recall never grows with the threshold
+
+
+def test_confusion_pictures_are_drawn_from_the_matrix() -> None:
+    diagonal = np.diag([5, 7, 0, 0])
+    swapped = diagonal.copy()
+    swapped[[0, 1], [0, 1]] = 0
+    swapped[1, 0], swapped[0, 1] = 5, 7
+    drawn = [confusion_matrix_image(m, NAMES, normalize) for m in (diagonal, swapped) for normalize in (0, 1)]
+    for image in drawn:
+        assert image.ndim == 3 and image.dtype == np.uint8 and image.std() > 10
+    assert np.abs(drawn[0].astype(int) - drawn[2]).sum() > 0 and np.abs(drawn[1].astype(int) - drawn[3]).sum() > 0
+
+
+class PerfectDetector(YOLO11Module):
+    """Its detections are the validation batch's truths, at score 0.9."""
+
+    def validation_step(self, batch, batch_idx):
+        self._truths = DetectionMAP.targets_in_input(batch)
+        return super().validation_step(batch, batch_idx)
+
+    def detect(self, images):
+        if self.training or not hasattr(self, "_truths"):
+            return super().detect(images)
+        return [torch.cat([t[:, :4], torch.full_like(t[:, :1], 0.9), t[:, 4:]], 1) for t in self._truths]
+
+
+def _fit(root: Path, dataset: Path, epochs: int, ckpt_path: str | None = None) -> tuple[L.Trainer, ClosingSummary]:
+    summary = ClosingSummary()
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=epochs, limit_train_batches=2, limit_val_batches=2,
+        num_sanity_val_steps=0, enable_progress_bar=False, enable_model_summary=False, log_every_n_steps=1,
+        default_root_dir=str(root), callbacks=[BestCheckpoint(), ResultPictures(), summary],
+        logger=[CSVLogger(str(root), name="", version=""), TensorBoardLogger(str(root), name="", version="")],
+    )  # fmt: skip
+    data = YOLODataModule(dataset=str(dataset), image_size=64, batch_size=4, num_workers=0)
+    module = PerfectDetector(num_classes=3, class_names=NAMES, ema=False, log_images=0, optimizer="SGD")
+    trainer.fit(module, datamodule=data, ckpt_path=ckpt_path)
+    return trainer, summary
+
+
+def test_a_fit_leaves_pictures_that_follow_the_data_and_a_summary_naming_every_class(
+    tiny_dataset: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "run"
+    _fit(root, tiny_dataset, epochs=1)
+    trainer, summary = _fit(root, tiny_dataset, epochs=2, ckpt_path=str(root / "checkpoints" / "best.ckpt"))
+    pictures = root / "pictures"
+    expected = ["results.png", "labels_per_class.png", "labels_boxes.png", "train_batch0.jpg", "train_batch1.jpg",
+                *(f"val/{n}.png" for n in ("confusion_matrix", "confusion_matrix_normalized", "box_PR_curve",
+                                           "box_F1_curve", "box_P_curve", "box_R_curve"))]  # fmt: skip
+    for name in expected:
+        image = cv2.imread(str(pictures / name))
+        assert image is not None, f"{name} missing"
+        assert image.std() > 10, f"{name} is blank"
+    # The confusion matrix of a perfect predictor: diagonal, nothing in the background row or column.
+    rows = list(csv.reader((pictures / "val" / "confusion_matrix.csv").open()))
+    assert rows[0][1:] == [*NAMES, "background"]
+    matrix = np.array([[int(v) for v in row[1:]] for row in rows[1:]])
+    assert matrix.trace() > 0 and (matrix == np.diag(np.diag(matrix))).all()
+    # The summary: every class by name, P = R = mAP = 1, the best epoch, the files.
+    for name in NAMES:
+        assert f"\n{name} " in summary.last_text
+    table = {row["class"]: row for row in csv.DictReader((root / "summary_fit.csv").open())}
+    assert set(table) == {"all", *NAMES}
+    for name in ("all", *(n for n in NAMES if int(table[n]["instances"]))):
+        for column in ("box_P", "box_R", "box_mAP50", "box_mAP50-95"):
+            assert float(table[name][column]) == pytest.approx(1.0), (name, column)
+    assert "best: epoch 0, val/mAP50-95 1.0000" in summary.last_text
+    assert "pictures/val/confusion_matrix.png" in summary.last_text and "summary_fit.csv" in summary.last_text
+    # The curves went on after the resume: epochs 0 and 1 in the history, and both in the loggers.
+    history = next(c for c in trainer.callbacks if isinstance(c, ResultPictures)).history
+    assert sorted(history["val/mAP50-95"]) == [0, 1] and sorted(history["train/box_loss"]) == [0, 1]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tags = set()
+    for events in root.glob("events.out.tfevents.*"):
+        accumulator = EventAccumulator(str(events), size_guidance={"images": 0})
+        accumulator.Reload()
+        tags |= set(accumulator.Tags()["images"])
+    assert {"pictures/results", "pictures/val/confusion_matrix", "pictures/train_batch0"} <= tags, tags

@@ -1,0 +1,23 @@
+"""Matplotlib without pyplot: figures that belong to no global state (safe beside any user's pyplot)."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+DPI = 100
+
+
+def new_figure(width: float, height: float) -> Figure:
+    """A figure of ``width`` x ``height`` inches on its own Agg canvas."""
+    figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def to_rgb(figure: Figure) -> np.ndarray:
+    """The rendered figure as an (H, W, 3) uint8 RGB image."""
+    canvas = figure.canvas
+    canvas.draw()
+    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
