@@ -41,6 +41,10 @@ MISTAKES = {
     ),
     "missing weights file": (["--model.weights", "DIR/nope.pt"], ["nope.pt", "not found"]),
     "negative pixel limit": (["--data.max_image_pixels", "-1"], ["max_image_pixels", "-1"]),
+    "unknown option": (["--data.batchsize", "4"], ["--data.batchsize", "fit --help"]),
+    "value of the wrong type": (["--data.batch_size", "four"], ["data.batch_size", "four"]),
+    "config file not found": (["--config", "DIR/nope.yaml"], ["nope.yaml", "no such file"]),
+    "a Trainer option Lightning refuses": (["--trainer.strategy", "dpp"], ["--trainer", "dpp"]),
 }
 
 
@@ -58,6 +62,7 @@ def test_a_mistake_is_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and err, err
     assert err[-1].startswith("error: ") and all(word in err[-1] for word in words), err[-1]
+    assert not any(line.startswith("usage:") for line in err), err  # no usage screen before it
 
 
 def test_traceback_on_request_and_a_quiet_start(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -72,5 +77,6 @@ def test_traceback_on_request_and_a_quiet_start(tiny_dataset: Path, tmp_path: Pa
     proc = run_cli(["fit", *TINY, "--data.dataset", str(tiny_dataset), "--trainer.default_root_dir", str(tmp_path),
                     "--data.pin_memory", "true"], cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    noise = [line for line in proc.stderr.splitlines() if "Deprecat" in line or "pin_memory" in line]
+    noise = [line for line in (proc.stdout + proc.stderr).splitlines()
+             if "Deprecat" in line or "pin_memory" in line or "litlogger" in line]  # fmt: skip
     assert not noise, noise

@@ -10,8 +10,9 @@ the configs shipped in the package (``--config NAME``); ``--version`` prints the
 ``predict --help`` alone shows the utility's help, which names the other form.
 
 An error in what the user asked for (``errors.UserInputError``: a task the model and the data disagree on, a
-split the dataset lacks, ...) is printed as one line, ``error: <message>``, with exit code 2 and no traceback;
-under DDP every rank raises it alike, before any collective.
+split the dataset lacks, ...; or an option LightningCLI's parser refuses: unknown, or a value of the wrong
+type) is printed as one line, ``error: <message>``, with exit code 2 and no traceback or usage screen; under
+DDP every rank raises it alike, before any collective.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from yolo11_lightning.errors import TRACEBACK_ENV, UserInputError, wants_traceback
+from yolo11_lightning.errors import TRACEBACK_ENV, UserInputError, one_line, wants_traceback
 from yolo11_lightning.training.cpu_threads import spin_briefly
 
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
@@ -58,11 +59,6 @@ def _wants_predict_utility(rest: Sequence[str]) -> bool:
 def _run_utility(target: str, rest: Sequence[str]) -> int:
     module_name, func_name = target.split(":")
     return int(getattr(importlib.import_module(module_name), func_name)(list(rest)) or 0)
-
-
-def one_line(message: str) -> str:
-    """``message`` on one line (a path or value that held a line break cannot split it)."""
-    return " ".join(message.split("\n")).strip()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

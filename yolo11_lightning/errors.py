@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["TRACEBACK_ENV", "UserInputError", "wants_traceback"]
+__all__ = ["TRACEBACK_ENV", "UserInputError", "one_line", "wants_traceback"]
 
 TRACEBACK_ENV = "YOLO11_TRACEBACK"  # set (to anything but "" or "0"): user errors keep their traceback
 
@@ -31,3 +31,9 @@ class UserInputError(ValueError):
 def wants_traceback() -> bool:
     """Whether user errors should show their traceback (``--traceback`` / ``YOLO11_TRACEBACK``)."""
     return os.environ.get(TRACEBACK_ENV, "") not in ("", "0")
+
+
+def one_line(message: str) -> str:
+    """``message`` on one line: its lines joined, runs of spaces as one (a path or value that held a line
+    break, or a parser's indented detail lines, cannot split it)."""
+    return " ".join(message.split())

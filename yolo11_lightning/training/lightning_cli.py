@@ -10,16 +10,17 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from yolo11_lightning.data.datamodule import YOLODataModule, dataset_task_claim
-from yolo11_lightning.errors import UserInputError
+from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
 from yolo11_lightning.export.runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.packaged_configs import packaged_config_names
@@ -79,6 +80,20 @@ def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) ->
     return [c for c in callbacks if not isinstance(c, (BestCheckpoint, LastCheckpoint))]
 
 
+class OneLineErrorParser(LightningArgumentParser):
+    """LightningCLI's parser, whose refusals (an unknown option, a value of the wrong type, a missing config
+    file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message> (<command> --help lists the
+    options)`` on one line and exits 2, instead of a screen of usage before the message. ``--traceback``
+    (``errors.wants_traceback``) restores jsonargparse's own report."""
+
+    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
+        if not self.exit_on_error or wants_traceback():  # inner parses raise; the outermost one reports
+            super().error(message, ex)
+        parser = getattr(ex, "subcommand_parser", None) or self
+        command = parser.prog.replace(" [options]", "")
+        raise UserInputError(f"{one_line(message)} ({command} --help lists the options)") from ex
+
+
 class YOLOLightningCLI(LightningCLI):
     """LightningCLI with the dataset's class count and names linked into the model.
 
@@ -105,7 +120,13 @@ class YOLOLightningCLI(LightningCLI):
         if config.get("logger") in (None, True) and "logger" not in kwargs and not barebones:
             # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
             kwargs["logger"] = default_loggers(config.get("default_root_dir"))
-        trainer = super().instantiate_trainer(**kwargs)
+        try:
+            trainer = super().instantiate_trainer(**kwargs)
+        except UserInputError:
+            raise
+        except (MisconfigurationException, ValueError, TypeError) as e:
+            # Lightning's own refusal of a Trainer option (devices, precision, strategy...): the user's to fix.
+            raise UserInputError(f"--trainer options: {e}") from e
         use_atomic_checkpoints(trainer)
         return trainer
 
@@ -341,6 +362,7 @@ def run_lightning_cli(args: Sequence[str] | None = None) -> YOLOLightningCLI:
             YOLO11Module,
             YOLODataModule,
             args=list(args) if args is not None else None,
+            parser_class=OneLineErrorParser,
             seed_everything_default=0,
             save_config_callback=VersionedSaveConfig,
             save_config_kwargs={"overwrite": True},

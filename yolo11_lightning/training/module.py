@@ -57,6 +57,16 @@ warnings.filterwarnings(
 )
 
 
+class _WithoutLitLoggerTip(logging.Filter):
+    """Lightning 2.6 advertises its LitLogger service at every Trainer start, a line no run needs."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+
+
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutLitLoggerTip())
+
+
 def refuse_tuners(trainer: L.Trainer) -> None:
     """Refuse Lightning's tuners (``LearningRateFinder``, ``BatchSizeFinder``, ``Tuner``), naming what to set.
 
