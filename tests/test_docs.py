@@ -1,9 +1,11 @@
 """The documentation site builds with ``mkdocs build --strict``: a link to a missing page or anchor, an absolute
-link, or a page left out of the nav fails it (mkdocs.yml, ``validation``)."""
+link, or a page left out of the nav fails it (mkdocs.yml, ``validation``). And the README's own links (the README
+is not a page of the site) point at files that exist."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -48,3 +50,10 @@ def test_site_builds_strict_and_a_broken_link_fails_it(tmp_path: Path) -> None:
     assert broken.returncode != 0
     assert "export.md#no-such-section" in broken.stderr, broken.stderr[-3000:]
 
+
+def test_readme_links_point_at_files_that_exist() -> None:
+    text = (REPO / "README.md").read_text()
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if "://" not in t]
+    assert "docs/getting-started.md" in targets and "docs/assets/results.png" in targets
+    missing = [t for t in targets if not (REPO / t.split("#")[0]).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
