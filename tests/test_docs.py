@@ -11,10 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from doc_pages import REPO
-
-pytest.importorskip("mkdocs", reason="the dev extra installs the documentation tools")
 
 
 def _site_sources(dst: Path) -> Path:
