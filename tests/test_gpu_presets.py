@@ -1,7 +1,7 @@
 """The GPU presets as ``--print_config`` resolves them: loaders that feed the GPUs, the DDP options they choose.
 
 A trainer preset carries ``data:`` keys too (LightningCLI merges every ``--config``, later files win); the
-README stacks model, data, then trainer, so the preset's loader settings win over a data file's.
+docs (docs/training.md) stack model, data, then trainer, so the preset's loader settings win over a data file's.
 """
 
 from __future__ import annotations

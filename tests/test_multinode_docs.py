@@ -1,6 +1,7 @@
-"""The README's multi-node section and the launch scripts it points at stay runnable.
+"""The documentation's multi-node sections and the launch scripts they point at stay runnable.
 
-The section holds cluster-only ``console`` commands (torchrun per node, sbatch, resuming on another node
+The sections between the multinode markers (docs/multinode.md, slurm.md, resume.md and the multi-node table of
+troubleshooting.md; any page may hold one) hold cluster-only ``console`` commands (torchrun per node, sbatch, resuming on another node
 count, a restart loop). Each is turned into the ``fit`` command line the script would run and parsed with
 ``--print_config``, so a renamed option or config file fails here. The scripts' final command lines are
 checked for the order that lets the launch shape win over config files; tests/test_resume.py runs
@@ -12,21 +13,22 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
+from doc_pages import REPO, doc_pages, multinode_spans
 
 from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
-REPO = Path(__file__).resolve().parents[1]
 TORCHRUN_NODE, SLURM = REPO / "scripts" / "torchrun_node.sh", REPO / "scripts" / "slurm_ddp.sbatch"
 
 
 def section() -> str:
-    text = (REPO / "README.md").read_text()
-    start, end = text.index("<!-- multinode:start -->"), text.index("<!-- multinode:end -->")
-    return text[start:end]
+    """Every marked section of every page, in reading order."""
+    parts = [text[start:end] for text in (page.read_text() for page in doc_pages())
+             for start, end in multinode_spans(text)]  # fmt: skip
+    assert parts, "no page has a <!-- multinode:start --> ... <!-- multinode:end --> section"
+    return "\n".join(parts)
 
 
 def console_commands() -> list[str]:
@@ -36,7 +38,7 @@ def console_commands() -> list[str]:
 
 
 def as_fit_args(command: str) -> list[str]:
-    """The `yolo11-lightning fit` arguments a README command ends up running."""
+    """The `yolo11-lightning fit` arguments a documented command ends up running."""
     tokens = shlex.split(command.split(";")[0])
     env = {}
     while re.fullmatch(r"[A-Z_]+=\S*", tokens[0]):
@@ -83,7 +85,7 @@ def test_scripts_pass_the_launch_shape_last_and_ckpt_path_first() -> None:
     assert "#SBATCH --ntasks-per-node=8" in slurm and "#SBATCH --gpus-per-node=8" in slurm
 
 
-def test_readme_multinode_commands_parse(
+def test_multinode_commands_parse(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.chdir(REPO)

@@ -1,7 +1,9 @@
-"""Every command in README.md runs: ```bash blocks on this CPU machine (tiny overrides appended), ```python
-blocks as they are, and the cluster-only ``$ yolo11-lightning ...`` lines of ```console blocks are parsed with
-``--print_config``. The commands that cannot run here are listed in SKIPPED with the reason and where they
-are exercised instead. The section between the multinode markers belongs to its own tests."""
+"""Every command in README.md and in the documentation pages (docs/, in the site's reading order) runs: ```bash
+blocks on this CPU machine (tiny overrides appended), ```python blocks as they are, and the cluster-only
+``$ yolo11-lightning ...`` lines of ```console blocks are parsed with ``--print_config``. A command written
+identically on several pages runs once, where it first appears. The commands that cannot run here are listed in
+SKIPPED with the reason and where they are exercised instead. The sections between the multinode markers belong
+to tests/test_multinode_docs.py."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doc_pages import REPO, doc_pages, multinode_spans, page_name
 
-REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 CHECKPOINTS = Path("runs/quickstart/lightning_logs/version_0/checkpoints")
 
@@ -56,33 +58,51 @@ LIGHTNING_CLI = ("fit", "validate", "test", "predict")
 class Command:
     text: str  # as written (one logical line)
     lang: str  # bash | console | python
-    line: int  # README line of the block
+    line: int  # line of the block in its page
+    page: str  # README.md or docs/<page>.md
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[tuple[str, str, int]]:
+def page_blocks(text: str) -> list[tuple[str, str, int]]:
     """(language, body, first line) of every fenced block outside the multinode markers."""
-    start, end = text.find("<!-- multinode:start -->"), text.find("<!-- multinode:end -->")
-    if start >= 0 and end > start:  # blank the owned section but keep line numbers
-        text = text[:start] + re.sub(r"[^\n]", "", text[start:end]) + text[end:]
+    for start, end in multinode_spans(text):  # blank the owned sections but keep line numbers and offsets
+        text = text[:start] + re.sub(r"[^\n]", " ", text[start:end]) + text[end:]
     blocks = []
     for m in re.finditer(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M):
         blocks.append((m.group(1), m.group(2), text.count("\n", 0, m.start()) + 2))
     return blocks
 
 
-def readme_commands(text: str) -> list[Command]:
+def page_commands(text: str, page: str) -> list[Command]:
     commands = []
-    for lang, body, line in readme_blocks(text):
+    for lang, body, line in page_blocks(text):
         if lang == "python":
-            commands.append(Command(body, lang, line))
+            commands.append(Command(body, lang, line, page))
         elif lang == "bash":
             for logical in body.replace("\\\n", " ").splitlines():
                 if logical.strip() and not logical.strip().startswith("#"):
-                    commands.extend(Command(part.strip(), lang, line) for part in logical.split("&&"))
+                    commands.extend(Command(part.strip(), lang, line, page) for part in logical.split("&&"))
         elif lang == "console":
             for logical in body.replace("\\\n", " ").splitlines():
                 if logical.startswith("$ "):
-                    commands.extend(Command(part.strip(), lang, line) for part in logical[2:].split("&&"))
+                    commands.extend(
+                        Command(part.strip(), lang, line, page) for part in logical[2:].split("&&")
+                    )
+    return commands
+
+
+def doc_commands() -> list[Command]:
+    """The commands of every page in reading order; one written identically on several pages only where it is
+    first (the quickstart's commands of the README are the getting-started page's too)."""
+    commands, seen = [], set()
+    for page in doc_pages():
+        for command in page_commands(page.read_text(), page_name(page)):
+            if (command.lang, command.text) not in seen:
+                seen.add((command.lang, command.text))
+                commands.append(command)
     return commands
 
 
@@ -121,9 +141,10 @@ def test_setup_commands_keep_their_markers() -> None:
 
 
 def test_every_command_is_run_or_skipped_with_a_reason() -> None:
-    commands = readme_commands(README.read_text())
+    commands = doc_commands()
+    assert {c.page for c in commands} > {"README.md"}, "the docs pages' commands were not found"
     plans = [(c, plan(c)) for c in commands]
-    unknown = [f"README.md:{c.line}: {c.text!r} ({why})" for c, (kind, why) in plans if kind == "unknown"]
+    unknown = [f"{c.where}: {c.text!r} ({why})" for c, (kind, why) in plans if kind == "unknown"]
     assert not unknown, (
         "commands this test cannot run; make them cheap or add them to SKIPPED:\n" + "\n".join(unknown)
     )
@@ -145,7 +166,7 @@ for job in jobs:
     try:
         with contextlib.redirect_stdout(out):
             if job["kind"] == "python":
-                exec(compile(job["code"], f"README.md:{job['line']}", "exec"), {"__name__": "__readme__"})
+                exec(compile(job["code"], job["where"], "exec"), {"__name__": "__readme__"})
             else:
                 try:
                     code = main(job["args"])
@@ -161,18 +182,19 @@ for job in jobs:
 
 
 def test_readme_commands_run(tmp_path: Path) -> None:
-    """The runnable commands, in README order, in one interpreter (one start-up), in a scratch folder."""
-    commands = readme_commands(README.read_text())
+    """The runnable commands, in reading order (README, then the site's pages: a page may use what an earlier one
+    made), in one interpreter (one start-up), in a scratch folder."""
+    commands = doc_commands()
     jobs, labels = [], []
     for command in commands:
         kind, payload = plan(command)
         if kind in ("run", "parse"):
             jobs.append({"kind": kind, "args": payload})
         elif kind == "python":
-            jobs.append({"kind": "python", "code": payload, "line": command.line})
+            jobs.append({"kind": "python", "code": payload, "where": command.where})
         else:
             continue
-        labels.append(f"README.md:{command.line}: {command.text[:200]}")
+        labels.append(f"{command.where}: {command.text[:200]}")
     (tmp_path / "configs").symlink_to(REPO / "configs")  # commands name configs/... relative to the repo
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "PYTHONUNBUFFERED": "1"}
@@ -217,4 +239,23 @@ def test_readme_commands_run(tmp_path: Path) -> None:
     ],
 )
 def test_plan_classifies_commands(text: str, lang: str, expected: str) -> None:
-    assert plan(Command(text, lang, 1))[0] == expected
+    assert plan(Command(text, lang, 1, "README.md"))[0] == expected
+
+
+def test_commands_of_a_marked_section_and_repeats_are_left_out() -> None:
+    """The multinode sections belong to their own test, and a command repeated on a later page runs once."""
+    page = (
+        "```bash\nyolo11-lightning info --scales n\n```\n<!-- multinode:start -->\n```console\n"
+        "$ yolo11-lightning fit --config x.yaml\n```\n<!-- multinode:end -->\n```bash\nyolo11-lightning info\n```\n"
+    )
+    commands = page_commands(page, "docs/x.md")
+    assert [(c.text, c.line) for c in commands] == [("yolo11-lightning info --scales n", 2),
+                                                    ("yolo11-lightning info", 10)]  # fmt: skip
+    main = "yolo11-lightning fit --config configs/quickstart.yaml"  # the README's, and getting-started's
+    on = [
+        page_name(p)
+        for p in doc_pages()
+        if any(c.text == main for c in page_commands(p.read_text(), page_name(p)))
+    ]
+    assert on[:2] == ["README.md", "docs/getting-started.md"], on
+    assert [c.page for c in doc_commands() if c.text == main] == ["README.md"]

@@ -228,7 +228,7 @@ def test_tuners_are_refused_in_one_line(
 
 
 def test_logging_off_from_the_shell(tiny_dataset: Path, tmp_path: Path) -> None:
-    """The README's ``--trainer.logger false``, as a user types it: the real entry point, validate included."""
+    """The documented ``--trainer.logger false`` (docs/getting-started.md), as a user types it: the real entry point, validate included."""
     proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec", "--trainer.logger", "false",
                             "--trainer.max_epochs", "1"), cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, tail(proc)
