@@ -57,14 +57,14 @@ warnings.filterwarnings(
 )
 
 
-class _WithoutLitLoggerTip(logging.Filter):
-    """Lightning 2.6 advertises its LitLogger service at every Trainer start, a line no run needs."""
+class _WithoutCloudTips(logging.Filter):
+    """Lightning 2.6 advertises its cloud services (LitLogger, LitModels) at Trainer starts: lines no run needs."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip: For seamless cloud logging")
+        return not str(record.msg).startswith("💡 Tip: For seamless cloud")
 
 
-logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutLitLoggerTip())
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutCloudTips())
 
 
 def refuse_tuners(trainer: L.Trainer) -> None:
