@@ -3,8 +3,9 @@
 Into ``<log_dir>/pictures/`` (rank 0 only; each group can be turned off):
 
 * ``curves``: ``results.png``, the training losses, the validation metrics and the learning rates per epoch,
-  redrawn at every epoch end. The history is kept in checkpoints, so a resumed run, on any world size, goes on
-  drawing the same curves;
+  redrawn at epoch ends (when the last drawing is 20 drawing-times old: short epochs are not slowed) and at the
+  end of fit, when it also goes to the loggers. The history is kept in checkpoints, so a resumed run, on any
+  world size, goes on drawing the same curves;
 * ``labels``: at the start of fit, ``labels_per_class.png`` and ``labels_boxes.png``, the training labels'
   statistics (``plots.labels``);
 * ``train_batches``: the first N training batches of a fit as they enter the model, augmented, with their
@@ -32,9 +33,11 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 
 from yolo11_lightning.training.callbacks._pictures import save_and_log
-from yolo11_lightning.visualize import image_grid
+from yolo11_lightning.visualize import image_grid, save_rgb
 
 log = logging.getLogger(__name__)
+
+_CURVES_SPACING = 20  # the curves are redrawn once at least 20 times their drawing time has passed
 
 # Per-epoch validation values drawn in the curves (``val/<name>``); the per-class APs are not.
 _CURVE_METRICS = ("mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50", "fitness")
@@ -61,6 +64,8 @@ class ResultPictures(Callback):
         self.out_dir: Path | None = None
         self.draw_seconds = 0.0  # time spent drawing and saving, for the benchmark's account
         self._batches_drawn = 0
+        self._curves_drawn_at = -float("inf")  # time.monotonic() of the last drawing of the curves
+        self._curves_seconds = 0.0  # how long it took
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------ state
@@ -114,11 +119,20 @@ class ResultPictures(Callback):
             for g, group in enumerate(optimizer.param_groups):
                 name = f"lr/pg{g}" if len(trainer.optimizers) == 1 else f"lr/opt{o}_pg{g}"
                 self.history.setdefault(name, {})[epoch] = float(group["lr"])
-        if self.curves and trainer.is_global_zero:
-            self._guarded("curves", self._draw_curves, trainer)
+        if self.curves and trainer.is_global_zero and self._curves_due():
+            self._guarded("curves", self._draw_curves, trainer, False)
+
+    def _curves_due(self) -> bool:
+        """Redraw at an epoch end unless the last drawing was recent: drawing (~0.4 s) takes at most 1/20 of
+        the time between drawings, so short epochs are not slowed (the end of fit always draws)."""
+        return time.monotonic() - self._curves_drawn_at >= _CURVES_SPACING * self._curves_seconds
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self.evaluation and trainer.is_global_zero:
+        if not trainer.is_global_zero:
+            return
+        if self.curves and self.history:
+            self._guarded("curves", self._draw_curves, trainer, True)
+        if self.evaluation:
             self._guarded("evaluation", self._draw_evaluation, trainer, pl_module, "val")
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -145,12 +159,22 @@ class ResultPictures(Callback):
     def _path(self, trainer: L.Trainer, name: str) -> Path:
         return (self.out_dir or Path(trainer.default_root_dir) / "pictures") / name
 
-    def _draw_curves(self, trainer: L.Trainer) -> None:
+    def _draw_curves(self, trainer: L.Trainer, to_loggers: bool) -> None:
+        """``results.png`` from the history; sent to the loggers at the end of fit only (they plot the same
+        scalars per step themselves)."""
         from yolo11_lightning.plots.training_curves import training_curves  # matplotlib: imported when drawn
 
+        start = time.monotonic()
         order = sorted(self.history, key=lambda n: (not n.startswith("train/"), n.startswith("lr/"), n))
         image = training_curves({name: self.history[name] for name in order})
-        save_and_log(trainer, self._path(trainer, "results.png"), image, "pictures/results")
+        path = self._path(trainer, "results.png")
+        if not to_loggers:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            save_rgb(str(path), image)
+        else:
+            save_and_log(trainer, path, image, "pictures/results")
+        self._curves_drawn_at = time.monotonic()
+        self._curves_seconds = self._curves_drawn_at - start
 
     def _draw_labels(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         from yolo11_lightning.plots.labels import box_scatter, class_histogram
