@@ -74,7 +74,14 @@ def test_a_perfect_predictor_is_diagonal_and_scores_one() -> None:
     np.testing.assert_allclose(box.r[:2], 1.0)
     np.testing.assert_allclose(box.ap50_95[:2], 1.0)
     assert np.isnan(box.ap50[2]) and np.isnan(box.p[2])  # a class without truths has no score
-    assert box.map50_95 == pytest.approx(1.0) and box.best_confidence == pytest.approx(0.9, abs=0.0015)
+    assert box.map50_95 == pytest.approx(1.0) and box.f1[:2, box.best_confidence == CONFIDENCES].min() == 1
+    # A model that finds nothing: P = R = 0 (not a precision of 1 for keeping nothing).
+    none = class_results(_evaluation(truths, _as_detections(truths)[:0], 12), NAMES).kinds["box"]
+    assert (none.p[:2] == 0).all() and (none.r[:2] == 0).all()
+    misses = _as_detections(truths)
+    misses[:, 1:5] += 500  # every detection far from every truth
+    wrong = class_results(_evaluation(truths, misses, 12), NAMES).kinds["box"]
+    assert (wrong.p[:2] == 0).all() and (wrong.r[:2] == 0).all() and wrong.map50_95 == 0
     # Above the detections' score nothing is found.
     assert (box.recall[:2, CONFIDENCES > 0.9] == 0).all() and (box.recall[:2, CONFIDENCES < 0.899] == 1).all()
 

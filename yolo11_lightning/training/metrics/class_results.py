@@ -70,7 +70,7 @@ class KindResults:
     precision: np.ndarray  # (K, C) against ``CONFIDENCES``
     recall: np.ndarray  # (K, C)
     f1: np.ndarray  # (K, C)
-    best_confidence: float  # the highest threshold where the mean F1 over the classes present peaks
+    best_confidence: float  # the lowest threshold where the mean F1 over the classes present peaks
     p: np.ndarray  # (K,) precision at ``best_confidence``
     r: np.ndarray  # (K,) recall at ``best_confidence``
 
@@ -154,7 +154,9 @@ def _counted(
         found = np.searchsorted(-scores[mine], -CONFIDENCES, side="right")  # detections scoring >= threshold
         true_at = np.where(found > 0, true_pos[np.maximum(found - 1, 0)] if len(hits) else 0.0, 0.0)
         recall[c] = true_at / instances[c]
-        precision[c] = np.where(found > 0, true_at / np.maximum(found, 1), 1.0)  # nothing kept: precision 1
+        # Above every score of the class nothing is kept: precision 1 there (the curve's start), unless the class
+        # has no detection at all.
+        precision[c] = np.where(found > 0, true_at / np.maximum(found, 1), 1.0 if len(hits) else 0.0)
     return precision, recall
 
 
@@ -178,7 +180,7 @@ def _kind_results(coco: dict[str, Tensor], k: int, precision: np.ndarray, recall
     f1[np.isnan(precision)] = np.nan
     present = ~np.isnan(precision[:, 0])
     mean_f1 = f1[present].mean(0) if present.any() else np.zeros(len(CONFIDENCES))
-    best = len(mean_f1) - 1 - int(np.argmax(mean_f1[::-1]))  # the highest threshold among the best
+    best = int(np.argmax(mean_f1))  # the lowest threshold among the best, as the reference
     return KindResults(
         map50_95=float(coco["map"]),
         map50=float(coco["map_50"]),
