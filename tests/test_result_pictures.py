@@ -5,6 +5,7 @@ the pictures exist, are not blank, reach TensorBoard, and the curves survive a r
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import cv2
@@ -27,6 +28,8 @@ from yolo11_lightning.training.metrics.class_results import (
 )
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.module import YOLO11Module
+
+os.environ["YOLO_OFFLINE"] = "1"  # before any import of the reference package
 
 NAMES = ["rectangle", "ellipse", "triangle"]
 
@@ -57,7 +60,9 @@ def _random_truths(generator: torch.Generator, images: int) -> torch.Tensor:
 
 
 def _as_detections(truths: torch.Tensor, score: float = 0.9) -> torch.Tensor:
-    return torch.cat([truths[:, :5], torch.full((len(truths), 1), score, dtype=truths.dtype), truths[:, 5:]], 1)
+    return torch.cat(
+        [truths[:, :5], torch.full((len(truths), 1), score, dtype=truths.dtype), truths[:, 5:]], 1
+    )
 
 
 def test_a_perfect_predictor_is_diagonal_and_scores_one() -> None:
@@ -111,20 +116,71 @@ def test_swaps_misses_and_false_alarms_land_in_their_cells() -> None:
 
 
 def test_curves_follow_precision_and_recall() -> None:
-    """Half the truths found at a high score, plus false alarms at a low one: recall 0.5 above the false alarms'
-    score; below it precision drops."""
+    """Part of the truths found at score 0.8, as many false alarms at 0.3: from 0.3 to 0.8 the recall is the found
+    share, nothing is found above 0.8, and the precision falls from 1 at 0.8 to 0.5 at 0.3 and below."""
     truths = _random_truths(torch.Generator().manual_seed(1), images=20)
     found = _as_detections(truths[::2], score=0.8)
     alarms = found.clone()
     alarms[:, 1:5] += 500  # far from any truth
     alarms[:, 5] = 0.3
     box = class_results(_evaluation(truths, torch.cat([found, alarms]), 20), NAMES).kinds["box"]
-    high = (CONFIDENCES > 0.3) & (CONFIDENCES < 0.799)
+    between = (CONFIDENCES > 0.301) & (CONFIDENCES < 0.799)
     for c in (0, 1):
-        share = (truths[::2, 5] == c).sum() / (truths[:, 5] == c).sum()
-        assert box.recall[c, high] == pytest.approx(np.floor(float(share) * 100) / 100, abs=0.011)
-        assert (box.precision[c, high] == 1).all() and (box.precision[c, CONFIDENCES < 0.299] < 1).all()
-    assert np.all(np.diff(box.recall[:2], axis=1) <= 0)  # recall never grows with the threshold
+        share = float((truths[::2, 5] == c).sum() / (truths[:, 5] == c).sum())
+        np.testing.assert_allclose(box.recall[c, between | (CONFIDENCES < 0.3)], share, atol=1e-6)
+        assert (box.recall[c, CONFIDENCES > 0.801] == 0).all()
+        np.testing.assert_allclose(box.precision[c, CONFIDENCES < 0.299], 0.5, atol=1e-6)
+        assert (box.precision[c, CONFIDENCES > 0.801] == 1).all()
+        assert np.all(np.diff(box.precision[c, between]) > 0)
+    assert np.all(np.diff(box.recall[:2], axis=1) <= 1e-12)  # recall never grows with the threshold
+
+
+def _noisy_detections(truths: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Each truth found with a jittered box and a random score, some with the wrong class, plus false alarms."""
+    found = _as_detections(truths)
+    found[:, 1:5] += torch.randn(len(found), 4, generator=generator, dtype=torch.float64) * 6
+    found[:, 5] = torch.rand(len(found), generator=generator, dtype=torch.float64)
+    swap = torch.rand(len(found), generator=generator) < 0.2
+    found[swap, 6] = 1 - found[swap, 6]
+    alarms = found[torch.rand(len(found), generator=generator) < 0.4].clone()
+    alarms[:, 1:5] += 300
+    alarms[:, 6] = torch.randint(0, 3, (len(alarms),), generator=generator).double()
+    return torch.cat([found, alarms])
+
+
+def test_the_confusion_matrix_and_p_r_equal_the_oracles() -> None:
+    """The same detections through the reference's ``ConfusionMatrix`` and ``ap_per_class``: equal counts, and
+    equal per-class P and R at the best-F1 threshold (and equal curves)."""
+    from ultralytics.utils.metrics import ConfusionMatrix, ap_per_class
+
+    generator = torch.Generator().manual_seed(3)
+    truths = _random_truths(generator, images=30)
+    truths = truths[truths[:, 0] != 7]  # an image with detections only
+    detections = _noisy_detections(truths, generator)
+    detections = detections[detections[:, 0] != 9]  # an image with truths only
+    results = class_results(_evaluation(truths, detections, 30), NAMES)
+
+    oracle = ConfusionMatrix(names=dict(enumerate(NAMES)))
+    for image in range(30):
+        d, t = detections[detections[:, 0] == image], truths[truths[:, 0] == image]
+        oracle.process_batch({"bboxes": d[:, 1:5].float(), "conf": d[:, 5].float(), "cls": d[:, 6].float()},
+                             {"bboxes": t[:, 1:5].float(), "cls": t[:, 5].float()})  # fmt: skip
+    np.testing.assert_array_equal(results.confusion, oracle.matrix.astype(np.int64))
+
+    ordered = detections[torch.argsort(detections[:, 0], stable=True)]
+    from yolo11_lightning.training.metrics.class_results import _box_matches
+
+    matched = _box_matches(ordered, truths[torch.argsort(truths[:, 0], stable=True)])
+    out = ap_per_class(
+        matched[:, None].astype(float), ordered[:, 5].numpy(), ordered[:, 6].numpy(), truths[:, 5].numpy()
+    )
+    p, r, classes, p_curve, r_curve = out[2], out[3], out[6], out[7], out[8]
+    box = results.kinds["box"]
+    np.testing.assert_allclose(box.p[classes.astype(int)], p, atol=1e-9)
+    np.testing.assert_allclose(box.r[classes.astype(int)], r, atol=1e-9)
+    np.testing.assert_allclose(box.precision[classes.astype(int)], p_curve, atol=1e-9)
+    np.testing.assert_allclose(box.recall[classes.astype(int)], r_curve, atol=1e-9)
+    assert 0 < box.mean(box.p) < 1 and 0 < box.mean(box.r) < 1  # the data is neither perfect nor empty
 
 
 def test_confusion_pictures_are_drawn_from_the_matrix() -> None:
@@ -135,7 +191,10 @@ def test_confusion_pictures_are_drawn_from_the_matrix() -> None:
     drawn = [confusion_matrix_image(m, NAMES, normalize) for m in (diagonal, swapped) for normalize in (0, 1)]
     for image in drawn:
         assert image.ndim == 3 and image.dtype == np.uint8 and image.std() > 10
-    assert np.abs(drawn[0].astype(int) - drawn[2]).sum() > 0 and np.abs(drawn[1].astype(int) - drawn[3]).sum() > 0
+    assert (
+        np.abs(drawn[0].astype(int) - drawn[2]).sum() > 0
+        and np.abs(drawn[1].astype(int) - drawn[3]).sum() > 0
+    )
 
 
 class PerfectDetector(YOLO11Module):
@@ -151,7 +210,9 @@ class PerfectDetector(YOLO11Module):
         return [torch.cat([t[:, :4], torch.full_like(t[:, :1], 0.9), t[:, 4:]], 1) for t in self._truths]
 
 
-def _fit(root: Path, dataset: Path, epochs: int, ckpt_path: str | None = None) -> tuple[L.Trainer, ClosingSummary]:
+def _fit(
+    root: Path, dataset: Path, epochs: int, ckpt_path: str | None = None
+) -> tuple[L.Trainer, ClosingSummary]:
     summary = ClosingSummary()
     trainer = L.Trainer(
         accelerator="cpu", max_epochs=epochs, limit_train_batches=2, limit_val_batches=2,

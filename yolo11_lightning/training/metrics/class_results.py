@@ -9,11 +9,12 @@ turns that into ``ClassResults`` on the host, only when somebody draws or prints
   mean over the classes present) and COCO's precision-recall curve at IoU 0.5; and precision, recall and F1
   against the confidence threshold, counted as the reference counts them: each detection is a true positive
   when it matches a truth of its class at IoU 0.5 or more (``reference_ap.match_by_iou``: pairs by decreasing
-  IoU, each box once), and at threshold ``c`` precision and recall count the detections scoring at least ``c``.
-  P and R per class are read at the threshold of the best mean F1;
-* a box confusion matrix as the reference draws it: detections scoring at least 0.25 matched to truths at
-  IoU above 0.45 whatever their classes, pairs taken by decreasing IoU, each box once; a missed truth counts in
-  the background row, an unmatched detection in the background column.
+  IoU, each box once), and precision and recall are counted down the scores and interpolated between them.
+  P and R per class are read where the mean F1 over the classes peaks (smoothed), the reference's rule, so the
+  table's P and R are the ones the reference prints for the same detections;
+* a box confusion matrix as the reference draws it: detections scoring above 0.25 matched to truths at
+  IoU above 0.45 whatever their classes (each detection's best truth, then each truth's best detection); a
+  missed truth counts in the background row, an unmatched detection in the background column.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torchvision.ops import box_iou
 
 from yolo11_lightning.training.metrics.reference_ap import match_by_iou
 
-CONFIDENCES = np.linspace(0.0, 1.0, 1001)  # the thresholds the curves are drawn at
+CONFIDENCES = np.linspace(0.0, 1.0, 1000)  # the thresholds the curves are drawn at (the reference's grid)
 RECALLS = np.linspace(0.0, 1.0, 101)  # COCO's recall levels
 
 
@@ -70,7 +71,7 @@ class KindResults:
     precision: np.ndarray  # (K, C) against ``CONFIDENCES``
     recall: np.ndarray  # (K, C)
     f1: np.ndarray  # (K, C)
-    best_confidence: float  # the lowest threshold where the mean F1 over the classes present peaks
+    best_confidence: float  # where the mean F1 over the classes present peaks (smoothed, as the reference)
     p: np.ndarray  # (K,) precision at ``best_confidence``
     r: np.ndarray  # (K,) recall at ``best_confidence``
 
@@ -138,26 +139,34 @@ def match_at_half(iou: np.ndarray, truth_classes: np.ndarray, detection_classes:
 def _counted(
     matched: np.ndarray | None, scores: np.ndarray, classes: np.ndarray, instances: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (K, C) precision and recall against ``CONFIDENCES`` from per-detection matches; NaN rows for
-    classes without truths. Between detection scores the values hold (a step function of the threshold)."""
+    """Per class (K, C) precision and recall against ``CONFIDENCES`` from per-detection matches, as the
+    reference computes them: the cumulative counts in decreasing score order, interpolated linearly between
+    the detections' scores (recall 0 and precision 1 above the highest). A class with truths but no detection
+    has zeros; a class without truths, NaN."""
     k = len(instances)
     precision = np.full((k, len(CONFIDENCES)), np.nan)
     recall = np.full((k, len(CONFIDENCES)), np.nan)
     if matched is None:
         return precision, recall
-    order = np.argsort(-scores, kind="stable")
-    matched, scores, classes = matched[order], scores[order], classes[order]
+    order = np.argsort(-scores)  # numpy's default sort, as the reference's: equal scores keep its order
+    matched, scores, classes = matched[order].astype(np.float64), scores[order], classes[order]
     for c in np.flatnonzero(instances > 0):
         mine = classes == c
-        hits = matched[mine].astype(np.float64)
-        true_pos = np.cumsum(hits)
-        found = np.searchsorted(-scores[mine], -CONFIDENCES, side="right")  # detections scoring >= threshold
-        true_at = np.where(found > 0, true_pos[np.maximum(found - 1, 0)] if len(hits) else 0.0, 0.0)
-        recall[c] = true_at / instances[c]
-        # Above every score of the class nothing is kept: precision 1 there (the curve's start), unless the class
-        # has no detection at all.
-        precision[c] = np.where(found > 0, true_at / np.maximum(found, 1), 1.0 if len(hits) else 0.0)
+        precision[c] = recall[c] = 0.0
+        if not mine.any():
+            continue
+        true_pos = np.cumsum(matched[mine])
+        false_pos = np.cumsum(1 - matched[mine])
+        recall[c] = np.interp(-CONFIDENCES, -scores[mine], true_pos / instances[c], left=0)
+        precision[c] = np.interp(-CONFIDENCES, -scores[mine], true_pos / (true_pos + false_pos), left=1)
     return precision, recall
+
+
+def _box_filter(values: np.ndarray, fraction: float = 0.1) -> np.ndarray:
+    """``values`` smoothed by a centred moving average over ``fraction`` of their length (edges repeated)."""
+    width = round(len(values) * fraction * 2) // 2 + 1  # odd
+    padded = np.concatenate((np.full(width // 2, values[0]), values, np.full(width // 2, values[-1])))
+    return np.convolve(padded, np.ones(width) / width, mode="valid")
 
 
 def _kind_results(coco: dict[str, Tensor], k: int, precision: np.ndarray, recall: np.ndarray) -> KindResults:
@@ -175,12 +184,10 @@ def _kind_results(coco: dict[str, Tensor], k: int, precision: np.ndarray, recall
         out["ap50_95"][cls] = valid.mean()
         out["ap50"][cls] = valid[0].mean()
         out["pr"][cls] = valid[0]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        f1 = np.where(precision + recall > 0, 2 * precision * recall / (precision + recall), 0.0)
-    f1[np.isnan(precision)] = np.nan
+    f1 = 2 * precision * recall / (precision + recall + 1e-16)
     present = ~np.isnan(precision[:, 0])
     mean_f1 = f1[present].mean(0) if present.any() else np.zeros(len(CONFIDENCES))
-    best = int(np.argmax(mean_f1))  # the lowest threshold among the best, as the reference
+    best = int(np.argmax(_box_filter(mean_f1)))  # the reference's rule: the peak of the smoothed mean F1
     return KindResults(
         map50_95=float(coco["map"]),
         map50=float(coco["map_50"]),
@@ -206,7 +213,7 @@ def confusion_matrix(
     k = num_classes
     matrix = np.zeros((k + 1, k + 1), np.int64)
     detections = detections.double().cpu()
-    detections = detections[detections[:, 5] >= min_score]
+    detections = detections[detections[:, 5] > min_score]
     truths = truths.double().cpu()
     det_by_image = _split_by_image(detections)
     truth_by_image = _split_by_image(truths)
@@ -215,18 +222,22 @@ def confusion_matrix(
         truth = truth_by_image.get(image, truths[:0])
         det_cls = det[:, 6].long().clamp(0, k).numpy()
         truth_cls = truth[:, 5].long().clamp(0, k).numpy()
-        matched_det = np.zeros(len(det), bool)
-        matched_truth = np.zeros(len(truth), bool)
+        truth_of_det = np.full(len(det), -1)
         if len(det) and len(truth):
             iou = box_iou(truth[:, 1:5], det[:, 1:5]).numpy()
             t, d = np.nonzero(iou > min_iou)
-            order = np.argsort(-iou[t, d], kind="stable")
-            for ti, di in zip(t[order], d[order]):
-                if not (matched_truth[ti] or matched_det[di]):
-                    matched_truth[ti] = matched_det[di] = True
-                    matrix[det_cls[di], truth_cls[ti]] += 1
-        np.add.at(matrix, (np.full((~matched_truth).sum(), k), truth_cls[~matched_truth]), 1)
-        np.add.at(matrix, (det_cls[~matched_det], np.full((~matched_det).sum(), k)), 1)
+            pairs = np.stack([t, d, iou[t, d]], 1)
+            pairs = pairs[np.argsort(-pairs[:, 2], kind="stable")]
+            pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]  # each detection's best truth
+            pairs = pairs[np.argsort(-pairs[:, 2], kind="stable")]
+            pairs = pairs[np.unique(pairs[:, 0], return_index=True)[1]]  # then each truth's best detection
+            truth_of_det[pairs[:, 1].astype(int)] = pairs[:, 0].astype(int)
+        found = truth_of_det >= 0
+        np.add.at(matrix, (det_cls[found], truth_cls[truth_of_det[found]]), 1)
+        missed = np.ones(len(truth), bool)
+        missed[truth_of_det[found]] = False
+        np.add.at(matrix, (np.full(missed.sum(), k), truth_cls[missed]), 1)
+        np.add.at(matrix, (det_cls[~found], np.full((~found).sum(), k)), 1)
     return matrix
 
 
