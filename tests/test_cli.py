@@ -89,6 +89,11 @@ def test_fit_two_ranks_ddp_rank_zero_writes_once(tiny_dataset: Path, tmp_path: P
     checkpoints = sorted(p.name for p in root.rglob("*.ckpt"))
     assert checkpoints == ["best.ckpt", "last.ckpt"], checkpoints
     assert len(list(root.rglob("config.yaml"))) == 1
+    # Rank 0 alone draws and prints: one summary, one set of pictures, and they reached W&B.
+    printed = proc.stdout + proc.stderr
+    assert printed.count("fit finished in") == 1 and "could not" not in printed, printed[-3000:]
+    assert len(list(root.rglob("confusion_matrix.png"))) == 1 and len(list(root.rglob("summary_fit.csv"))) == 1
+    assert list(wandb_runs[0].rglob("*confusion_matrix*.png")), "the pictures did not reach W&B"
 
 
 def _auto_recipe_line(proc: subprocess.CompletedProcess) -> str:
