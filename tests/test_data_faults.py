@@ -283,6 +283,10 @@ def test_failing_validation_images_on_rank_0_do_not_end_the_run(broken_runs):
     assert "ValidationImages: could not draw or save the validation images (OSError" in proc.stderr
     assert proc.stderr.count("ValidationImages: could not draw") == 1  # warned once, then quiet
     assert not list(run_a.rglob("val_images/*.png"))
+    # The result pictures too: each group warned once, none saved, and the closing summary still printed.
+    assert "ResultPictures: could not draw or save the labels pictures (OSError" in proc.stderr
+    assert proc.stderr.count("ResultPictures: could not draw or save the curves") == 1
+    assert not list(run_a.rglob("pictures/*.png")) and "fit finished in" in proc.stderr
 
 
 def test_resume_with_the_same_files_broken_substitutes_exactly_as_the_uninterrupted_run(broken_runs):

@@ -83,15 +83,16 @@ class CopyCheckpointAt(Callback):
 
 
 class FullDiskForValidationImages(Callback):
-    """Saving the validation images fails as on a full disk (``ValidationImages`` runs on rank 0 only)."""
+    """Saving every picture fails as on a full disk (``ValidationImages`` and ``ResultPictures`` draw on rank 0
+    only)."""
 
     def setup(self, trainer, pl_module, stage):
-        from yolo11_lightning.training.callbacks import validation_images as callbacks
+        from yolo11_lightning.training.callbacks import _pictures
 
         def no_space(path, image):
             raise OSError(errno.ENOSPC, "No space left on device", path)
 
-        callbacks.save_rgb = no_space
+        _pictures.save_rgb = no_space
 
 
 class DropRecordOnRank(Callback):

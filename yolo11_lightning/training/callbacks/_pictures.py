@@ -10,11 +10,16 @@ import numpy as np
 from yolo11_lightning.visualize import save_rgb
 
 
-def save_and_log(trainer: L.Trainer, path: Path, image: np.ndarray, key: str) -> None:
-    """Write ``image`` ((H, W, 3) uint8 RGB) to ``path`` and send it under ``key`` to every logger that takes
-    images (TensorBoard ``add_image``, W&B ``log_image``), at the current global step."""
+def save(path: Path, image: np.ndarray) -> None:
+    """Write ``image`` ((H, W, 3) uint8 RGB) to ``path``, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     save_rgb(str(path), image)
+
+
+def save_and_log(trainer: L.Trainer, path: Path, image: np.ndarray, key: str) -> None:
+    """``save`` ``image`` to ``path`` and send it under ``key`` to every logger that takes images (TensorBoard
+    ``add_image``, W&B ``log_image``), at the current global step."""
+    save(path, image)
     for logger in trainer.loggers:
         if hasattr(logger, "log_image"):  # W&B
             logger.log_image(key=key, images=[image], step=trainer.global_step)

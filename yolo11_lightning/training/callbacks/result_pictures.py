@@ -32,8 +32,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import Callback
 
-from yolo11_lightning.training.callbacks._pictures import save_and_log
-from yolo11_lightning.visualize import image_grid, save_rgb
+from yolo11_lightning.training.callbacks._pictures import save, save_and_log
+from yolo11_lightning.visualize import image_grid
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +169,7 @@ class ResultPictures(Callback):
         image = training_curves({name: self.history[name] for name in order})
         path = self._path(trainer, "results.png")
         if not to_loggers:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            save_rgb(str(path), image)
+            save(path, image)
         else:
             save_and_log(trainer, path, image, "pictures/results")
         self._curves_drawn_at = time.monotonic()
