@@ -202,7 +202,7 @@ class YOLO11Module(L.LightningModule):
             load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
             self.model.to(memory_format=torch.channels_last)
-        self.criterion = self.task.build_loss(num_classes, self.model.strides, box, cls, dfl)
+        self.criterion = self.task.build_loss(self.model, box, cls, dfl)
         self.recipe = OptimizerRecipe(
             name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
             warmup_epochs=warmup_epochs, warmup_momentum=warmup_momentum, warmup_bias_lr=warmup_bias_lr,
