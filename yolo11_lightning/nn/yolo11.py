@@ -128,6 +128,10 @@ class YOLO11(nn.Module):
             num_classes, ch, self.strides, self.reg_max, scale, self.kpt_shape
         )
         self.names = self._check_names(names, num_classes)
+        eps, momentum = spec.batch_norm
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eps, m.momentum = eps, momentum
 
     @property
     def num_classes(self) -> int:

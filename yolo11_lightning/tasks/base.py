@@ -40,6 +40,7 @@ from torch import Tensor, nn
 
 from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.loss.detection import DetectionLoss
+from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM
 from yolo11_lightning.nn.head import Detect
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
@@ -65,6 +66,9 @@ class Task:
     reference_class: ClassVar[str]  # the reference's model class of the task
     reference_key: ClassVar[str | None] = None  # a state-dict key only this task's reference files have
     neck: ClassVar[bool] = True  # backbone and neck (head at reference layer 23); False: backbone only (layer 10)
+    # (eps, momentum) of every BatchNorm: the reference's detection models set (1e-3, 0.03); its classifier keeps
+    # PyTorch's defaults (its ClassificationModel never calls the reference's initialize_weights)
+    batch_norm: ClassVar[tuple[float, float]] = (BN_EPS, BN_MOMENTUM)
     class_branch: ClassVar[str] = "head.cv3."  # our keys of the head's class branch (widths follow nc)
     class_key: ClassVar[str] = "head.cv3.0.2.weight"  # our key of a tensor whose first dimension is nc
     not_yet: ClassVar[str] = ""  # what the package cannot do for the task yet; non-empty: runs are refused

@@ -31,6 +31,7 @@ class ClassifyTask(Task):
     reference_class: ClassVar[str] = "ClassificationModel"
     reference_key: ClassVar[str | None] = "model.10.linear.weight"
     neck: ClassVar[bool] = False
+    batch_norm: ClassVar[tuple[float, float]] = (1e-5, 0.1)  # PyTorch's defaults, as the reference's classifier
     class_branch: ClassVar[str] = "head.linear."
     class_key: ClassVar[str] = "head.linear.weight"
     loss_items: ClassVar[tuple[str, ...]] = ("cls",)

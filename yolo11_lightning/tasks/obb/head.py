@@ -43,7 +43,9 @@ class OBB(Detect):
         super().__init__(nc, ch, strides, reg_max)
         self.ne = ne
         c4 = max(self.ch[0] // 4, ne)
-        self.cv4 = nn.ModuleList(nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, ne, 1)) for c in ch)
+        self.cv4 = nn.ModuleList(
+            nn.Sequential(Conv(c, c4, 3), Conv(c4, c4, 3), nn.Conv2d(c4, ne, 1)) for c in ch
+        )
 
     def outputs(self, xs: Sequence[Tensor]) -> ObbOutput:
         """The raw outputs, whatever the mode (the train-mode result); the angles in radians."""

@@ -92,7 +92,9 @@ class ObbLoss(DetectionLoss):
         height, width = shapes[0][0] * self.strides[0], shapes[0][1] * self.strides[0]
         targets = targets.to(device=device, dtype=dtype)
         # Scaled by Python numbers: a tensor made from a list would be a host-to-device copy.
-        pixels = torch.stack((targets[:, 2] * width, targets[:, 3] * height, targets[:, 4] * width, targets[:, 5] * height), 1)
+        pixels = torch.stack(
+            (targets[:, 2] * width, targets[:, 3] * height, targets[:, 4] * width, targets[:, 5] * height), 1
+        )
         keep = (pixels[:, 2] >= MIN_SIZE) & (pixels[:, 3] >= MIN_SIZE)
         targets, pixels = targets[keep], pixels[keep]
         scaled = pred_boxes.detach().clone()
@@ -120,7 +122,10 @@ class ObbLoss(DetectionLoss):
         target = assign.target_boxes.flatten(0, 1)[rows]  # (R, 5) xywhr pixels
         scale = stride[rows % na]
         target = torch.cat((target[:, :4] / scale, target[:, 4:]), 1)  # grid units, radians
-        iou = probiou(prep.pred_boxes.flatten(0, 1)[rows], target)
+        predicted = prep.pred_boxes.flatten(0, 1)[rows]
+        # Padding rows weigh 0; a zero-size target would make probiou's square root send 0 · inf = NaN back, so
+        # they are scored against their own prediction (a clamped, zero-gradient distance).
+        iou = probiou(predicted, torch.where(row_valid[:, None], target, predicted.detach()))
         # Angles stay in the graph when no anchor is foreground (DDP), with exactly zero gradient.
         loss_box = ((1.0 - iou) * weight).sum() + angles.flatten()[:0].sum()
 
@@ -139,5 +144,7 @@ class ObbLoss(DetectionLoss):
         bs = maps[0].shape[0]
         anchors = sum(int(m.shape[-2] * m.shape[-1]) for m in maps)
         if tuple(angles.shape) != (bs, 1, anchors):
-            raise ValueError(f"ObbLoss: angles have shape {tuple(angles.shape)}, expected (B, 1, A) = ({bs}, 1, {anchors})")
+            raise ValueError(
+                f"ObbLoss: angles have shape {tuple(angles.shape)}, expected (B, 1, A) = ({bs}, 1, {anchors})"
+            )
         return maps, angles

@@ -8,8 +8,8 @@ the Gaussian with its centre as the mean and the covariance of a uniform distrib
 
 from __future__ import annotations
 
-from torch import Tensor
 import torch
+from torch import Tensor
 
 __all__ = ["box_covariance", "corners", "dist_to_rotated_box", "probiou"]
 
@@ -41,7 +41,9 @@ def probiou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
     a2, b2, c2 = box_covariance(boxes2)
     a, b, c = a1 + a2, b1 + b2, c1 + c2
     det = a * b - c.square()
-    mahalanobis = (a * dy.square() + b * dx.square()) / (det + eps) * 0.25 + (c * -dx * dy) / (det + eps) * 0.5
+    mahalanobis = (a * dy.square() + b * dx.square()) / (det + eps) * 0.25 + (c * -dx * dy) / (
+        det + eps
+    ) * 0.5
     det1, det2 = (a1 * b1 - c1.square()).clamp(min=0), (a2 * b2 - c2.square()).clamp(min=0)
     log_term = (det / (4 * (det1 * det2).sqrt() + eps) + eps).log() * 0.5
     bhattacharyya = (mahalanobis + log_term).clamp(eps, 100.0)
@@ -57,7 +59,8 @@ def corners(boxes: Tensor) -> Tensor:
     along = torch.cat((w / 2 * cos, w / 2 * sin), -1)
     across = torch.cat((-h / 2 * sin, h / 2 * cos), -1)
     return torch.stack(
-        (centre + along + across, centre + along - across, centre - along - across, centre - along + across), -2
+        (centre + along + across, centre + along - across, centre - along - across, centre - along + across),
+        -2,
     )
 
 

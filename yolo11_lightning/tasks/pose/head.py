@@ -51,7 +51,9 @@ class Pose(Detect):
     def outputs(self, xs: Sequence[Tensor]) -> PoseOutput:
         """The raw outputs, whatever the mode (the train-mode result)."""
         bs = xs[0].shape[0]
-        keypoints = torch.cat([output_branch(self.cv4[i], x).view(bs, self.nk, -1) for i, x in enumerate(xs)], 2)
+        keypoints = torch.cat(
+            [output_branch(self.cv4[i], x).view(bs, self.nk, -1) for i, x in enumerate(xs)], 2
+        )
         return PoseOutput(self.level_maps(xs), keypoints)
 
     def forward(self, xs: list[Tensor]) -> PoseOutput | Tensor:  # type: ignore[override]

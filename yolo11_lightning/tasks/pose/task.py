@@ -19,7 +19,10 @@ from yolo11_lightning.tasks.pose.loss import PoseLoss
 
 __all__ = ["DEFAULT_KPT_SHAPE", "PoseTask"]
 
-DEFAULT_KPT_SHAPE = (17, 3)  # COCO persons: 17 keypoints of x, y, visibility (the reference's yolo11-pose.yaml)
+DEFAULT_KPT_SHAPE = (
+    17,
+    3,
+)  # COCO persons: 17 keypoints of x, y, visibility (the reference's yolo11-pose.yaml)
 _KEYPOINT_OUTPUT = "head.cv4.0.2.weight"  # our key of the first level's keypoint output conv (K·D, c4, 1, 1)
 
 
