@@ -81,8 +81,13 @@ CASES = {  # boxes per image, height, width, classes
 }
 
 
+CASES["real_size_slow"] = ([0, 8, 50, 150], 640, 640, 15)  # real image size and crowding: marked slow
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c.endswith("_slow") else c for c in CASES]
+)
 def test_loss_matches_reference(case: str, seed: int) -> None:
     counts, height, width, nc = CASES[case]
     g = torch.Generator().manual_seed(seed)

@@ -89,8 +89,15 @@ CASES = {  # boxes per image, height, width, classes, kpt_shape
 }
 
 
+# A real image size and crowding (marked slow). 512, not 640: the oracle rounds keypoints to float32 before
+# scaling them, exact only for power-of-two sizes (at 640 a few gradient entries differ by ~6e-8 absolute).
+CASES["real_size_slow"] = ([0, 3, 12, 40], 512, 512, 1, (17, 3))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if c.endswith("_slow") else c for c in CASES]
+)
 def test_loss_matches_reference(case: str, seed: int) -> None:
     counts, height, width, nc, kpt_shape = CASES[case]
     g = torch.Generator().manual_seed(seed)
