@@ -46,6 +46,36 @@ def reference_model(scale: str = "n", nc: int = 80, seed: int = 0, device: str =
     return model
 
 
+# Our task -> the reference's model class and its yaml's suffix (yolo11<scale><suffix>.yaml).
+REFERENCE_MODELS = {
+    "detect": ("DetectionModel", ""),
+    "segment": ("SegmentationModel", "-seg"),
+    "pose": ("PoseModel", "-pose"),
+    "obb": ("OBBModel", "-obb"),
+    "classify": ("ClassificationModel", "-cls"),
+}
+
+
+def reference_task_model(
+    task: str, scale: str = "n", nc: int = 80, seed: int = 0, device: str = "cpu", **kwargs
+) -> nn.Module:
+    """A reference model of ``task`` from its yaml (random init, no download), BN and class biases perturbed;
+    ``kwargs`` go to the model class (``data_kpt_shape`` for pose). ``device="meta"``: shapes only."""
+    tasks = pytest.importorskip("ultralytics.nn.tasks")
+    class_name, suffix = REFERENCE_MODELS[task]
+    torch.manual_seed(seed)
+    with (
+        torch.device(device),
+        mock.patch.object(tasks.Detect, "bias_init", lambda self: None)
+        if device == "meta"
+        else contextlib.nullcontext(),
+    ):
+        model = getattr(tasks, class_name)(f"yolo11{scale}{suffix}.yaml", nc=nc, verbose=False, **kwargs)
+    if device != "meta":
+        perturb(model, seed)
+    return model
+
+
 @torch.no_grad()
 def perturb(model: nn.Module, seed: int = 0) -> None:
     """Give every BN non-trivial statistics and affine terms, and the class outputs spread-out biases,

@@ -208,7 +208,7 @@ def test_task_names_stay_in_the_task_home() -> None:
 
 
 def test_the_task_rules_would_catch_a_branch() -> None:
-    code = "if task == 'segment' or cfg.task != DEFAULT_TASK or t in ('detect', 'pose'):\n    pass\nX = {'detect': 1, 'segment': 2}"
+    code = "if task == 'segment' or cfg.task != DEFAULT_TASK or t in ('detect', 'depth'):\n    pass\nX = {'detect': 1, 'segment': 2}"
     tree = ast.parse(code)
     assert _task_name_comparisons(tree) == [1, 1, 1] and _task_name_lists(tree) == [3]
     assert {"detect", "segment"} <= TASKS

@@ -118,7 +118,7 @@ def test_restricted_reader_returns_exactly_what_torch_reads(tmp_path):
     from yolo11_lightning.model_files.reference import load_reference
 
     path = save_like_release(reference_model("n", 5, seed=2), tmp_path / "yolo11n.pt")
-    state, _, _ = load_reference(path)
+    state = load_reference(path).state
     expected = torch.load(path, map_location="cpu", weights_only=False)["model"].state_dict()
     assert state.keys() == expected.keys()
     for key, value in expected.items():
@@ -187,7 +187,7 @@ def test_other_architectures_get_clear_errors(tmp_path):
     torchvision = pytest.importorskip("torchvision")
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
     with pytest.raises(
-        CheckpointError, match=r"resnet18\.pt: not a reference YOLO detection state dict.*conv1"
+        CheckpointError, match=r"resnet18\.pt: not a reference YOLO state dict.*conv1"
     ):
         from_reference(tmp_path / "resnet18.pt")
     # Right key names and shapes but one: the error names that key as the file spells it.

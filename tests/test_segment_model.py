@@ -104,8 +104,8 @@ def test_output_contract(seg_n: YOLO11) -> None:
     torch.testing.assert_close(preds[:, : 4 + 5], seg_n.head.decode(raw.maps))
     torch.testing.assert_close(preds[:, 9:], raw.coefficients)
     torch.testing.assert_close(protos, raw.protos)
-    with pytest.raises(ValueError, match="unknown YOLO11 task 'pose'"):
-        YOLO11("n", task="pose")
+    with pytest.raises(ValueError, match="unknown YOLO11 task 'depth'"):
+        YOLO11("n", task="depth")
 
 
 def test_fuse_and_reset_head_keep_the_masks(seg_n: YOLO11) -> None:

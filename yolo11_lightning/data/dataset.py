@@ -51,6 +51,7 @@ from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks.choice import check_available
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +144,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
         self.task = get_task(task)  # a clear error naming the known tasks
+        check_available(task, f"task={task!r}")  # a task whose data is still to come: one-line TaskError
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")

@@ -23,6 +23,7 @@ import torch
 from yolo11_lightning.export.onnx import export_onnx, onnx_output_diffs, onnx_output_names, onnx_tolerance
 from yolo11_lightning.model_files.weights import load_model, save_weights
 from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks.choice import TaskError, check_available
 
 FORMATS = ("onnx", "weights")
 
@@ -64,7 +65,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("error: --image-size takes S or H W", file=sys.stderr)
         return 2
     try:
-        model = load_model(args.ckpt_path, task=None)  # detection or segmentation, as the file holds
+        model = load_model(args.ckpt_path, task=None)  # the task the file holds
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -73,6 +74,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = save_weights(model, args.out or source.with_suffix(".pth"))
         print(f"weights: {out} ({_describe(model)})")
         return 0
+    try:  # an ONNX file of a task whose outputs and checks are still to come would not be what it claims
+        check_available(model.task, f"{args.ckpt_path}: ONNX export")
+    except TaskError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     size = args.image_size[0] if len(args.image_size) == 1 else tuple(args.image_size)
     if args.check_data and not args.dynamic and len(set(args.image_size)) != 1:
         print("error: --check-data needs a square --image-size S, or --dynamic", file=sys.stderr)

@@ -26,7 +26,8 @@ class Assignment(NamedTuple):
     fg_mask: (B, A) bool, anchors that learn a box.
     gt_index: (B, A) long, row of the assigned box in the flat ground-truth list (0 where not fg_mask).
     target_scores: (B, A, C) soft class targets: zero but for the assigned class of foreground anchors.
-    target_boxes: (B, A, 4) xyxy assigned box, ground-truth units (zeros where not fg_mask).
+    target_boxes: (B, A, 4) xyxy assigned box, ground-truth units (zeros where not fg_mask); the ground truth's
+        own format for a subclass (rotated: (B, A, 5) xywhr).
     """
 
     fg_mask: Tensor
@@ -96,7 +97,7 @@ class TaskAlignedAssigner(nn.Module):
                 torch.zeros(bs, na, dtype=torch.bool, device=device),
                 torch.zeros(bs, na, dtype=torch.long, device=device),
                 pd_scores.new_zeros(pd_scores.shape),
-                pd_boxes.new_zeros(pd_boxes.shape),
+                pd_boxes.new_zeros(bs, na, gt_boxes.shape[-1]),
             )
         gt_labels, gt_image = gt_labels.long(), gt_image.long()
         k = min(self.topk, na)
@@ -141,7 +142,7 @@ class TaskAlignedAssigner(nn.Module):
             fg.view(bs, na),
             gt_index.masked_fill(~fg, 0).view(bs, na),
             target_scores.view(bs, na, nc),
-            target_boxes.view(bs, na, 4),
+            target_boxes.view(bs, na, gt_boxes.shape[-1]),
         )
 
     def _scan(
@@ -193,6 +194,18 @@ class TaskAlignedAssigner(nn.Module):
         top_idx, top_valid, top_ov, top_align = (torch.cat(t) for t in zip(*tops))
         return top_idx, top_valid, top_ov, top_align, best_ov.clamp(min=0), best_gt
 
+    @staticmethod
+    def inside(anchor_points: Tensor, boxes: Tensor) -> Tensor:
+        """(c, A) bool: anchor centres (A, 2) strictly inside (by ``INSIDE_EPS``) each xyxy box of (c, 4)."""
+        ax, ay = anchor_points[:, 0], anchor_points[:, 1]
+        x1, y1, x2, y2 = (v[:, None] for v in boxes.unbind(-1))
+        return (ax - x1 > INSIDE_EPS) & (ay - y1 > INSIDE_EPS) & (x2 - ax > INSIDE_EPS) & (y2 - ay > INSIDE_EPS)
+
+    @staticmethod
+    def overlap(gt_boxes: Tensor, pd_boxes: Tensor) -> Tensor:
+        """Elementwise overlap of broadcastable ground-truth and predicted boxes: CIoU of xyxy boxes."""
+        return complete_iou(gt_boxes, pd_boxes)
+
     def _pair_metrics(
         self,
         pd_scores: Tensor,
@@ -210,13 +223,9 @@ class TaskAlignedAssigner(nn.Module):
         sync that costs nothing on CPU); dense evaluates all c·A pairs and masks them (no sync: the choice
         for accelerators, where the extra arithmetic is cheap).
         """
-        ax, ay = anchor_points[:, 0], anchor_points[:, 1]
-        x1, y1, x2, y2 = (v[:, None] for v in box.unbind(-1))
-        inside = (
-            (ax - x1 > INSIDE_EPS) & (ay - y1 > INSIDE_EPS) & (x2 - ax > INSIDE_EPS) & (y2 - ay > INSIDE_EPS)
-        )
+        inside = self.inside(anchor_points, box)
         if not sparse:
-            ov = complete_iou(box[:, None], pd_boxes[img]).clamp_(min=0).masked_fill_(~inside, 0)
+            ov = self.overlap(box[:, None], pd_boxes[img]).clamp_(min=0).masked_fill_(~inside, 0)
             score = pd_scores[img, :, cls].masked_fill_(~inside, 0)
             c, na = inside.shape
             gi = torch.arange(c, device=box.device).repeat_interleave(na)
@@ -224,7 +233,7 @@ class TaskAlignedAssigner(nn.Module):
             return ov, score.pow(self.alpha) * ov.pow(self.beta), inside, (gi, ai, ov.flatten())
         gi, ai = inside.nonzero(as_tuple=True)
         bi = img[gi]
-        pair_ov = complete_iou(box[gi], pd_boxes[bi, ai]).clamp_(min=0)
+        pair_ov = self.overlap(box[gi], pd_boxes[bi, ai]).clamp_(min=0)
         pair_align = pd_scores[bi, ai, cls[gi]].pow(self.alpha) * pair_ov.pow(self.beta)
         ov = pd_boxes.new_zeros(inside.shape).index_put_((gi, ai), pair_ov)
         align = pair_align.new_zeros(inside.shape).index_put_((gi, ai), pair_align)

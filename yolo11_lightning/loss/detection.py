@@ -172,7 +172,7 @@ class DetectionLoss(nn.Module):
 
         target_dist = box_to_dist(anchor, target_box, self.reg_max - 1 - 0.01)
         log_probs = prep.pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
-        loss_dfl = (_dfl(log_probs, target_dist) * weight).sum()
+        loss_dfl = (distribution_focal_loss(log_probs, target_dist) * weight).sum()
         # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
         return torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
 
@@ -228,7 +228,7 @@ def compact_rows(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
     return rows.masked_fill(~valid, 0), valid
 
 
-def _dfl(log_probs: Tensor, target: Tensor) -> Tensor:
+def distribution_focal_loss(log_probs: Tensor, target: Tensor) -> Tensor:
     """Distribution focal loss, mean over the 4 sides.
 
     log_probs: (R, 4, reg_max) log-softmax over the bins; target: (R, 4) distances in bins, < reg_max - 1.

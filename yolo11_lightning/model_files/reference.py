@@ -1,49 +1,69 @@
 """Reading reference (Ultralytics) YOLO11 checkpoints without the reference package.
 
-A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled
-``DetectionModel`` (or ``SegmentationModel``) in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
-unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins' ``_modules``/``_parameters``/``_buffers``
-to rebuild the state dict (keys ``model.<layer>.<path>``), infer task, scale and class count from the
-tensors (a ``proto`` in the head means segmentation) and rename the keys to ours (``layers.<i>.`` for i < 23, ``head.`` for layer 23). The model's
-expected state dicts come from the caller (``model_files.weights``): this module does not import the model.
+A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a pickled model of its task
+(``DetectionModel``, ``SegmentationModel``, ``PoseModel``, ``OBBModel``, ``ClassificationModel``: each task's
+``Task.reference_class``) in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
+unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins'
+``_modules``/``_parameters``/``_buffers`` to rebuild the state dict (keys ``model.<layer>.<path>``) and read the
+plain values the model carries (``names``, a pose head's ``kpt_shape``); infer task, scale, class count (and
+keypoint shape) from the tensors (``Task.matches_reference``) and rename the keys to ours (``layers.<i>.`` before
+the task's head, ``head.`` for it: ``Task.head_index``, 23, or 10 for classification). The model's expected state
+dicts come from the caller (``model_files.weights``): this module does not import the model.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from torch import Tensor
 
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.safe_pickle import StandIn
 from yolo11_lightning.model_files.torch_file import CheckpointError
-from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, Task, get_task
 
 __all__ = [
-    "HEAD_INDEX",
     "CheckpointError",
+    "Reference",
+    "ReferenceModel",
     "WrongTaskError",
     "infer_and_map",
     "load_reference",
     "reference_task",
     "rename_key",
+    "state_task",
 ]
 
-HEAD_INDEX = 23  # reference index of the Detect layer
 _MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
-# Reference model classes of other tasks (their files share the backbone, not the head).
-_TASKS = {
-    "ClassificationModel": "classification",
-    "PoseModel": "pose",
-    "OBBModel": "oriented-box (OBB)",
+# Reference model classes of other model families (their files may share the backbone, not the head).
+_OTHER_FAMILIES = {
     "WorldModel": "open-vocabulary (YOLO-World)",
     "YOLOEModel": "open-vocabulary (YOLOE)",
     "RTDETRDetectionModel": "RT-DETR",
 }
-# The reference's task names of those that are YOLO11 tasks still to come (``tasks.choice.PLANNED``).
-_PLANNED_TASKS = {"ClassificationModel": "classify", "PoseModel": "pose", "OBBModel": "obb"}
+
+
+class ReferenceModel(NamedTuple):
+    """What a reference file holds: its state dict (keys ``model.<i>...``), class names (or None), a label for
+    errors (the file and entry), and the keypoint shape its pose head declares (or None)."""
+
+    state: dict[str, Tensor]
+    names: list[str] | None
+    label: str
+    kpt_shape: tuple[int, int] | None
+
+
+class Reference(NamedTuple):
+    """A reference state dict understood: scale, class count, task, keypoint shape (pose, else None) and the
+    tensors under our keys in fp32 (``infer_and_map``)."""
+
+    scale: str
+    num_classes: int
+    task: str
+    kpt_shape: tuple[int, int] | None
+    state: dict[str, Tensor]
 
 
 class WrongTaskError(CheckpointError):
@@ -56,11 +76,11 @@ class WrongTaskError(CheckpointError):
 
 def load_reference(
     source: str | os.PathLike | Mapping[str, Any], any_task: bool = False, task: str | None = None
-) -> tuple[dict[str, Tensor], list[str] | None, str]:
-    """Reference state dict (keys ``model.<i>...``), class names (or None) and a label for errors.
+) -> ReferenceModel:
+    """The reference file's (or loaded dict's) state dict, class names, label and keypoint shape.
 
-    A pickled model of a task we do not read (classification, pose, ...), or of another task than ``task``
-    when it is given, raises WrongTaskError unless ``any_task``.
+    A pickled model of a family we do not read (RT-DETR, YOLO-World, ...), or of another task than ``task`` when
+    it is given, raises WrongTaskError unless ``any_task``.
     """
     if isinstance(source, Mapping):
         return _extract(source, "state dict", any_task, task)
@@ -75,7 +95,7 @@ def load_reference(
 
 def _extract(
     obj: Mapping[str, Any], label: str, any_task: bool = False, wanted: str | None = None
-) -> tuple[dict[str, Tensor], list[str] | None, str]:
+) -> ReferenceModel:
     """Find the model in a loaded checkpoint dict (``ema`` first, as the reference does) or accept a
     plain state dict."""
     if "ema" in obj or "model" in obj:
@@ -83,7 +103,7 @@ def _extract(
         entry = obj.get(entry_name)
         if isinstance(entry, StandIn):
             cls_name = entry.qualname.rpartition(".")[2]
-            task = _TASKS.get(cls_name)
+            task = _OTHER_FAMILIES.get(cls_name)
             ours = next((t for t in TASKS.values() if t.reference_class == cls_name), None)
             if ours is not None and wanted is not None and ours.name != wanted:
                 task = ours.words
@@ -91,33 +111,36 @@ def _extract(
                 raise WrongTaskError(
                     f"{label}: holds a {task} model ({entry.qualname}), {_not_a(wanted)}", task
                 )
-            state, names = _walk_module(entry, f"{label}['{entry_name}']")
-            return state, names, f"{label}['{entry_name}'] ({entry.qualname})"
+            state, names, kpt_shape = _walk_module(entry, f"{label}['{entry_name}']")
+            return ReferenceModel(state, names, f"{label}['{entry_name}'] ({entry.qualname})", kpt_shape)
         if isinstance(entry, Mapping):
-            return _tensor_dict(entry, f"{label}['{entry_name}']"), None, f"{label}['{entry_name}']"
+            where = f"{label}['{entry_name}']"
+            return ReferenceModel(_tensor_dict(entry, where), None, where, None)
         raise CheckpointError(
             f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
         )
-    return _tensor_dict(obj, label), None, label
+    return ReferenceModel(_tensor_dict(obj, label), None, label, None)
 
 
 def reference_task(obj: Any) -> str | None:
     """The task name of a reference checkpoint object (as ``torch_file.peek`` or ``load_reference`` return it):
-    from its pickled model class (a planned task's name for pose, OBB and classification files), or for a
-    plain state dict from the keys (a ``reference_key`` of a task, else detection). None when it says nothing
-    we know (another model family, or not a reference checkpoint)."""
+    from its pickled model class, or for a plain state dict from the keys (``state_task``). None when it says
+    nothing we know (another model family, or not a reference checkpoint)."""
     if not isinstance(obj, Mapping):
         return None
     entry = obj.get("ema") if obj.get("ema") is not None else obj.get("model", obj)
     if isinstance(entry, StandIn):
         cls_name = entry.qualname.rpartition(".")[2]
-        ours = next((t.name for t in TASKS.values() if t.reference_class == cls_name), None)
-        return ours or _PLANNED_TASKS.get(cls_name)
+        return next((t.name for t in TASKS.values() if t.reference_class == cls_name), None)
     if not isinstance(entry, Mapping) or not any(str(k).startswith("model.") for k in entry):
         return None
-    return next(
-        (t.name for t in TASKS.values() if t.reference_key and t.reference_key in entry), DEFAULT_TASK
-    )
+    return state_task(entry)
+
+
+def state_task(state: Mapping[str, Any]) -> str:
+    """The task of a reference state dict from its keys: the first task in registry order that claims it
+    (``Task.matches_reference``), else detection."""
+    return next((t.name for t in TASKS.values() if t.matches_reference(state)), DEFAULT_TASK)
 
 
 def _not_a(wanted: str | None) -> str:
@@ -127,7 +150,7 @@ def _not_a(wanted: str | None) -> str:
         words = " or ".join(t.words for t in TASKS.values())
         return f"not a {words} model; use a {words} file ({', '.join(files.values())})"
     word = get_task(wanted).words
-    others = [f for name, f in files.items() if name != wanted] + ["yolo11n-cls.pt"]
+    others = [f for name, f in files.items() if name != wanted]
     return f"not a {word} model; use a {word} file ({files[wanted]}, not {' or '.join(others)})"
 
 
@@ -140,13 +163,17 @@ def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
     return dict(obj)
 
 
-def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str] | None]:
-    """State dict of a pickled nn.Module stand-in tree, and its ``names`` attribute as a list."""
+def _walk_module(
+    root: StandIn, label: str
+) -> tuple[dict[str, Tensor], list[str] | None, tuple[int, int] | None]:
+    """State dict of a pickled nn.Module stand-in tree, its ``names`` attribute as a list, and the
+    ``kpt_shape`` a module of it declares (a pose head's), when it is two positive ints."""
     if not isinstance(root.state, dict) or "_modules" not in root.state:
         raise CheckpointError(f"{label}: {root.qualname} is not a pickled torch module")
     out: dict[str, Tensor] = {}
     stack: list[tuple[str, Any]] = [("", root)]
     seen = 0
+    kpt_shape: tuple[int, int] | None = None
     while stack:
         prefix, module = stack.pop()
         seen += 1
@@ -157,6 +184,7 @@ def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str
             raise CheckpointError(
                 f"{label}: submodule {prefix.rstrip('.') or '<root>'} is not a pickled module"
             )
+        kpt_shape = kpt_shape or _kpt_shape(state.get("kpt_shape"))
         skip = state.get("_non_persistent_buffers_set") or set()
         for group in ("_parameters", "_buffers"):
             for name, value in (state.get(group) or {}).items():
@@ -169,7 +197,15 @@ def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str
                 out[f"{prefix}{name}"] = value
         children = [(f"{prefix}{name}.", child) for name, child in (state.get("_modules") or {}).items()]
         stack.extend(c for c in reversed(children) if c[1] is not None)
-    return out, _names(root.state.get("names"))
+    return out, _names(root.state.get("names")), kpt_shape
+
+
+def _kpt_shape(value: Any) -> tuple[int, int] | None:
+    """A pickled ``kpt_shape`` ([K, D]) as a tuple when it is two positive ints, else None."""
+    ints = isinstance(value, (list, tuple)) and len(value) == 2
+    if ints and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+        return (value[0], value[1])
+    return None
 
 
 def _names(names: Any) -> list[str] | None:
@@ -181,60 +217,60 @@ def _names(names: Any) -> list[str] | None:
     return None
 
 
-def rename_key(key: str) -> str:
-    """``model.<i>.<path>`` -> ``layers.<i>.<path>``, or ``head.<path>`` for the Detect layer."""
+def rename_key(key: str, head_index: int = 23) -> str:
+    """``model.<i>.<path>`` -> ``layers.<i>.<path>``, or ``head.<path>`` for the head (layer ``head_index``)."""
     _, index, rest = key.split(".", 2)
-    return f"head.{rest}" if int(index) == HEAD_INDEX else f"layers.{index}.{rest}"
+    return f"head.{rest}" if int(index) == head_index else f"layers.{index}.{rest}"
 
 
 def infer_and_map(
     state: Mapping[str, Tensor],
     label: str,
-    expected_state: Callable[[str, int, str], Mapping[str, Tensor]],
+    expected_state: Callable[[str, int, str, tuple[int, int] | None], Mapping[str, Tensor]],
     scales: Iterable[str],
-) -> tuple[str, int, str, dict[str, Tensor]]:
-    """Infer (scale, num_classes, task) from a reference state dict and return them with it under our keys,
-    in fp32. The task is the one whose ``reference_key`` the state dict has (a Segment head's ``proto``), else
-    detection.
+    kpt_shape: tuple[int, int] | None = None,
+) -> Reference:
+    """Infer (scale, num_classes, task, kpt_shape) from a reference state dict and return them with it under our
+    keys, in fp32. The task is ``state_task``'s; the class count the first dimension of the task's ``class_key``;
+    the keypoint shape (pose) ``kpt_shape`` when the file declared it, else ``Task.kpt_shape_from_state``.
 
-    ``expected_state(scale, num_classes, task)`` is the state dict (shapes only: meta tensors do) the model of
-    that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks the file
-    against what the model needs without building one, so this module never imports the model.
+    ``expected_state(scale, num_classes, task, kpt_shape)`` is the state dict (shapes only: meta tensors do) the
+    model of that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks
+    the file against what the model needs without building one, so this module never imports the model.
     """
     keys = list(state)
     ref_keys = [k for k in keys if k.startswith("model.") and k.split(".")[1].isdigit() and k.count(".") >= 2]
     if not ref_keys or len(ref_keys) != len(keys):
         odd = next((k for k in keys if k not in set(ref_keys)), None) if ref_keys else keys[:3]
         raise CheckpointError(
-            f"{label}: not a reference YOLO detection state dict: expected only 'model.<layer>.*' keys, "
-            f"found {odd!r}"
+            f"{label}: not a reference YOLO state dict: expected only 'model.<layer>.*' keys, found {odd!r}"
         )
-    cls_key, stem_key = f"model.{HEAD_INDEX}.cv3.0.2.weight", "model.0.conv.weight"
-    for key in (cls_key, stem_key):
-        if key not in state or state[key].ndim != 4:
-            raise CheckpointError(f"{label}: not a YOLO11 detection checkpoint: no 4-d tensor {key!r}")
+    task = state_task(state)
+    spec = get_task(task)
+    cls_key, stem_key = _reference_key(spec.class_key, spec), "model.0.conv.weight"
+    for key, ndim in ((cls_key, 4 if spec.neck else 2), (stem_key, 4)):
+        if key not in state or state[key].ndim != ndim:
+            raise CheckpointError(f"{label}: not a YOLO11 {spec.words} checkpoint: no {ndim}-d tensor {key!r}")
     nc = int(state[cls_key].shape[0])
-    # The task whose head leaves its mark in the state dict (a Segment head's prototypes), else detection.
-    task = next(
-        (t.name for t in TASKS.values() if t.reference_key and t.reference_key in state), DEFAULT_TASK
-    )
-    ours = {rename_key(k): v for k, v in state.items()}
+    ours = {rename_key(k, spec.head_index): v for k, v in state.items()}
+    kpt_shape = kpt_shape or spec.kpt_shape_from_state(ours)
     problems: list[str] = []
     for scale in scales:
-        expected = expected_state(scale, nc, task)
+        expected = expected_state(scale, nc, task, kpt_shape)
         if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
             continue
-        problems = _compare(expected, ours)
+        problems = _compare(expected, ours, spec)
         if not problems:
-            return scale, nc, task, {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
+            fp32 = {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
+            return Reference(scale, nc, task, kpt_shape, fp32)
         problems = [f"scale {scale}: {p}" for p in problems]
     detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
-    raise CheckpointError(f"{label}: not a YOLO11 {get_task(task).words} checkpoint (nc={nc}): {detail}")
+    raise CheckpointError(f"{label}: not a YOLO11 {spec.words} checkpoint (nc={nc}): {detail}")
 
 
-def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[str]:
+def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: Task) -> list[str]:
     """Up to six differences between our expected state dict and a renamed one, named in the file's keys."""
-    ref_name = {k: _reference_key(k) for k in (*expected, *got)}
+    ref_name = {k: _reference_key(k, spec) for k in (*expected, *got)}
     missing = [ref_name[k] for k in expected if k not in got]
     extra = [ref_name[k] for k in got if k not in expected]
     shapes = [
@@ -246,8 +282,8 @@ def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor]) -> list[
     return out + shapes[:2]
 
 
-def _reference_key(key: str) -> str:
-    """Inverse of ``rename_key``."""
+def _reference_key(key: str, spec: Task) -> str:
+    """Inverse of ``rename_key`` for ``spec``'s network."""
     if key.startswith("head."):
-        return f"model.{HEAD_INDEX}.{key[5:]}"
+        return f"model.{spec.head_index}.{key[5:]}"
     return f"model.{key[len('layers.') :]}"

@@ -1,12 +1,12 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
 - the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (absent
-  for detection, ``tasks.DEFAULT_TASK``) and the fp32 state dict, plain data that
+  for detection, ``tasks.DEFAULT_TASK``), the keypoint shape (pose only) and the fp32 state dict, plain data that
   ``torch.load(weights_only=True)`` reads;
 - ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
   file, a reference ``.pt``) as a YOLO11 in eval mode;
-- ``from_reference``: a reference ``.pt`` (or its state dict), detection or segmentation, the task inferred
-  from the file; read by ``model_files.reference`` which receives the expected state dicts from here and never
+- ``from_reference``: a reference ``.pt`` (or its state dict) of any task, the task (and a pose file's
+  ``kpt_shape``) inferred from the file; read by ``model_files.reference`` which receives the expected state dicts from here and never
   builds a model itself;
 - ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit;
 - ``file_task``: the task a file holds, from its pickle alone (no tensor read, no model built).
@@ -31,12 +31,12 @@ from torch import Tensor
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.reference import (
-    HEAD_INDEX,
     WrongTaskError,
     infer_and_map,
     load_reference,
     reference_task,
     rename_key,
+    state_task,
 )
 from yolo11_lightning.model_files.torch_file import CheckpointError
 from yolo11_lightning.nn.scales import SCALES
@@ -44,7 +44,6 @@ from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import DEFAULT_TASK, get_task
 
 __all__ = [
-    "CLASS_HEAD",
     "WEIGHTS_FORMAT",
     "WeightsMismatchError",
     "checkpoint_model",
@@ -58,7 +57,6 @@ __all__ = [
 
 # Tag of a weights-only file (``save_weights``): plain types and tensors, readable with weights_only=True.
 WEIGHTS_FORMAT = "yolo11_lightning.weights/1"
-CLASS_HEAD = "head.cv3."  # the class branch: its widths depend on the class count
 _LISTED = 6  # mismatches named in a message
 log = logging.getLogger(__name__)
 Model = TypeVar("Model", bound=YOLO11)
@@ -70,7 +68,7 @@ class WeightsMismatchError(UserInputError):
 
 # -- the weights-only format -------------------------------------------------------------------------------
 def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
-    """Write a weights-only file: scale, class count, names, task and the fp32 state dict, nothing else.
+    """Write a weights-only file: scale, class count, names, task, keypoint shape and the fp32 state dict.
 
     It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
     code runs on loading; ``load_weights`` rebuilds the model without Lightning.
@@ -87,6 +85,8 @@ def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
     }
     if model.task != DEFAULT_TASK:  # a file without a task is a detection one
         payload["task"] = model.task
+    if model.kpt_shape is not None:  # pose only
+        payload["kpt_shape"] = list(model.kpt_shape)
     torch.save(payload, os.fspath(path))
 
 
@@ -114,7 +114,10 @@ def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> 
             "checkpoints and reference .pt files load with yolo11_lightning.model_files.weights.load_model"
         )
     task = payload.get("task", DEFAULT_TASK)
-    model = model_class(payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task)
+    model = model_class(
+        payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task,
+        kpt_shape=payload.get("kpt_shape"),
+    )  # fmt: skip
     model.load_state_dict(payload["state_dict"], strict=True)
     return model
 
@@ -125,10 +128,12 @@ def load_weights(path: str | os.PathLike) -> YOLO11:
 
 
 # -- reference files ---------------------------------------------------------------------------------------
-def _expected_state(model_class: type[YOLO11]) -> Callable[[str, int, str], Mapping[str, Tensor]]:
-    def expected(scale: str, num_classes: int, task: str) -> Mapping[str, Tensor]:
+def _expected_state(
+    model_class: type[YOLO11],
+) -> Callable[[str, int, str, tuple[int, int] | None], Mapping[str, Tensor]]:
+    def expected(scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None) -> Mapping[str, Tensor]:
         with torch.device("meta"):  # shapes only: no memory, no initialisation
-            return model_class(scale, num_classes, task=task).state_dict()
+            return model_class(scale, num_classes, task=task, kpt_shape=kpt_shape).state_dict()
 
     return expected
 
@@ -138,21 +143,22 @@ def from_reference(
 ) -> Model:
     """Build from a reference ``.pt`` file (read without running code from it) or state dict.
 
-    Task (detection or segmentation), scale and class count are inferred from the tensors; weights come back
-    in fp32, ``names`` from the file when it has them. With ``task`` a file of another task raises
+    Task, scale and class count are inferred from the tensors (a pose model's ``kpt_shape`` from its head, or
+    from the keypoint outputs' count); weights come back in fp32, ``names`` from the file when it has them. With ``task`` a file of another task raises
     WrongTaskError. Like any new module it is in train mode: call ``.eval()`` for decoded predictions.
     Raises ``CheckpointError`` (a ValueError) on anything else.
     """
-    state, names, label = load_reference(source, task=task)
-    scale, nc, found, ours = infer_and_map(state, label, _expected_state(model_class), SCALES)
-    if task is not None and found != task:  # a plain state dict: no model class to tell it earlier
+    file = load_reference(source, task=task)
+    ref = infer_and_map(file.state, file.label, _expected_state(model_class), SCALES, file.kpt_shape)
+    if task is not None and ref.task != task:  # a plain state dict: no model class to tell it earlier
         raise WrongTaskError(
-            f"{label}: holds a {get_task(found).words} model, not a {get_task(task).words} model",
-            get_task(found).words,
+            f"{file.label}: holds a {get_task(ref.task).words} model, not a {get_task(task).words} model",
+            get_task(ref.task).words,
         )
-    model = model_class(scale, nc, task=found)
-    model.load_state_dict(ours, strict=True)
-    model.names = names if names is not None and len(names) == nc else None
+    model = model_class(ref.scale, ref.num_classes, task=ref.task, kpt_shape=ref.kpt_shape)
+    model.load_state_dict(ref.state, strict=True)
+    names = file.names
+    model.names = names if names is not None and len(names) == ref.num_classes else None
     return model
 
 
@@ -173,7 +179,7 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     scale, num_classes, task = hparams.get("scale"), hparams.get("num_classes"), hparams.get("task")
     if scale is None or num_classes is None or task is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`/`task`")
-    model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task)
+    model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task, kpt_shape=hparams.get("kpt_shape"))
     model.load_state_dict(ours, strict=True)
     return model
 
@@ -247,8 +253,9 @@ def load_pretrained(
 
     Weights that do not fit are refused rather than half-loaded: a file of another scale shares only the
     BatchNorm counters, box biases and DFL weights with the model, so "something matched" means nothing. What
-    must match is every tensor outside the class branch of the head (``head.cv3.*``, whose widths follow the
-    class count and which is re-initialised when the count differs).
+    must match is every tensor outside the class branch of the head (``Task.class_branch``: ``head.cv3.*``, or the
+    classifier's ``head.linear.*``, whose widths follow the class count and which is re-initialised when the count
+    differs).
 
     ``path`` is anything ``load_model`` reads (nothing from the file is executed). With ``strict``
     every tensor outside the class branch must load, else WeightsMismatchError says ``loaded k of n
@@ -260,7 +267,8 @@ def load_pretrained(
     source, held = _source(label, strict, model.task)
     target = model.state_dict()
     matched = {k: v for k, v in source.items() if k in target and v.shape == target[k].shape}
-    outside = [k for k in target if not k.startswith(CLASS_HEAD)]
+    class_branch = get_task(model.task).class_branch
+    outside = [k for k in target if not k.startswith(class_branch)]
     missing = [k for k in outside if k not in matched]
     mismatched = [
         f"{k} {tuple(source[k].shape)} vs {tuple(target[k].shape)}"
@@ -277,7 +285,7 @@ def load_pretrained(
         warn(f"{summary} (weights_strict off, the rest keeps its initialisation); {detail}")
     skipped = [k for k in target if k not in matched]
     model.load_state_dict({**target, **{k: v.to(target[k].dtype) for k, v in matched.items()}})
-    head = [k for k in skipped if k.startswith(CLASS_HEAD)]
+    head = [k for k in skipped if k.startswith(class_branch)]
     if not missing:
         reset = f"; class head re-initialised ({len(head)} tensors)" if head else ""
         info(f"{summary} ({held}){reset}")
@@ -295,8 +303,9 @@ def _source(label: str, strict: bool, task: str) -> tuple[dict[str, Tensor], str
                 f"cannot start from {e}. Pass --model.weights_strict false to load the layers that fit."
             ) from None
         try:  # a reference file: its layers, matched by name and shape
-            state, _, _ = load_reference(label, any_task=True)
-            layers = {rename_key(k): v for k, v in state.items() if _is_layer_key(k)}
+            state = load_reference(label, any_task=True).state
+            head_index = get_task(state_task(state)).head_index
+            layers = {rename_key(k, head_index): v for k, v in state.items() if _is_layer_key(k, head_index)}
         except CheckpointError:  # one of ours (weights-only file, checkpoint)
             layers = load_model(label, task=None).state_dict()
         return layers, f"a {e.task} model"
@@ -305,9 +314,9 @@ def _source(label: str, strict: bool, task: str) -> tuple[dict[str, Tensor], str
     return source.state_dict(), f"YOLO11-{source.scale} weights, {source.num_classes} classes"
 
 
-def _is_layer_key(key: str) -> bool:
+def _is_layer_key(key: str, head_index: int) -> bool:
     parts = key.split(".")
-    return len(parts) >= 3 and parts[0] == "model" and parts[1].isdigit() and int(parts[1]) <= HEAD_INDEX
+    return len(parts) >= 3 and parts[0] == "model" and parts[1].isdigit() and int(parts[1]) <= head_index
 
 
 def _detail(held: str, model: YOLO11, missing: list[str], mismatched: list[str]) -> str:

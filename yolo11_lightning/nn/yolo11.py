@@ -1,4 +1,5 @@
-"""YOLO11 at scales n/s/m/l/x: backbone and neck, with the head of its task (``tasks``), and BN fusion.
+"""YOLO11 at scales n/s/m/l/x: backbone and neck (or the backbone alone, for classification), with the head of
+its task (``tasks``), and BN fusion.
 
 Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``model_files.weights``.
 """
@@ -6,6 +7,7 @@ Model files (weights-only files, reference ``.pt``, checkpoints) are read and wr
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,12 +21,17 @@ from yolo11_lightning.tasks import get_task
 
 # Layer index -> index of the earlier layer concatenated with the previous output (layer i-1).
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
-# Layers feeding the Detect head: P3/8, P4/16, P5/32.
+# Layers feeding the head: P3/8, P4/16, P5/32 with the neck; the last layer (P5/32) without it.
 _HEAD_FROM = (16, 19, 22)
+_STRIDES = (8, 16, 32)
 
 
-def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
-    """The 23 layers before Detect, index i == reference ``model.i``; returns them and their out channels."""
+def _build_layers(scale: str, neck: bool = True) -> tuple[nn.ModuleList, list[int]]:
+    """The layers before the head, index i == reference ``model.i``; returns them and their out channels.
+
+    With the neck: 23 layers (backbone, SPPF, C2PSA, neck), the detection tasks'. Without: the 10 of
+    classification, backbone layers 0-8 then C2PSA at 9 (no SPPF, no neck).
+    """
     depth = SCALES[scale][0]
 
     def ch(c: int) -> int:
@@ -65,6 +72,9 @@ def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
     c3k2(512, True)  # 6
     conv(1024)  # 7  P5/32
     c3k2(1024, True)  # 8
+    if not neck:
+        add(C2PSA(out[-1], ch(1024), rep(2)), ch(1024))  # 9
+        return nn.ModuleList(layers), out
     add(SPPF(out[-1], ch(1024), 5), ch(1024))  # 9
     add(C2PSA(out[-1], ch(1024), rep(2)), ch(1024))  # 10
     # Neck: top-down then bottom-up.
@@ -80,19 +90,26 @@ def _build_layers(scale: str) -> tuple[nn.ModuleList, list[int]]:
 
 
 class YOLO11(nn.Module):
-    """YOLO11 for a task (``tasks``): detection (``task="detect"``), instance segmentation (``"segment"``, YOLO11-seg).
+    """YOLO11 for a task (``tasks``): detection (``task="detect"``), instance segmentation (``"segment"``),
+    keypoints (``"pose"``, with ``kpt_shape`` (K, D)), oriented boxes (``"obb"``), classification (``"classify"``).
 
-    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The head (layer 23) is the task's
-    (``Task.build_head``) and decides the outputs. Detection. Train mode: list of three maps (B, 4·reg_max + nc,
-    H/s, W/s) for s = 8, 16, 32, box-distribution channels first, then class logits. Eval mode: (B, 4 + nc, A),
-    xywh boxes in input pixels then sigmoid class scores, A = sum over levels of (H/s)·(W/s). Segmentation:
-    ``tasks.segment.head.Segment``.
+    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The task says which layers the network has
+    (``Task.neck``: backbone and neck, the head at layer 23 on P3/P4/P5; or the backbone alone, the head at
+    layer 10 on P5) and builds the head (``Task.build_head``), which decides the outputs. Detection. Train mode:
+    list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32, box-distribution channels first, then
+    class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels then sigmoid class scores, A = sum over
+    levels of (H/s)·(W/s). The other tasks: their heads (``tasks/<task>/head.py``).
     """
 
     reg_max: int = 16
 
     def __init__(
-        self, scale: str = "n", num_classes: int = 80, names: list[str] | None = None, task: str = "detect"
+        self,
+        scale: str = "n",
+        num_classes: int = 80,
+        names: list[str] | None = None,
+        task: str = "detect",
+        kpt_shape: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if scale not in SCALES:
@@ -102,11 +119,19 @@ class YOLO11(nn.Module):
         spec = get_task(task)  # a clear error naming the known tasks
         self.scale = scale
         self.task = task
-        self.strides: tuple[int, int, int] = (8, 16, 32)
-        self.layers, out = _build_layers(scale)
-        ch = [out[i] for i in _HEAD_FROM]
-        self.head: Detect = spec.build_head(num_classes, ch, self.strides, self.reg_max, scale)  # type: ignore[assignment]
+        self.kpt_shape = spec.check_kpt_shape(kpt_shape)  # (K, D) for pose, else None
+        self.layers, out = _build_layers(scale, spec.neck)
+        self._head_from = _HEAD_FROM if spec.neck else (len(self.layers) - 1,)
+        self.strides: tuple[int, ...] = _STRIDES if spec.neck else _STRIDES[-1:]
+        ch = [out[i] for i in self._head_from]
+        self.head: Detect = spec.build_head(  # type: ignore[assignment]
+            num_classes, ch, self.strides, self.reg_max, scale, self.kpt_shape
+        )
         self.names = self._check_names(names, num_classes)
+        eps, momentum = spec.batch_norm
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eps, m.momentum = eps, momentum
 
     @property
     def num_classes(self) -> int:
@@ -134,13 +159,14 @@ class YOLO11(nn.Module):
             )
 
     def features(self, x: Tensor) -> list[Tensor]:
-        """The P3/8, P4/16, P5/32 maps the head reads (after checking the input)."""
+        """The maps the head reads (after checking the input): P3/8, P4/16, P5/32, or P5/32 alone without the
+        neck."""
         self.check_input(x)
         outs: list[Tensor] = []
         for i, layer in enumerate(self.layers):
             x = layer([x, outs[_CONCAT_FROM[i]]]) if i in _CONCAT_FROM else layer(x)
             outs.append(x)
-        return [outs[i] for i in _HEAD_FROM]
+        return [outs[i] for i in self._head_from]
 
     def level_maps(self, x: Tensor) -> list[Tensor]:
         """The three raw detection maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""

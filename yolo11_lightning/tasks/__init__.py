@@ -2,18 +2,26 @@
 
 A new task is its own files (a ``Task`` subclass and what it needs: head, loss, label fields, metric) and one
 entry in ``TASKS`` below; nothing else in the package names it (ARCHITECTURE.md, "A task").
-Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.choice``.
+A task whose data, metrics, prediction or export are still to come says so in ``Task.not_yet``: its model, model
+files and loss work, and ``tasks.choice`` refuses runs of it. Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.choice``.
 """
 
 from __future__ import annotations
 
 from yolo11_lightning.tasks.base import Task
+from yolo11_lightning.tasks.classify.task import ClassifyTask
 from yolo11_lightning.tasks.detect import DetectTask
+from yolo11_lightning.tasks.obb.task import ObbTask
+from yolo11_lightning.tasks.pose.task import PoseTask
 from yolo11_lightning.tasks.segment.task import SegmentTask
 
 __all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task"]
 
-TASKS: dict[str, Task] = {task.name: task for task in (DetectTask(), SegmentTask())}
+# Registry order matters where a reference state dict is recognised by its keys (``Task.matches_reference``): the
+# first task that claims it has it (segmentation before pose and OBB, whose extra branch a Segment head also has).
+TASKS: dict[str, Task] = {
+    task.name: task for task in (DetectTask(), SegmentTask(), PoseTask(), ObbTask(), ClassifyTask())
+}
 DEFAULT_TASK = "detect"  # the task of configs and weights files that name none
 
 

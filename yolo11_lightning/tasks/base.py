@@ -3,12 +3,17 @@
 A task (``tasks/detect.py``, ``tasks/segment/``) is one ``Task`` subclass and its own files, registered by one line
 in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 
-* the network (``nn.yolo11.YOLO11``): ``build_head``, the head after layers 16/19/22; the head returns the
-  train-mode outputs (``outputs``) and the eval-mode ones (``decode_outputs``);
-* model files (``model_files``): ``words`` for messages, ``reference_class`` / ``reference_key`` to recognise the
-  reference's files of the task;
+* the network (``nn.yolo11.YOLO11``): ``neck`` (which layers it has: backbone and neck, the head after layers
+  16/19/22, or the backbone alone, the head after layer 9), ``check_kpt_shape`` (the task's keypoint shape, pose
+  only), ``build_head``; the head returns the train-mode outputs (``outputs``) and the eval-mode ones
+  (``decode_outputs``);
+* model files (``model_files``): ``words`` for messages, ``reference_class`` / ``reference_key`` /
+  ``matches_reference`` to recognise the reference's files of the task, ``head_index`` (the head's ``model.<i>``),
+  ``class_branch`` / ``class_key`` (the tensors whose shapes follow the class count), ``kpt_shape_from_state``;
 * the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
   ``train/<name>_loss``);
+* what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
+  refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
@@ -26,7 +31,7 @@ Tasks reach the module (``training.module.YOLO11Module``) through its public met
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -35,6 +40,7 @@ from torch import Tensor, nn
 
 from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.loss.detection import DetectionLoss
+from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM
 from yolo11_lightning.nn.head import Detect
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
@@ -59,6 +65,13 @@ class Task:
     model_suffix: ClassVar[str]  # the reference's file names: yolo11n<suffix>.pt
     reference_class: ClassVar[str]  # the reference's model class of the task
     reference_key: ClassVar[str | None] = None  # a state-dict key only this task's reference files have
+    neck: ClassVar[bool] = True  # backbone and neck (head at reference layer 23); False: backbone only (layer 10)
+    # (eps, momentum) of every BatchNorm: the reference's detection models set (1e-3, 0.03); its classifier keeps
+    # PyTorch's defaults (its ClassificationModel never calls the reference's initialize_weights)
+    batch_norm: ClassVar[tuple[float, float]] = (BN_EPS, BN_MOMENTUM)
+    class_branch: ClassVar[str] = "head.cv3."  # our keys of the head's class branch (widths follow nc)
+    class_key: ClassVar[str] = "head.cv3.0.2.weight"  # our key of a tensor whose first dimension is nc
+    not_yet: ClassVar[str] = ""  # what the package cannot do for the task yet; non-empty: runs are refused
     loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
     extra: ClassVar[int] = 0  # prediction channels after the class scores (NMS carries them along)
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
@@ -74,17 +87,42 @@ class Task:
         return f"{type(self).__name__}({self.name!r})"
 
     # ------------------------------------------------------------------------------------ network
+    @property
+    def head_index(self) -> int:
+        """The head's layer index in the reference's model (``model.<i>``): 23 after backbone and neck, 10 after
+        the classification backbone."""
+        return 23 if self.neck else 10
+
+    def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int] | None:
+        """The model's keypoint shape (K, D) from what was given: None for a task without keypoints (a given one
+        is a ValueError)."""
+        if kpt_shape is not None:
+            raise ValueError(f"kpt_shape is for pose models; a {self.words} model has none (got {kpt_shape!r})")
+        return None
+
     def build_head(
-        self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str
-    ) -> nn.Module:
-        """The head on the P3/P4/P5 maps of ``channels`` (``scale`` for heads whose width follows it)."""
+        self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
+        kpt_shape: tuple[int, int] | None = None,
+    ) -> nn.Module:  # fmt: skip
+        """The head on the maps of ``channels`` (P3/P4/P5; ``scale`` for heads whose width follows it)."""
         return Detect(num_classes, channels, strides, reg_max)
 
-    # ------------------------------------------------------------------------------------ loss
-    def build_loss(self, num_classes: int, strides: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
-        return DetectionLoss(num_classes, strides=strides, box=box, cls=cls, dfl=dfl)
+    # ------------------------------------------------------------------------------------ model files
+    def matches_reference(self, state: Mapping[str, Any]) -> bool:
+        """Whether a reference state dict (keys ``model.<i>...``) is this task's: it has ``reference_key``.
+        ``model_files.reference`` asks the tasks in registry order; the first that says yes has it."""
+        return self.reference_key is not None and self.reference_key in state
 
-    def loss(self, criterion: DetectionLoss, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    def kpt_shape_from_state(self, state: Mapping[str, Tensor]) -> tuple[int, int] | None:
+        """The keypoint shape a state dict of ours implies when its file does not say (pose only)."""
+        return None
+
+    # ------------------------------------------------------------------------------------ loss
+    def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> nn.Module:
+        """The criterion of ``model`` (a ``YOLO11`` of this task: class count, strides, keypoint shape)."""
+        return DetectionLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)
+
+    def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         """``(loss, items)`` of the train-mode ``outputs`` against the batch."""
         return criterion(outputs, batch["targets"])
 

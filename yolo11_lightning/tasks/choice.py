@@ -13,7 +13,8 @@ The task is set once. Its sources, strongest first:
 
 The data follows the model and the model follows the data. A dataset that says its task is a fact about its
 labels: any other task is refused. A weights file of another task than the one named is fine-tuning (it loads
-what fits). A task of the reference that is not implemented yet (``PLANNED``) is refused by name.
+what fits). A task whose model and loss are here but whose data, metrics, prediction or export are not yet
+(``Task.not_yet``: pose, OBB, classification) is refused by name, saying what it lacks (``check_available``).
 
 The callers read the sources (config, files) and hand them here as ``TaskClaim``s; this module reads no file.
 """
@@ -26,10 +27,7 @@ from dataclasses import dataclass
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
-__all__ = ["PLANNED", "TaskClaim", "TaskError", "choose_task", "task_words"]
-
-# Tasks of the reference not implemented yet: name -> the words messages use ("a <words> dataset").
-PLANNED = {"pose": "keypoint (pose)", "obb": "oriented-box (OBB)", "classify": "classification"}
+__all__ = ["TaskClaim", "TaskError", "check_available", "choose_task", "task_words"]
 
 
 class TaskError(UserInputError):
@@ -38,7 +36,7 @@ class TaskError(UserInputError):
 
 @dataclass(frozen=True)
 class TaskClaim:
-    """One source's word on the task: ``task`` (a name of ``TASKS`` or ``PLANNED``) and ``source``, how
+    """One source's word on the task: ``task`` (a name of ``TASKS``, or another the source read) and ``source``, how
     messages name it, e.g. ``model.task='segment' (--model.task)``."""
 
     task: str
@@ -48,7 +46,7 @@ class TaskClaim:
 def task_words(task: str) -> str:
     """How messages name ``task``'s models and datasets: detection, segmentation, keypoint (pose), ..."""
     spec = TASKS.get(task)
-    return spec.words if spec is not None else PLANNED.get(task, task)
+    return spec.words if spec is not None else task
 
 
 def choose_task(
@@ -69,14 +67,21 @@ def choose_task(
             f"{chosen.source} but {dataset.source}: a {task_words(chosen.task)} model cannot train or evaluate "
             f"on it; use a {task_words(chosen.task)} dataset"
         )
-    if chosen.task not in TASKS:
-        supported = ", ".join(TASKS)
-        hint = (
-            "; name the task (model.task) to train a supported one from its layers (weights_strict false)"
-            if chosen is weights
-            else ""
-        )
-        raise TaskError(
-            f"{chosen.source}: the {chosen.task} task is not supported yet (supported: {supported}){hint}"
-        )
+    hint = (
+        "; name the task (model.task) to train a supported one from its layers (weights_strict false)"
+        if chosen is weights
+        else ""
+    )
+    check_available(chosen.task, chosen.source, hint)
     return chosen.task
+
+
+def check_available(task: str, source: str, hint: str = "") -> None:
+    """Raise TaskError unless ``task`` can run here: a registered task with nothing ``not_yet`` (``source``
+    names where it came from, ``hint`` ends the message)."""
+    spec = TASKS.get(task)
+    if spec is not None and not spec.not_yet:
+        return
+    supported = ", ".join(name for name, t in TASKS.items() if not t.not_yet)
+    lacking = f"; its model, model files and loss are in place, not yet {spec.not_yet}" if spec is not None else ""
+    raise TaskError(f"{source}: the {task} task is not supported yet (supported: {supported}){lacking}{hint}")

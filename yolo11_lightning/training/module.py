@@ -21,8 +21,8 @@ from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import get_task
-from yolo11_lightning.tasks.choice import choose_task
+from yolo11_lightning.tasks import TASKS, get_task
+from yolo11_lightning.tasks.choice import check_available, choose_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
@@ -133,7 +133,10 @@ class YOLO11Module(L.LightningModule):
             ``weights`` file (read from its header: ``model_files.weights.file_task``; an ``.onnx`` file's
             metadata), else detection. A given task keeps it whatever ``weights`` holds (fine-tuning from
             another task's file loads what fits). The data follows it (``YOLODataModule(task=None)``).
-            Checkpoints and ``hparams`` keep the resolved task.
+            Checkpoints and ``hparams`` keep the resolved task. ``pose``, ``obb`` and ``classify`` are refused
+            (one-line TaskError): their models and losses exist, their data, metrics and prediction not yet.
+        kpt_shape: [K, D], keypoints per instance and values per keypoint, for a pose model (None: [17, 3]);
+            kept in ``hparams`` and checkpoints beside ``num_classes``. Refused for other tasks.
     """
 
     def __init__(
@@ -170,6 +173,7 @@ class YOLO11Module(L.LightningModule):
         channels_last: bool = True,
         reference_style_map: bool = False,
         task: str | None = None,
+        kpt_shape: list[int] | None = None,
     ) -> None:
         super().__init__()
         if isinstance(
@@ -183,6 +187,8 @@ class YOLO11Module(L.LightningModule):
         elif task is None:  # the weights file's task (its header only), else detection
             claim = weights_task_claim(weights) if weights else None
             task = choose_task([], weights=claim)
+        elif task in TASKS:  # a task whose data, metrics, ... are still to come: refused here, in one line
+            check_available(task, f"model.task={task!r}")
         self.save_hyperparameters()  # after `task` is resolved: hparams hold the task, never None
         # LightningCLI hands its config as the hyper-parameters: a task the file named is not in it (.onnx).
         self.hparams["task"] = task
@@ -194,7 +200,10 @@ class YOLO11Module(L.LightningModule):
         if scale not in SCALES:
             raise UserInputError(f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}")
         self.task = get_task(task)
-        self.model = YOLO11(scale=scale, num_classes=num_classes, task=task)
+        try:
+            self.model = YOLO11(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
+        except ValueError as e:  # a kpt_shape for a task without keypoints, or not [K, D]
+            raise UserInputError(f"model.kpt_shape: {e}") from None
         self.model.names = list(class_names) if class_names is not None else None
         if onnx is not None:
             self.model = onnx
@@ -202,7 +211,7 @@ class YOLO11Module(L.LightningModule):
             load_pretrained(self.model, weights, strict=weights_strict)
         if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
             self.model.to(memory_format=torch.channels_last)
-        self.criterion = self.task.build_loss(num_classes, self.model.strides, box, cls, dfl)
+        self.criterion = self.task.build_loss(self.model, box, cls, dfl)
         self.recipe = OptimizerRecipe(
             name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
             warmup_epochs=warmup_epochs, warmup_momentum=warmup_momentum, warmup_bias_lr=warmup_bias_lr,

@@ -12,11 +12,11 @@ from pathlib import Path
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from yolo11_lightning.model_files import weights as _weights
-from yolo11_lightning.model_files.weights import CLASS_HEAD, WeightsMismatchError, file_task
+from yolo11_lightning.model_files.weights import WeightsMismatchError, file_task
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks.choice import TaskClaim, task_words
 
-__all__ = ["CLASS_HEAD", "WeightsMismatchError", "load_pretrained", "weights_task_claim"]
+__all__ = ["WeightsMismatchError", "load_pretrained", "weights_task_claim"]
 
 
 def load_pretrained(model: YOLO11, path: str | Path, strict: bool = True) -> tuple[int, list[str]]:

@@ -74,15 +74,16 @@ class SegmentTask(DetectTask):
 
     # ------------------------------------------------------------------------------------ network
     def build_head(
-        self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str
-    ) -> nn.Module:
+        self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
+        kpt_shape: tuple[int, int] | None = None,
+    ) -> nn.Module:  # fmt: skip
         return Segment(
             num_classes, channels, strides, reg_max, NUM_MASKS, scaled_channels(scale, PROTO_CHANNELS)
         )
 
     # ------------------------------------------------------------------------------------ loss
-    def build_loss(self, num_classes: int, strides: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
-        return SegmentationLoss(num_classes, strides=strides, box=box, cls=cls, dfl=dfl)
+    def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
+        return SegmentationLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)
 
     @staticmethod
     def _masks(batch: dict[str, Any]) -> tuple[Tensor, bool]:
@@ -93,7 +94,7 @@ class SegmentTask(DetectTask):
             )
         return batch["masks"], bool(batch.get("mask_overlap", True))
 
-    def loss(self, criterion: DetectionLoss, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         masks, overlap = self._masks(batch)
         criterion.overlap = overlap  # type: ignore[attr-defined]
         return criterion(outputs, batch["targets"], masks, batch.get("targets_per_image"))
