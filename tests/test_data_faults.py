@@ -240,7 +240,8 @@ def broken_runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) ->
                       "--trainer.callbacks+=data_faults.FullDiskForValidationImages",
                       "--trainer.callbacks+=data_faults.RecordSubstitutes", "--trainer.callbacks.out_dir", str(run_a / "subs"),
                       "--trainer.callbacks+=data_faults.CopyCheckpointAt", "--trainer.callbacks.target", str(cut),
-                      "--trainer.callbacks.epoch", "1", "--trainer.callbacks.batch_idx", "2")  # fmt: skip
+                      "--trainer.callbacks.epoch", "1", "--trainer.callbacks.batch_idx", "2",
+                      "--pictures.curves", "true", "--pictures.labels", "true")  # fmt: skip
     proc_a = run_cli(args_a, cwd=root, timeout=240)
     (root / "A.log").write_text(proc_a.stderr)
     run_b = root / "B"

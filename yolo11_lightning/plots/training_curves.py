@@ -16,7 +16,11 @@ def training_curves(history: Mapping[str, Mapping[int, float]], columns: int = 5
     Each panel draws the values with markers and, from 10 epochs on, a moving average over 5 epochs."""
     names = [name for name, points in history.items() if points]
     rows = max(1, -(-len(names) // columns))
-    figure = new_figure(3.0 * min(columns, max(len(names), 1)), 2.5 * rows)
+    height = 2.5 * rows
+    figure = new_figure(3.0 * min(columns, max(len(names), 1)), height, constrained=False)
+    figure.subplots_adjust(
+        left=0.06, right=0.99, bottom=0.45 / height, top=1 - 0.3 / height, wspace=0.3, hspace=0.55
+    )
     if not names:
         axes = figure.add_subplot(1, 1, 1)
         axes.text(0.5, 0.5, "nothing logged yet", ha="center", va="center")
@@ -35,6 +39,8 @@ def training_curves(history: Mapping[str, Mapping[int, float]], columns: int = 5
         axes.set_title(name, fontsize=9)
         axes.set_xlabel("epoch", fontsize=8)
         axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if len(epochs) == 1:
+            axes.set_xticks(epochs)
         axes.tick_params(labelsize=7)
         axes.grid(alpha=0.3)
         if name.startswith("lr"):

@@ -66,6 +66,7 @@ class ResultPictures(Callback):
         self._batches_drawn = 0
         self._curves_drawn_at = -float("inf")  # time.monotonic() of the last drawing of the curves
         self._curves_seconds = 0.0  # how long it took
+        self._curves: tuple[dict, np.ndarray] | None = None  # the history last drawn, and its picture
         self._warned: set[str] = set()
 
     # ------------------------------------------------------------------------------------ state
@@ -166,7 +167,10 @@ class ResultPictures(Callback):
 
         start = time.monotonic()
         order = sorted(self.history, key=lambda n: (not n.startswith("train/"), n.startswith("lr/"), n))
-        image = training_curves({name: self.history[name] for name in order})
+        drawn = {name: dict(self.history[name]) for name in order}
+        if self._curves is None or self._curves[0] != drawn:  # unchanged since the last drawing: reused
+            self._curves = (drawn, training_curves(drawn))
+        image = self._curves[1]
         path = self._path(trainer, "results.png")
         if not to_loggers:
             save(path, image)
