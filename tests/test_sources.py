@@ -129,13 +129,13 @@ def small_dataset(tmp_path: Path) -> DatasetConfig:
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
-    original = yolo_source._load_one
+    original = yolo_source.check_images
 
-    def counting(path: str, *args):
-        calls.append(path)
-        return original(path, *args)
+    def counting(images: list[str], *args):
+        calls.extend(images)
+        return original(images, *args)
 
-    monkeypatch.setattr(yolo_source, "_load_one", counting)
+    monkeypatch.setattr(yolo_source, "check_images", counting)
     return calls
 
 
@@ -148,7 +148,7 @@ def test_second_load_hits_the_cache(small_dataset: DatasetConfig, monkeypatch: p
     def fail(*args, **kwargs):
         raise AssertionError("parsed again despite a valid cache")
 
-    monkeypatch.setattr(yolo_source, "_load_one", fail)
+    monkeypatch.setattr(yolo_source, "check_images", fail)
     second, report2 = load_split(small_dataset, "train")
     assert report2.from_cache
     assert_same_records(first, second)
@@ -252,7 +252,7 @@ def test_build_label_cache_writes_defined_splits(small_dataset: DatasetConfig, m
 def test_cache_file_is_not_a_pickle(small_dataset: DatasetConfig) -> None:
     _, report = load_split(small_dataset, "train")
     with np.load(report.cache_path, allow_pickle=False) as z:  # would raise on object arrays
-        assert {"meta", "paths", "sizes", "counts", "classes", "boxes"} <= set(z.files)
+        assert {"meta", "paths", "path_ends", "sizes", "label_ends", "classes", "boxes"} <= set(z.files)
         assert all(z[k].dtype != object for k in z.files)
 
 
