@@ -14,7 +14,7 @@ from yolo11_lightning.data.sources import cache as cache_module
 from yolo11_lightning.data.sources import split as sources
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
-from yolo11_lightning.data.sources.split import build_label_cache, load_split
+from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.data.synthetic.shapes import make_synthetic_coco, make_synthetic_dataset
 
@@ -240,13 +240,6 @@ def test_coco_cache_tracks_images_named_in_json(tmp_path: Path, monkeypatch: pyt
 def test_no_cache_mode_writes_nothing(small_dataset: DatasetConfig) -> None:
     _, report = load_split(small_dataset, "train", use_cache=False)
     assert report.cache_path is None and not list(small_dataset.root.rglob("*.cache.npz"))
-
-
-def test_build_label_cache_writes_defined_splits(small_dataset: DatasetConfig, monkeypatch) -> None:
-    build_label_cache(small_dataset, ["train", "val", "test"])  # test is not defined: skipped
-    calls = _count_parses(monkeypatch)
-    assert load_split(small_dataset, "train")[1].from_cache and load_split(small_dataset, "val")[1].from_cache
-    assert calls == []
 
 
 def test_cache_file_is_not_a_pickle(small_dataset: DatasetConfig) -> None:

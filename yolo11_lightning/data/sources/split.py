@@ -5,8 +5,8 @@ otherwise checks every image and label (in worker processes for YOLO folders, wh
 GIL; threads for a COCO json), then saves the cache. Records travel as ``PackedRecords`` (flat arrays) from
 the check to the cache and the Dataset. Images above the pixel limit (``max_image_pixels``, ``images.io``) are refused
 from their headers in the check, and, cheaply from their stored sizes, in a cache built under a higher
-limit. ``build_label_cache`` is what ``LightningDataModule.prepare_data`` calls
-once (rank 0) so that every rank's ``setup`` only reads the cache.
+limit. The DataModule's ``setup`` runs it on global rank 0 first (``data.build_once``),
+so that the other ranks only read the cache.
 
 Cache location: beside the labels (``<labels dir>.<split>.cache.npz``, or
 ``<json stem>.<split>.cache.npz`` beside a COCO json); when that folder is read-only, in
@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +32,7 @@ from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.records import SplitEntry
 
-__all__ = ["DataReport", "DatasetError", "build_label_cache", "load_split"]
+__all__ = ["DataReport", "DatasetError", "load_split"]
 
 log = logging.getLogger("yolo11_lightning.data")
 MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them all
@@ -204,15 +204,3 @@ def load_split(
             f"{config.source}: split `{split}` has no usable image ({report.summary()}). First problems:\n  {problems}"
         )
     return records, report
-
-
-def build_label_cache(
-    config: DatasetConfig,
-    splits: Sequence[str],
-    cache_dir: str | Path | None = None,
-    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-) -> None:
-    """Check the given splits (those the config defines) and write their caches; for rank 0 only."""
-    for split in splits:
-        if config.splits.get(split):
-            load_split(config, split, cache_dir=cache_dir, use_cache=True, max_image_pixels=max_image_pixels)
