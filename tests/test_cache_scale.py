@@ -144,7 +144,7 @@ def test_other_ranks_wait_for_rank_0_past_the_collective_timeout(tmp_path: Path)
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-        )  # fmt: skip
+        )
         for rank in (0, 1)
     ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
