@@ -47,10 +47,16 @@ def _write_split(root: Path, split: str, count: int, seed: int, size: tuple[int,
             wh = rng.uniform(0.05, 0.3, (n, 2))
             cls = rng.integers(0, 8, n)
             with open(labels / f"{name}.txt", "w") as f:
-                f.write("".join(f"{c} {x:.5f} {y:.5f} {w:.5f} {h:.5f}\n" for c, (x, y), (w, h) in zip(cls, rows, wh)))
+                f.write(
+                    "".join(
+                        f"{c} {x:.5f} {y:.5f} {w:.5f} {h:.5f}\n" for c, (x, y), (w, h) in zip(cls, rows, wh)
+                    )
+                )
 
 
-def scale_dataset(root: str | Path, num_images: int, size: tuple[int, int] = (48, 64), num_val: int = 32) -> Path:
+def scale_dataset(
+    root: str | Path, num_images: int, size: tuple[int, int] = (48, 64), num_val: int = 32
+) -> Path:
     """``<root>/scale_<n>/data.yaml``: ``num_images`` training images (h, w = ``size`` or its transpose) and
     ``num_val`` validation ones, 8 classes; reused when already complete. Returns the yaml."""
     folder = Path(root) / f"scale_{num_images}"

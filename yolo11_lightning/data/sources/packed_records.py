@@ -175,6 +175,10 @@ class PackedRecords(Sequence[ImageRecord]):
         p0 = self._path_ends[index - 1] if index > 0 else 0
         return self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
 
+    def num_labels(self) -> int:
+        """Label rows (instances) of all records."""
+        return len(self._classes)
+
     def num_polygons(self) -> int:
         """Label rows that have a polygon (0 without polygons)."""
         return int(np.count_nonzero(self._segment_sizes))
