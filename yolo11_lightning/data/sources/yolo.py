@@ -358,8 +358,7 @@ class YoloEntry:
     def fingerprint(self, h, image_dir: str) -> None:
         # "False": this entry kind's tag in the cache key (COCO writes "True").
         h.update(f"{self.path}\0False\0{image_dir}\n".encode())
-        for image in self.images:
-            hash_files([image, label_path_for(image)], h)
+        hash_files([path for image in self.images for path in (image, label_path_for(image))], h)
         h.update("\0".join(self.repeated).encode())
 
     def cache_path(self, split: str) -> Path:
