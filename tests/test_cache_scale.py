@@ -156,3 +156,64 @@ def test_other_ranks_wait_for_rank_0_past_the_collective_timeout(tmp_path: Path)
     assert one["second_s"] > one["timeout_s"]
     assert zero["images"] == one["images"] == 39 and zero["checked_images"] == 80  # train, and val (the same)
     assert one["checked_images"] == 0
+
+
+class _DictStore:
+    """The two calls of a torch.distributed Store that ``build_once`` makes."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, bytes] = {}
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.values for k in keys)
+
+    def get(self, key: str) -> bytes:
+        return self.values[key]
+
+    def set(self, key: str, value: bytes) -> None:
+        self.values[key] = value
+
+
+def test_two_nodes_one_build_each_without_a_shared_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """2 nodes x 2 ranks, the cache node-local: rank 0 builds, node 1's local rank 0 builds its own, the others
+    read; then rank 0 fails and every rank raises its message. Ranks run one after the other in an order where
+    each finds what it waits for already set."""
+    import itertools
+
+    from yolo11_lightning.data import build_once
+    from yolo11_lightning.data.images.node_cache import RankGroup
+    from yolo11_lightning.data.sources.config import DatasetError
+
+    store = _DictStore()
+    monkeypatch.setattr(build_once, "_store", lambda: store)
+    monkeypatch.setattr(build_once.torch.distributed, "is_initialized", lambda: True)
+    caches: dict[int, bool] = {}  # node -> its cache exists
+    done: list[str] = []
+
+    def run(rank: int, fail: bool = False) -> str:
+        node = rank // 2
+        group = RankGroup(rank, 4, rank % 2, 2, node)
+
+        def work() -> str:
+            if fail:
+                raise DatasetError("data.yaml: broken\nsecond line")
+            how = "read" if caches.get(node) else "built"
+            caches[node] = True
+            done.append(f"rank {rank} {how}")
+            return how
+
+        return build_once.run_once_per_node(group, "train labels", work)
+
+    for call, fail in ((0, False), (1, True)):
+        answers = []
+        for rank in (0, 2, 1, 3):  # rank 0, node 1's local rank 0, then the rest
+            monkeypatch.setattr(build_once, "_calls", itertools.count(call))
+            if not fail:
+                answers.append(run(rank))
+                continue
+            with pytest.raises(DatasetError, match=r"^data.yaml: broken") as raised:
+                run(rank, fail=rank == 0)
+            assert rank == 0 or str(raised.value) == "data.yaml: broken"  # the first line, passed on
+        if not fail:
+            assert answers == ["built", "built", "read", "read"]
+    assert done == ["rank 0 built", "rank 2 built", "rank 1 read", "rank 3 read"]

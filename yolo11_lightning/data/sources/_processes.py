@@ -2,7 +2,7 @@
 
 For the label check (``yolo.load_yolo_images``), whose per-image parsing holds the GIL. Workers are forked where
 the platform allows (as DataLoader workers are): they start at once and inherit the imported modules; elsewhere
-spawned. One worker, or one item, runs in this process.
+spawned. One worker, one item, or a daemonic caller runs in this process.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ T = TypeVar("T")
 def ordered_map(fn: Callable[[Any], T], items: Sequence[Any], workers: int) -> Iterator[T]:
     """``map(fn, items)`` on ``min(workers, len(items))`` processes; ``fn`` and items must pickle."""
     workers = min(workers, len(items))
-    if workers <= 1:
+    if workers <= 1 or multiprocessing.current_process().daemon:  # a daemon (a loader worker) has no children
         yield from map(fn, items)
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"

@@ -10,7 +10,7 @@ fingerprints those files for the label cache, says where its cache goes and pars
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -69,9 +69,6 @@ class ImageRecord:
     def num_polygons(self) -> int:
         """Instances that have a polygon."""
         return int((self.segment_sizes > 0).sum())
-
-
-MapFn = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
 
 
 class SplitEntry(Protocol):
