@@ -23,7 +23,7 @@ from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
 
 SCRIPT = Path(__file__).parent / "scripts" / "cache_wait_run.py"
-IMAGES = 2100  # two runs of the check (``yolo.RUN_IMAGES``): two worker processes
+IMAGES = 2100  # runs of the check (``yolo.RUN_IMAGES``) in two worker processes, or in this one
 
 
 def _dataset(root: Path, count: int = IMAGES) -> Path:

@@ -36,7 +36,9 @@ from yolo11_lightning.data.sources.checks import (
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 
-RUN_IMAGES = 2000  # images one process checks per task (a few hundred ms of work)
+# Images one process checks per task: at least 4 runs per process, so a slow run does not leave the others
+# idle (photo-sized JPEGs take about 1 ms each), between these bounds (each run's result travels back once).
+RUN_IMAGES = (128, 2000)
 
 
 def label_path_for(image_path: str) -> str:
@@ -325,11 +327,12 @@ def load_yolo_images(
 ) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
-    ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``parallel.ordered_map``:
+    ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
     parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
     skipped from its header, undecoded.
     """
-    runs = [(images[i : i + RUN_IMAGES], num_classes, max_pixels) for i in range(0, len(images), RUN_IMAGES)]
+    size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
+    runs = [(images[i : i + size], num_classes, max_pixels) for i in range(0, len(images), size)]
     parts, any_label_file = [], False
     for packed, part, labelled in ordered_map(_check_run, runs, workers):
         report.merge(part)
