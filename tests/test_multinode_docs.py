@@ -120,9 +120,7 @@ def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
     for quoted in ("Not answering: rank 1 (node1, pid", "(rank 0's host) did not answer", "Fell behind: rank 5",
                    "torchrun is blocked: its exited workers stayed unreaped", "network interface docker0"):  # fmt: skip
         assert quoted in text, quoted
-    (option,) = re.findall(
-        r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.callbacks\.hang_watchdog[^`]*)`", text
-    )
+    (option,) = re.findall(r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.callbacks\.hang_watchdog[^`]*)`", text)
     monkeypatch.chdir(REPO)
     with pytest.raises(SystemExit):
         run_lightning_cli(
