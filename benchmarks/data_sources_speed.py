@@ -1,4 +1,4 @@
-"""Dataset checking speed: per-image check cost, thread-pool scaling, cold vs cached loads, vs the oracle.
+"""Dataset checking speed: per-image check cost, worker-process scaling, cold vs cached loads, vs the oracle.
 
     python benchmarks/data_sources_speed.py [--images 300] [--size 480 640]
 
@@ -7,7 +7,7 @@ side by side, measured in this one run:
   * per-image cost of ``probe_image`` (structure check + 1/8-scale decode) vs a full decode vs a
     header-only read (PIL, what the reference's check does; it cannot detect truncated data);
   * ``read_image`` (with its truncation check) vs plain ``cv2.imread`` + BGR->RGB;
-  * ``load_split`` cold (no cache) with 1 thread and with the default pool, and warm (cache hit);
+  * ``load_split`` cold (no cache) in 1 process and with the default worker processes, and warm (cache hit);
   * the oracle's ``YOLODataset`` label caching, cold and warm, on the same files (if installed).
 """
 
@@ -102,8 +102,8 @@ def main() -> None:
         print(f"\n{'whole split (' + str(len(paths)) + ' images)':<50} {'s':>8} {'img/s':>9}")
         results = {}
         for name, kwargs in [
-            ("load_split cold, 1 thread", {"workers": 1}),
-            ("load_split cold, default pool", {}),
+            ("load_split cold, 1 process", {"workers": 1}),
+            ("load_split cold, default workers", {}),
         ]:
             _clear_caches(yaml_path.parent)
             results[name] = _timed(lambda kw=kwargs: load_split(config, "train", verbose=False, **kw))
@@ -124,8 +124,8 @@ def main() -> None:
             pass
         for name, seconds in results.items():
             print(f"{name:<50} {seconds:8.3f} {len(paths) / seconds:9.0f}")
-        one, pool = results["load_split cold, 1 thread"], results["load_split cold, default pool"]
-        print(f"\nthread pool speed-up on a cold load: {one / pool:.2f}x")
+        one, pool = results["load_split cold, 1 process"], results["load_split cold, default workers"]
+        print(f"\nworker processes' speed-up on a cold load: {one / pool:.2f}x")
         if "oracle YOLODataset cold" in results:
             print(f"cold load vs oracle: {results['oracle YOLODataset cold'] / pool:.2f}x faster")
             print(

@@ -117,9 +117,9 @@ def main() -> None:
         return
     yaml = C.synthetic_yaml(C.default_workdir(), num_train=args.images, num_val=8, image_size=args.size)
     from yolo11_lightning.data.sources.config import load_dataset_config
-    from yolo11_lightning.data.sources.split import build_label_cache
+    from yolo11_lightning.data.sources.split import load_split
 
-    build_label_cache(load_dataset_config(yaml), ["train"])
+    load_split(load_dataset_config(yaml), "train", verbose=False)  # the label cache, before the ranks start
     C.print_machine_info()
     rows = []
     for ranks in args.ranks:

@@ -287,8 +287,10 @@ def test_cache_follows_a_changed_limit(tmp_path: Path, monkeypatch: pytest.Monke
     assert _names(records) == ["s32.png", "s48.png"] and not report.from_cache and report.num_too_large == 1
 
     parses: list[str] = []
-    original = yolo_source._load_one
-    monkeypatch.setattr(yolo_source, "_load_one", lambda path, *a: parses.append(path) or original(path, *a))
+    original = yolo_source.check_images
+    monkeypatch.setattr(
+        yolo_source, "check_images", lambda paths, *a: parses.extend(paths) or original(paths, *a)
+    )
     # A lower limit: the cache is used, and its records above the limit are refused from their stored sizes.
     records, report = load_split(config, "train", verbose=False, max_image_pixels=2000)
     assert report.from_cache and parses == [] and _names(records) == ["s32.png"]

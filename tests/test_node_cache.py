@@ -34,7 +34,7 @@ from yolo11_lightning.data.images.shm_segment import (
     sweep_stale_segments,
 )
 from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.split import build_label_cache, load_split
+from yolo11_lightning.data.sources.split import load_split
 
 SCRIPT = SCRIPTS / "node_cache_run.py"
 
@@ -64,9 +64,8 @@ import os, signal, sys
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.node_cache import attach_image_caches
 from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.split import build_label_cache, load_split
+from yolo11_lightning.data.sources.split import load_split
 config = load_dataset_config(sys.argv[1])
-build_label_cache(config, ["train"])
 dataset, calls = DetectionDataset(load_split(config, "train")[0], 64, augment=True), []
 load = dataset.load_resized
 def dying(index):
@@ -173,7 +172,6 @@ def test_stale_segments_are_removed_and_live_or_foreign_ones_kept(tmp_path: Path
 @pytest.fixture(scope="module")
 def splits(tiny_dataset: Path) -> tuple[list, list]:
     config = load_dataset_config(tiny_dataset)
-    build_label_cache(config, ["train", "val"])
     return load_split(config, "train")[0], load_split(config, "val")[0]
 
 

@@ -14,7 +14,7 @@ from yolo11_lightning.data.sources import cache as cache_module
 from yolo11_lightning.data.sources import split as sources
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
-from yolo11_lightning.data.sources.split import build_label_cache, load_split
+from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.data.synthetic.shapes import make_synthetic_coco, make_synthetic_dataset
 
@@ -129,13 +129,13 @@ def small_dataset(tmp_path: Path) -> DatasetConfig:
 
 def _count_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     calls: list[str] = []
-    original = yolo_source._load_one
+    original = yolo_source.check_images
 
-    def counting(path: str, *args):
-        calls.append(path)
-        return original(path, *args)
+    def counting(images: list[str], *args):
+        calls.extend(images)
+        return original(images, *args)
 
-    monkeypatch.setattr(yolo_source, "_load_one", counting)
+    monkeypatch.setattr(yolo_source, "check_images", counting)
     return calls
 
 
@@ -148,7 +148,7 @@ def test_second_load_hits_the_cache(small_dataset: DatasetConfig, monkeypatch: p
     def fail(*args, **kwargs):
         raise AssertionError("parsed again despite a valid cache")
 
-    monkeypatch.setattr(yolo_source, "_load_one", fail)
+    monkeypatch.setattr(yolo_source, "check_images", fail)
     second, report2 = load_split(small_dataset, "train")
     assert report2.from_cache
     assert_same_records(first, second)
@@ -242,17 +242,10 @@ def test_no_cache_mode_writes_nothing(small_dataset: DatasetConfig) -> None:
     assert report.cache_path is None and not list(small_dataset.root.rglob("*.cache.npz"))
 
 
-def test_build_label_cache_writes_defined_splits(small_dataset: DatasetConfig, monkeypatch) -> None:
-    build_label_cache(small_dataset, ["train", "val", "test"])  # test is not defined: skipped
-    calls = _count_parses(monkeypatch)
-    assert load_split(small_dataset, "train")[1].from_cache and load_split(small_dataset, "val")[1].from_cache
-    assert calls == []
-
-
 def test_cache_file_is_not_a_pickle(small_dataset: DatasetConfig) -> None:
     _, report = load_split(small_dataset, "train")
     with np.load(report.cache_path, allow_pickle=False) as z:  # would raise on object arrays
-        assert {"meta", "paths", "sizes", "counts", "classes", "boxes"} <= set(z.files)
+        assert {"meta", "paths", "path_ends", "sizes", "label_ends", "classes", "boxes"} <= set(z.files)
         assert all(z[k].dtype != object for k in z.files)
 
 

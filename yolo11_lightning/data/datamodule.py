@@ -24,6 +24,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import check_ranks_agree
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
+from yolo11_lightning.data.build_once import run_once_per_node
 from yolo11_lightning.data.cpu_cores import cores_per_rank
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
@@ -44,7 +45,7 @@ from yolo11_lightning.data.sources.config import (
     MissingSplitError,
     load_dataset_config,
 )
-from yolo11_lightning.data.sources.split import build_label_cache, label_cache_locations, load_split
+from yolo11_lightning.data.sources.split import label_cache_locations, load_split
 from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.data.synthetic.shapes import (
     SYNTHETIC_YAML,
@@ -105,8 +106,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         synthetic_image_size: side of the synthetic images in pixels.
         synthetic_classes: number of synthetic classes (1-8).
         label_cache_dir: where label caches go when the dataset folder is read-only.
-        prepare_data_per_node: build label caches (and the synthetic dataset) once per node instead of
-            once per job; needed only when nodes do not share the dataset's filesystem.
+        prepare_data_per_node: generate the synthetic dataset once per node instead of once per job; needed
+            only when nodes do not share its filesystem. Label caches need no setting: global rank 0 builds
+            them, and a node that cannot read its cache builds its own (``build_once``).
         rect_val: validate and test in rectangular batches, the reference validator's default: images in
             aspect-ratio order, each global batch letterboxed to its own shape (``data.eval_shapes``);
             False letterboxes every image to an ``image_size`` square. Training is always square.
@@ -182,7 +184,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if cache_images not in (True, False, "disk"):
             raise UserInputError(f"data.cache_images must be true, false or 'disk', got {cache_images!r}")
         if mosaic_partners not in PARTNER_MODES:
-            raise UserInputError(f"data.mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}")
+            raise UserInputError(
+                f"data.mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}"
+            )
         # Paths as strings: checkpoints hold the hyper-parameters, and their guarded reader takes plain data only.
         dataset, synthetic_dir, label_cache_dir = (
             os.fspath(p) if isinstance(p, os.PathLike) else p
@@ -233,7 +237,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         if max_substituted_fraction < 0:
-            raise UserInputError(f"data.max_substituted_fraction must be >= 0, got {max_substituted_fraction}")
+            raise UserInputError(
+                f"data.max_substituted_fraction must be >= 0, got {max_substituted_fraction}"
+            )
         self.max_substituted_fraction = max_substituted_fraction
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         self.rect_val = rect_val
@@ -363,18 +369,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
 
     # ------------------------------------------------------------------------------------ data
     def prepare_data(self) -> None:
-        """Settle the task, generate the synthetic dataset if asked, then build the label caches (once per job)."""
+        """Settle the task and generate the synthetic dataset if asked. The label caches are built in ``setup``:
+        by global rank 0 while the other ranks wait without a timeout (``build_once``)."""
         self.resolve_task()
         if self.dataset == SYNTHETIC:
             # The generator's own default seed, not `seed`: runs with other seeds compare on the same data.
             make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
-        config = load_dataset_config(self.yaml_path)
-        build_label_cache(
-            config,
-            ["train", "val", "test"],
-            cache_dir=self.label_cache_dir,
-            max_image_pixels=self.max_image_pixels,
-        )
 
     def _config(self) -> DatasetConfig:
         config = load_dataset_config(self.yaml_path)
@@ -383,12 +383,16 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         return config
 
     def _make_dataset(self, config: DatasetConfig, split: str, augment: bool) -> DetectionDataset:
-        records, _ = load_split(
-            config,
-            split,
-            cache_dir=self.label_cache_dir,
-            verbose=self.global_rank == 0,
-            max_image_pixels=self.max_image_pixels,
+        records, _ = run_once_per_node(
+            RankGroup.from_trainer(self.trainer),
+            f"the `{split}` labels of {config.source}",
+            lambda: load_split(
+                config,
+                split,
+                cache_dir=self.label_cache_dir,
+                verbose=self.global_rank == 0,
+                max_image_pixels=self.max_image_pixels,
+            ),
         )
         if self.global_rank == 0:
             self.task_spec.check_records(records, f"{config.source} `{split}`")

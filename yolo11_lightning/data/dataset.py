@@ -156,7 +156,11 @@ class DetectionDataset(RecordImageLoader, Dataset):
             )
         self.label_fields = self.task.label_fields
         self.target_options = {"mask_overlap": mask_overlap}
-        self.records = PackedRecords(records, polygons=any(f.reads_polygons for f in self.label_fields))
+        polygons = any(f.reads_polygons for f in self.label_fields)
+        if isinstance(records, PackedRecords):  # what load_split gives: kept as it is, no record built
+            self.records = records if polygons else records.without_polygons()
+        else:
+            self.records = PackedRecords(records, polygons=polygons)
         self.image_size = image_size
         self.augment = augment
         self.aug = aug if aug is not None else AugmentConfig()

@@ -142,8 +142,9 @@ class Task:
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_detection(samples)
 
-    def check_records(self, records: Sequence[Any], where: str) -> None:
-        """Report what this task needs and a split's records lack (``where`` names the split)."""
+    def check_records(self, records: Any, where: str) -> None:
+        """Report what this task needs and a split's records lack (``where`` names the split); ``records``: a
+        ``PackedRecords`` (read its arrays' counts, not record by record)."""
 
     # ------------------------------------------------------------------------------------ evaluation
     def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:

@@ -2,9 +2,11 @@
 
 Format: one ``.npz`` (``np.savez``, read with ``allow_pickle=False``: a cache file can never run
 code; before that, ``check_npz`` checks that no entry claims more bytes than the file holds, so a
-crafted cache cannot make ``np.load`` allocate either) holding flat arrays: the image paths as one UTF-8 blob, sizes, per-image box counts, all
-classes and boxes, every instance's polygon vertex count and all vertices, and a small json header
-(format version, key, report, dependency hash).
+crafted cache cannot make ``np.load`` allocate either) holding the flat arrays of ``PackedRecords``
+(``packed_records.FIELDS``: the image paths as one UTF-8 blob and their ends, sizes, per-image row ends, all
+classes and boxes, every instance's polygon vertex count and all vertices), the dependency paths as one blob,
+and a small json header (format version, key, report, dependency hash). Loading hands the arrays to
+``PackedRecords.from_arrays`` after vectorised consistency checks: no per-record Python object is built.
 
 Validity: ``key`` hashes what can be listed before parsing (config, entries, image and label
 paths with sizes and mtimes, json files); ``deps`` lists files only known after parsing (the
@@ -25,18 +27,19 @@ import logging
 import os
 import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.sources.checks import DataReport
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 
-# 2: records keep their polygons (``segments``, ``segment_sizes``). A cache of another version is rebuilt:
-# the key hashes the version too, and ``load_cache`` refuses any other one.
-CACHE_VERSION = 2
+# 3: the arrays of ``PackedRecords`` as they are (path ends, label ends). A cache of another version is
+# rebuilt: the key hashes the version too, and ``load_cache`` refuses any other one.
+CACHE_VERSION = 3
 log = logging.getLogger("yolo11_lightning.data.cache")  # its name before the move to data.sources
 
 
@@ -46,19 +49,39 @@ def default_cache_dir() -> Path:
     return Path(base) / "yolo11_lightning"
 
 
-def _stat_token(path: str) -> str:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return "missing"
-    return f"{st.st_size}:{st.st_mtime_ns}"
+STAT_CHUNK = 8192  # paths one thread stats in turn
+STAT_THREADS = (
+    8  # stat releases the GIL: threads overlap the system calls (and a network filesystem's latency)
+)
+
+
+def _stat_lines(paths: Sequence[str]) -> str:
+    """``"<path>\0<size>:<mtime ns>\n"`` per path (``missing`` for one that cannot be stat'ed)."""
+    lines, stat = [], os.stat
+    for p in paths:
+        try:
+            st = stat(p)
+        except OSError:
+            lines.append(f"{p}\0missing\n")
+            continue
+        lines.append(f"{p}\0{st.st_size}:{st.st_mtime_ns}\n")
+    return "".join(lines)
 
 
 def hash_files(paths: Iterable[str], h=None):
-    """Update (or start) a sha1 with each path and its size and mtime; returns the hash object."""
+    """Update (or start) a sha1 with each path and its size and mtime, in order; returns the hash object.
+
+    One ``stat`` per path, in up to ``STAT_THREADS`` threads for long lists.
+    """
     h = h or hashlib.sha1()
-    for p in paths:
-        h.update(f"{p}\0{_stat_token(p)}\n".encode())
+    paths = paths if isinstance(paths, list) else list(paths)
+    chunks = [paths[i : i + STAT_CHUNK] for i in range(0, len(paths), STAT_CHUNK)]
+    if len(chunks) <= 1:
+        h.update(_stat_lines(paths).encode())
+        return h
+    with ThreadPoolExecutor(min(STAT_THREADS, len(chunks)), thread_name_prefix="stat") as pool:
+        for text in pool.map(_stat_lines, chunks):
+            h.update(text.encode())
     return h
 
 
@@ -78,32 +101,26 @@ def _unblob(arr: np.ndarray, count: int) -> list[str]:
 def save_cache(
     path: Path,
     key: str,
-    records: list[ImageRecord],
+    records: PackedRecords,
     report: DataReport,
     deps: list[str],
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> None:
     """Write atomically; raises OSError when the folder is not writable. ``max_pixels``: the pixel limit
     the records were checked under (None or 0: none)."""
-    counts = np.array([len(r.classes) for r in records], np.int64)
     meta = {
         "version": CACHE_VERSION,
         "key": key,
         "max_image_pixels": pixel_limit(max_pixels) or 0,
         "deps_hash": hash_files(deps).hexdigest(),
         "num_deps": len(deps),
+        "polygons": records.has_polygons,
         "report": {**report.to_dict(), "cache_path": None, "from_cache": False},
     }
     arrays = {
         "meta": np.frombuffer(json.dumps(meta).encode("utf-8"), np.uint8),
-        "paths": _blob([r.path for r in records]),
         "deps": _blob(deps),
-        "sizes": np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2),
-        "counts": counts,
-        "classes": np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)]),
-        "boxes": np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)]),
-        "segment_sizes": np.concatenate([r.segment_sizes for r in records] + [np.zeros(0, np.int64)]),
-        "segments": np.concatenate([r.segments for r in records] + [np.zeros((0, 2), np.float32)]),
+        **records.arrays(),
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -153,7 +170,7 @@ def _raised(limit: int | None, built: int | None) -> bool:
 
 def load_cache(
     path: Path, key: str, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
-) -> tuple[list[ImageRecord], DataReport] | None:
+) -> tuple[PackedRecords, DataReport] | None:
     """Records and report from a valid cache file; None when missing, stale or unreadable, or when it
     refused images above a lower pixel limit than ``max_pixels`` (they are checked again).
 
@@ -186,30 +203,12 @@ def load_cache(
                     built,
                 )
                 return None
-            counts = z["counts"]
             deps = _unblob(z["deps"], int(meta["num_deps"]))
             if hash_files(deps).hexdigest() != meta["deps_hash"]:
                 return None
-            paths = _unblob(z["paths"], len(counts))
-            sizes, classes, boxes = z["sizes"], z["classes"], z["boxes"]
-            segment_sizes, segments = z["segment_sizes"], z["segments"]
-        if (segment_sizes < 0).any() or not len(segment_sizes) == len(classes) == counts.sum():
-            raise ValueError("polygon sizes do not match the instances")
-        ends = np.cumsum(counts)
-        starts = ends - counts
-        point_at = np.concatenate([[0], np.cumsum(segment_sizes)])  # first vertex of instance i, and the end
-        records = [
-            ImageRecord(
-                p,
-                int(hw[0]),
-                int(hw[1]),
-                classes[s:e],
-                boxes[s:e],
-                segments[point_at[s] : point_at[e]],
-                segment_sizes[s:e],
-            )
-            for p, hw, s, e in zip(paths, sizes, starts, ends)
-        ]
+            arrays = {name: z[name] for name in FIELDS}
+        arrays["paths"].tobytes().decode("utf-8")  # every path is text (a crafted file fails here, not later)
+        records = PackedRecords.from_arrays(arrays, polygons=bool(meta.get("polygons", True)))
     except (OSError, ValueError, KeyError, IndexError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         log.debug("ignoring unreadable label cache %s: %s", path, e)
         return None

@@ -215,6 +215,15 @@ class DataReport:
         self.num_polygons -= num_polygons
         self.num_background -= num_boxes == 0
 
+    def merge(self, other: DataReport) -> None:
+        """Add ``other``'s counts and warnings (a later run of the same split's images) to this report."""
+        for f in dataclasses.fields(self):
+            value = getattr(other, f.name)
+            if f.name == "warnings":
+                self.warnings += value
+            elif f.type == "int" and value:
+                setattr(self, f.name, getattr(self, f.name) + value)
+
     def summary(self) -> str:
         """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``."""
         head = f"{self.split}: " if self.split else ""

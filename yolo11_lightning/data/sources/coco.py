@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,8 @@ from yolo11_lightning.data.labels.polygons import merge_parts
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.sources.records import ImageRecord, MapFn
+from yolo11_lightning.data.sources.packed_records import PackedRecords
+from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.rle import RLEError, decode_rle, mask_outline
 
 _PROBE_FIRST = 20
@@ -297,12 +299,15 @@ class CocoEntry:
         return Path(self.path).with_name(f"{Path(self.path).stem}.{split}.cache.npz")
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
-    ) -> tuple[list[ImageRecord], list[str]]:
+        self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
+    ) -> tuple[PackedRecords, list[str]]:
+        # Threads: the per-image work is the image check (OpenCV decodes release the GIL); the json is one file.
         image_dir = config.image_dirs.get(self.path)
-        return load_coco_json(
-            self.path, config.names, str(config.root), report, image_dir, map_fn, max_pixels
-        )
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
+            records, deps = load_coco_json(
+                self.path, config.names, str(config.root), report, image_dir, pool.map, max_pixels
+            )
+        return PackedRecords(records), deps
 
 
 def open_entry(path: str, seen: set[str]) -> CocoEntry | None:

@@ -1,39 +1,187 @@
-"""``PackedRecords``: a dataset's ``ImageRecord``s as a few flat numpy arrays (no per-record objects)."""
+"""``PackedRecords``: a split's ``ImageRecord``s as a few flat numpy arrays (no per-record objects).
+
+What every source hands on (``split.load_split``), what the label cache stores and loads array by array
+(``cache``), and what the Dataset and its DataLoader workers index. A list of Python objects in a forked
+DataLoader worker gets its memory pages copied as soon as the worker touches their reference counts, so each
+worker slowly duplicates the whole list (per rank, per worker: gigabytes for COCO-sized datasets); flat arrays
+have no per-record objects to touch, and a record is built only when indexed.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import overload
 
 import numpy as np
 
 from yolo11_lightning.data.sources.records import ImageRecord
 
+# The arrays, by name, as the label cache stores them (``arrays``, ``from_arrays``).
+FIELDS = ("paths", "path_ends", "sizes", "label_ends", "classes", "boxes", "segment_sizes", "segments")
 
-class PackedRecords:
-    """``ImageRecord``s stored in a few flat numpy arrays, indexable like the list they came from.
 
-    A list of Python objects in a forked DataLoader worker gets its memory pages copied as soon as the
-    worker touches their reference counts, so each worker slowly duplicates the whole list (per rank, per
-    worker: gigabytes for COCO-sized datasets). Flat arrays have no per-record objects to touch.
+def _ends(lengths: Iterable[int]) -> np.ndarray:
+    return np.cumsum(np.fromiter(lengths, np.int64), dtype=np.int64)
+
+
+class PackedRecords(Sequence[ImageRecord]):
+    """``ImageRecord``s stored in flat numpy arrays, indexable like the list they came from.
+
+    Arrays (N records, L label rows, P polygon vertices):
+        ``_paths`` uint8 UTF-8 of every path one after the other, ``_path_ends`` (N,) int64 end of each;
+        ``_sizes`` (N, 2) int64 height, width; ``_label_ends`` (N,) int64 end of each record's rows;
+        ``_classes`` (L,) int64; ``_boxes`` (L, 4) float32 cx, cy, w, h; ``_segment_sizes`` (L,) int64 vertex
+        count of each row's polygon; ``_segments`` (P, 2) float32 vertices; ``_point_ends`` (N,) int64 end of
+        each record's vertices (derived).
 
     ``polygons=False`` leaves the polygons out (records come back without any): detection never reads
     them, and COCO's outlines are about 160 MB.
     """
 
-    def __init__(self, records: Sequence[ImageRecord], polygons: bool = True) -> None:
+    def __init__(self, records: Sequence[ImageRecord] = (), polygons: bool = True) -> None:
         encoded = [r.path.encode("utf-8") for r in records]
-        self._paths = np.frombuffer(b"".join(encoded), np.uint8) if encoded else np.zeros(0, np.uint8)
-        self._path_ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)
-        self._sizes = np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2)
-        self._label_ends = np.cumsum([len(r.classes) for r in records], dtype=np.int64)
-        self._classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
-        self._boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
-        self.has_polygons = polygons
         kept = records if polygons else []
-        # Per label row its vertex count (as the label cache stores it), per record the end of its vertices.
-        self._segment_sizes = np.concatenate([r.segment_sizes for r in kept] + [np.zeros(0, np.int64)])
-        self._segments = np.concatenate([r.segments for r in kept] + [np.zeros((0, 2), np.float32)])
-        self._point_ends = np.cumsum([len(r.segments) for r in kept], dtype=np.int64)
+        self._set(
+            np.frombuffer(b"".join(encoded), np.uint8).copy(),
+            _ends(len(e) for e in encoded),
+            np.array([(r.height, r.width) for r in records], np.int64).reshape(-1, 2),
+            _ends(len(r.classes) for r in records),
+            np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)]),
+            np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)]),
+            np.concatenate([r.segment_sizes for r in kept] + [np.zeros(0, np.int64)]),
+            np.concatenate([r.segments for r in kept] + [np.zeros((0, 2), np.float32)]),
+            polygons,
+        )
+
+    def _set(
+        self,
+        paths: np.ndarray,
+        path_ends: np.ndarray,
+        sizes: np.ndarray,
+        label_ends: np.ndarray,
+        classes: np.ndarray,
+        boxes: np.ndarray,
+        segment_sizes: np.ndarray,
+        segments: np.ndarray,
+        polygons: bool,
+    ) -> None:
+        self._paths, self._path_ends, self._sizes = paths, path_ends, sizes
+        self._label_ends, self._classes, self._boxes = label_ends, classes, boxes
+        self.has_polygons = polygons
+        self._segment_sizes = segment_sizes if polygons else np.zeros(0, np.int64)
+        self._segments = segments if polygons else np.zeros((0, 2), np.float32)
+        if polygons and len(label_ends):
+            # Per record the end of its vertices: the cumulative vertex count at its last label row.
+            point_at = np.concatenate([[0], np.cumsum(self._segment_sizes, dtype=np.int64)])
+            self._point_ends = point_at[label_ends]
+        else:
+            self._point_ends = np.zeros(len(label_ends), np.int64)
+
+    @classmethod
+    def from_arrays(cls, arrays: dict[str, np.ndarray], polygons: bool = True) -> PackedRecords:
+        """Records from the arrays ``arrays()`` gave (a label cache's); ValueError when they do not fit together.
+
+        Checked without building a record: dtypes and shapes, ends that never decrease and end at their
+        array's length, vertex counts that sum to the vertices.
+        """
+        a = {name: np.asarray(arrays[name]) for name in FIELDS}
+        n = len(a["path_ends"])
+        expected = {
+            "paths": (np.uint8, 1), "path_ends": (np.int64, 1), "sizes": (np.int64, 2),
+            "label_ends": (np.int64, 1), "classes": (np.int64, 1), "boxes": (np.float32, 2),
+            "segment_sizes": (np.int64, 1), "segments": (np.float32, 2),
+        }  # fmt: skip
+        for name, (dtype, ndim) in expected.items():
+            if a[name].dtype != dtype or a[name].ndim != ndim:
+                raise ValueError(f"array {name!r} is {a[name].dtype} {a[name].shape}, not {np.dtype(dtype)}")
+        if a["sizes"].shape != (n, 2) or len(a["label_ends"]) != n:
+            raise ValueError("per-record arrays of different lengths")
+        if a["boxes"].shape[1:] != (4,) or a["segments"].shape[1:] != (2,):
+            raise ValueError("boxes or vertices of the wrong width")
+        for ends, total in ((a["path_ends"], len(a["paths"])), (a["label_ends"], len(a["classes"]))):
+            if (n and ((np.diff(ends, prepend=0) < 0).any() or ends[-1] != total)) or (not n and total):
+                raise ValueError("record ends do not match their array")
+        if len(a["boxes"]) != len(a["classes"]):
+            raise ValueError("boxes do not match the classes")
+        sizes = a["segment_sizes"]
+        if polygons and (
+            len(sizes) != len(a["classes"]) or (sizes < 0).any() or sizes.sum() != len(a["segments"])
+        ):
+            raise ValueError("polygon sizes do not match the instances or the vertices")
+        packed = cls.__new__(cls)
+        packed._set(*(a[name] for name in FIELDS), polygons)
+        return packed
+
+    @classmethod
+    def concatenate(cls, parts: Sequence[PackedRecords]) -> PackedRecords:
+        """One ``PackedRecords`` of ``parts`` one after the other (every part keeps its polygons)."""
+        arrays = {name: [p.arrays()[name] for p in parts] for name in FIELDS}
+        offsets = {"path_ends": "paths", "label_ends": "classes"}
+        out = {}
+        for name, values in arrays.items():
+            if name in offsets:
+                shift = np.cumsum([0] + [len(p.arrays()[offsets[name]]) for p in parts[:-1]], dtype=np.int64)
+                values = [v + s for v, s in zip(values, shift)]
+            empty = cls().arrays()[name]
+            out[name] = np.concatenate([empty, *values])
+        return cls.from_arrays(out)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """The flat arrays by name (``FIELDS``); polygons empty when left out."""
+        return {
+            "paths": self._paths, "path_ends": self._path_ends, "sizes": self._sizes,
+            "label_ends": self._label_ends, "classes": self._classes, "boxes": self._boxes,
+            "segment_sizes": self._segment_sizes if self.has_polygons else np.zeros(len(self._classes), np.int64),
+            "segments": self._segments,
+        }  # fmt: skip
+
+    def select(self, keep: np.ndarray) -> PackedRecords:
+        """The records where ``keep`` (N,) bool is True, in order (built from the arrays, no records)."""
+        keep = np.asarray(keep, bool)
+        path_starts = self._path_ends - np.diff(self._path_ends, prepend=0)
+        label_starts = self._label_ends - np.diff(self._label_ends, prepend=0)
+        point_starts = self._point_ends - np.diff(self._point_ends, prepend=0)
+
+        def spans(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+            lengths = (ends - starts)[keep]
+            first = np.repeat(starts[keep] - np.cumsum(lengths) + lengths, lengths)
+            return first + np.arange(int(lengths.sum()), dtype=np.int64)
+
+        rows = spans(label_starts, self._label_ends)
+        arrays = {
+            "paths": self._paths[spans(path_starts, self._path_ends)],
+            "path_ends": np.cumsum((self._path_ends - path_starts)[keep], dtype=np.int64),
+            "sizes": self._sizes[keep],
+            "label_ends": np.cumsum((self._label_ends - label_starts)[keep], dtype=np.int64),
+            "classes": self._classes[rows],
+            "boxes": self._boxes[rows],
+            "segment_sizes": self._segment_sizes[rows] if self.has_polygons else self._segment_sizes[:0],
+            "segments": self._segments[spans(point_starts, self._point_ends)] if self.has_polygons
+            else self._segments,
+        }  # fmt: skip
+        return PackedRecords.from_arrays(arrays, self.has_polygons)
+
+    def without_polygons(self) -> PackedRecords:
+        """The same records without their polygons (shares every other array)."""
+        if not self.has_polygons:
+            return self
+        packed = PackedRecords.__new__(PackedRecords)
+        a = self.arrays()
+        packed._set(*(a[name] for name in FIELDS), polygons=False)
+        return packed
+
+    def path(self, index: int) -> str:
+        """The image path of record ``index`` (without building the record)."""
+        p0 = self._path_ends[index - 1] if index > 0 else 0
+        return self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
+
+    def num_labels(self) -> int:
+        """Label rows (instances) of all records."""
+        return len(self._classes)
+
+    def num_polygons(self) -> int:
+        """Label rows that have a polygon (0 without polygons)."""
+        return int(np.count_nonzero(self._segment_sizes))
 
     def __len__(self) -> int:
         return len(self._sizes)
@@ -46,12 +194,23 @@ class PackedRecords:
         """(N, 4) float32: every label row's box, normalised cx, cy, w, h, in record order (a view)."""
         return self._boxes
 
-    def __getitem__(self, index: int) -> ImageRecord:
-        p0 = self._path_ends[index - 1] if index > 0 else 0
+    @overload
+    def __getitem__(self, index: int) -> ImageRecord: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[ImageRecord]: ...
+    def __getitem__(self, index: int | slice) -> ImageRecord | list[ImageRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        n = len(self)
+        index = int(index)
+        if index < 0:
+            index += n
+        if not 0 <= index < n:
+            raise IndexError(f"record {index} of {n}")
         l0 = self._label_ends[index - 1] if index > 0 else 0
         l1 = self._label_ends[index]
         h, w = self._sizes[index]
-        path = self._paths[p0 : self._path_ends[index]].tobytes().decode("utf-8")
+        path = self.path(index)
         if not self.has_polygons:
             return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
         s0 = self._point_ends[index - 1] if index > 0 else 0
@@ -64,3 +223,6 @@ class PackedRecords:
             self._segments[s0 : self._point_ends[index]],
             self._segment_sizes[l0:l1],
         )
+
+    def __iter__(self) -> Iterator[ImageRecord]:
+        return (self[i] for i in range(len(self)))

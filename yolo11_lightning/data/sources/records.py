@@ -10,7 +10,7 @@ fingerprints those files for the label cache, says where its cache goes and pars
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -71,9 +71,6 @@ class ImageRecord:
         return int((self.segment_sizes > 0).sum())
 
 
-MapFn = Callable[[Callable[[Any], Any], Iterable[Any]], Iterable[Any]]
-
-
 class SplitEntry(Protocol):
     """One entry of a split (a folder, an image list, a json file) as its format reads it."""
 
@@ -92,9 +89,10 @@ class SplitEntry(Protocol):
         ...
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
-    ) -> tuple[list[ImageRecord], list[str]]:
-        """Checked records (problems go to ``report``) and extra files whose changes invalidate the cache.
+        self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
+    ) -> tuple[Sequence[ImageRecord], list[str]]:
+        """Checked records (a ``PackedRecords``; problems go to ``report``) and extra files whose changes
+        invalidate the cache, using up to ``workers`` threads or processes.
 
         An image above ``max_pixels`` (None or 0: no limit) is skipped, read no further than its header.
         """

@@ -1,11 +1,12 @@
 """Entry point of the data sources: a split of a dataset config -> checked records and a report.
 
 ``load_split`` lists the split's files, returns the label cache when it is still valid, and
-otherwise checks every image and label (in a thread pool: decoding and reading release the GIL),
-then saves the cache. Images above the pixel limit (``max_image_pixels``, ``images.io``) are refused
+otherwise checks every image and label (in worker processes for YOLO folders, whose label parsing holds the
+GIL; threads for a COCO json), then saves the cache. Records travel as ``PackedRecords`` (flat arrays) from
+the check to the cache and the Dataset. Images above the pixel limit (``max_image_pixels``, ``images.io``) are refused
 from their headers in the check, and, cheaply from their stored sizes, in a cache built under a higher
-limit. ``build_label_cache`` is what ``LightningDataModule.prepare_data`` calls
-once (rank 0) so that every rank's ``setup`` only reads the cache.
+limit. The DataModule's ``setup`` runs it on global rank 0 first (``data.build_once``),
+so that the other ranks only read the cache.
 
 Cache location: beside the labels (``<labels dir>.<split>.cache.npz``, or
 ``<json stem>.<split>.cache.npz`` beside a COCO json); when that folder is read-only, in
@@ -18,18 +19,20 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from pathlib import Path
+
+import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
 from yolo11_lightning.data.sources import coco, yolo
 from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.sources.records import ImageRecord, SplitEntry
+from yolo11_lightning.data.sources.packed_records import PackedRecords
+from yolo11_lightning.data.sources.records import SplitEntry
 
-__all__ = ["DataReport", "DatasetError", "build_label_cache", "load_split"]
+__all__ = ["DataReport", "DatasetError", "load_split"]
 
 log = logging.getLogger("yolo11_lightning.data")
 MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them all
@@ -90,43 +93,43 @@ def label_cache_locations(
     return _cache_locations(_list_entries(config, split), split, cache_dir)
 
 
+def check_workers() -> int:
+    """Processes (or threads) that check a split's images: the cores this process may run on, at most 32."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(32, cores))
+
+
 def _parse(
     config: DatasetConfig,
     split: str,
     entries: list[SplitEntry],
     workers: int | None,
     max_pixels: int | None,
-) -> tuple[list[ImageRecord], DataReport, list[str]]:
+) -> tuple[PackedRecords, DataReport, list[str]]:
     report = DataReport(split=split)
-    records: list[ImageRecord] = []
+    parts: list[PackedRecords] = []
     deps: list[str] = []
-    workers = workers or min(16, 2 * (os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
-        for e in entries:
-            recs, paths = e.parse(config, split, report, pool.map, max_pixels)
-            records += recs
-            deps += paths
-    return records, report, deps
+    for e in entries:
+        recs, paths = e.parse(config, split, report, workers or check_workers(), max_pixels)
+        parts.append(recs if isinstance(recs, PackedRecords) else PackedRecords(recs))
+        deps += paths
+    return PackedRecords.concatenate(parts), report, deps
 
 
-def refuse_too_large(
-    records: list[ImageRecord], report: DataReport, max_pixels: int | None
-) -> list[ImageRecord]:
+def refuse_too_large(records: PackedRecords, report: DataReport, max_pixels: int | None) -> PackedRecords:
     """The records within ``max_pixels`` (None or 0: all); the others move to the report's refused images.
 
     For records of a cache built under a higher limit (or none): their sizes are stored, so nothing is read.
     """
     limit = pixel_limit(max_pixels)
-    if limit is None or all(r.height * r.width <= limit for r in records):
+    pixels = records._sizes[:, 0] * records._sizes[:, 1]
+    if limit is None or not (pixels > limit).any():
         return records
-    kept = []
-    for r in records:
-        if r.height * r.width <= limit:
-            kept.append(r)
-            continue
+    for i in np.flatnonzero(pixels > limit):
+        r = records[int(i)]
         report.remove_image(len(r.classes), r.num_polygons)
         report.skip_image(r.path, ImageTooLargeError(r.path, r.height, r.width, limit).reason, too_large=True)
-    return kept
+    return records.select(pixels <= limit)
 
 
 def _emit(report: DataReport, config: DatasetConfig) -> None:
@@ -152,7 +155,7 @@ def load_split(
     verbose: bool = True,
     workers: int | None = None,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-) -> tuple[list[ImageRecord], DataReport]:
+) -> tuple[PackedRecords, DataReport]:
     """Checked records of one split (in a stable order) and the report of what was skipped.
 
     Args:
@@ -161,7 +164,7 @@ def load_split(
         cache_dir: where the cache goes when the dataset folder is read-only.
         use_cache: False: check everything and neither read nor write a cache.
         verbose: log each warning (once per process) and the summary; pass False on ranks > 0.
-        workers: threads for checking images (default: 2 per CPU, at most 16).
+        workers: processes (threads for COCO) checking images (default ``check_workers()``: every usable core).
         max_image_pixels: images of more pixels are refused from their headers, undecoded, and reported
             (``images.io.DEFAULT_MAX_IMAGE_PIXELS``, the reference's limit; None or 0: no limit).
 
@@ -201,15 +204,3 @@ def load_split(
             f"{config.source}: split `{split}` has no usable image ({report.summary()}). First problems:\n  {problems}"
         )
     return records, report
-
-
-def build_label_cache(
-    config: DatasetConfig,
-    splits: Sequence[str],
-    cache_dir: str | Path | None = None,
-    max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-) -> None:
-    """Check the given splits (those the config defines) and write their caches; for rank 0 only."""
-    for split in splits:
-        if config.splits.get(split):
-            load_split(config, split, cache_dir=cache_dir, use_cache=True, max_image_pixels=max_image_pixels)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,10 +24,21 @@ from yolo11_lightning.data.images.io import (
     ImageTooLargeError,
     probe_image,
 )
+from yolo11_lightning.data.sources._processes import ordered_map
 from yolo11_lightning.data.sources.cache import hash_files
-from yolo11_lightning.data.sources.checks import CheckedRows, DataReport, check_polygon, check_rows
+from yolo11_lightning.data.sources.checks import (
+    CLIP_TOLERANCE,
+    CheckedRows,
+    DataReport,
+    check_polygon,
+    check_rows,
+)
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.sources.records import ImageRecord, MapFn
+from yolo11_lightning.data.sources.packed_records import PackedRecords
+
+# Images one process checks per task: at least 4 runs per process, so a slow run does not leave the others
+# idle (photo-sized JPEGs take about 1 ms each), between these bounds (each run's result travels back once).
+RUN_IMAGES = (128, 2000)
 
 
 def label_path_for(image_path: str) -> str:
@@ -166,79 +176,173 @@ def _is_float(token: str) -> bool:
     return True
 
 
-@dataclass
-class _ImageResult:
-    """What one worker found for one image; merged into the report in dataset order."""
-
-    record: ImageRecord | None = None
-    image_problem: str | None = None
-    too_large: bool = False  # the image problem: above the pixel limit
-    row_problems: list[str] = field(default_factory=list)
-    polygon_problems: list[tuple[str, str]] = field(default_factory=list)  # (where, why): box kept
-    num_clipped: int = 0
-    has_label_file: bool = False
-
-
-def _load_one(image_path: str, num_classes: int, max_pixels: int | None) -> _ImageResult:
-    try:
-        height, width = probe_image(image_path, max_pixels)
-    except ImageReadError as e:
-        return _ImageResult(image_problem=e.reason, too_large=isinstance(e, ImageTooLargeError))
+def _read_label(image_path: str) -> tuple[str | None, str | None]:
+    """(text, None), (None, None) when there is no label file (a background image), or (None, problem)."""
     label_path = label_path_for(image_path)
     try:
         with open(label_path, encoding="utf-8-sig") as f:
-            text = f.read()
+            return f.read(), None
     except FileNotFoundError:
-        return _ImageResult(record=ImageRecord(image_path, height, width))  # background image
+        return None, None
     except (OSError, UnicodeDecodeError) as e:
         # Training it as background would teach the detector that its objects are background.
-        return _ImageResult(image_problem=f"label file {label_path} unreadable ({e})")
-    rows = parse_label_rows(text, label_path, num_classes)
-    checked = rows.checked
-    record = ImageRecord(
-        image_path, height, width, checked.classes, checked.boxes, rows.segments, rows.segment_sizes
+        return None, f"label file {label_path} unreadable ({e})"
+
+
+def _box_values(text: str) -> list[float] | None:
+    """The values of a file of box rows only (5 numbers a line, blank lines skipped); None for anything else."""
+    values: list[float] = []
+    for line in text.splitlines():
+        tokens = line.split()
+        if not tokens:
+            continue
+        if len(tokens) != 5:
+            return None
+        try:
+            values += map(float, tokens)
+        except ValueError:
+            return None
+    return values
+
+
+def _clean_rows(values: np.ndarray, image_of: np.ndarray, num_classes: int) -> np.ndarray:
+    """(R,) bool: the box rows ``check_rows`` keeps exactly as written (nothing rejected, clipped or duplicate).
+
+    ``values`` (R, 5) float64 ``class cx cy w h``, ``image_of`` (R,) int64 the image of each row (rows of an
+    image together). A row outside this answer is not necessarily bad: its image is checked row by row.
+    """
+    cls, cx, cy, w, h = values.T
+    xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], 1)
+    with np.errstate(invalid="ignore"):
+        ok = np.isfinite(values).all(1) & (cls == np.round(cls)) & (cls >= 0) & (cls < num_classes)
+        ok &= (xyxy[:, 2:] > xyxy[:, :2]).all(1) & (xyxy >= 0).all(1) & (xyxy <= 1).all(1)
+        ok &= (values[:, 1:] >= -CLIP_TOLERANCE).all(1) & (values[:, 1:] <= 1 + CLIP_TOLERANCE).all(1)
+    if len(values) > 1:  # exact duplicates of (class, corners) within an image
+        keys = np.concatenate([image_of[:, None].astype(np.float64), cls[:, None], xyxy], 1)
+        order = np.lexsort(keys.T[::-1])
+        same = (keys[order[1:]] == keys[order[:-1]]).all(1)
+        ok[order[1:][same]] = False
+        ok[order[:-1][same]] = False
+    return ok
+
+
+def check_images(
+    images: list[str], num_classes: int, max_pixels: int | None
+) -> tuple[PackedRecords, DataReport, bool]:
+    """Check a run of images and parse their labels: (records in order, what was skipped, any label file).
+
+    Each image's header is read and its data decoded at a reduced scale (``probe_image``); each label row is
+    checked. Files of plain box rows are checked together, vectorised; a file with anything else (a polygon,
+    a bad or clipped or duplicate row) goes through ``parse_label_rows``, whose reasons name file and line.
+    """
+    report = DataReport()
+    found: list[tuple[int, int, str | None]] = []  # per usable image: height, width, label text
+    kept_images: list[str] = []
+    problems: list[tuple[str, str, bool] | None] = []  # per image: (path, reason, too large), None: usable
+    any_label_file = False
+    for image_path in images:
+        try:
+            height, width = probe_image(image_path, max_pixels)
+        except ImageReadError as e:
+            problems.append((image_path, e.reason, isinstance(e, ImageTooLargeError)))
+            continue
+        text, problem = _read_label(image_path)
+        if problem is not None:
+            problems.append((image_path, problem, False))
+            continue
+        any_label_file |= text is not None
+        found.append((height, width, text))
+        kept_images.append(image_path)
+        problems.append(None)
+    parsed = [None if text is None else _box_values(text) for _, _, text in found]
+    counts = np.array([len(v) // 5 if v is not None else 0 for v in parsed], np.int64)
+    flat = np.fromiter(
+        (x for v in parsed if v is not None for x in v), np.float64, count=int(counts.sum()) * 5
+    ).reshape(-1, 5)
+    image_of = np.repeat(np.arange(len(found), dtype=np.int64), counts)
+    clean = _clean_rows(flat, image_of, num_classes)
+    fast = np.array([v is not None or text is None for v, (_, _, text) in zip(parsed, found)], bool)
+    fast &= np.bincount(image_of[~clean], minlength=len(found))[: len(found)] == 0
+    cls, cx, cy, w, h = flat.T
+    x0, y0, x1, y1 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2  # as ``parse_label_rows`` computes them
+    fast_classes = cls.astype(np.int64)
+    fast_boxes = np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], 1).astype(np.float32)
+    starts = np.cumsum(counts) - counts
+    classes, boxes, segment_sizes, segments = [], [], [], []
+    label_counts = np.zeros(len(found), np.int64)
+    usable = iter(enumerate(zip(kept_images, found)))
+    for skipped in problems:  # in the images' order, so the report's lines are too
+        if skipped is not None:
+            report.skip_image(*skipped)
+            continue
+        i, (path, (_, _, text)) = next(usable)
+        if fast[i]:
+            s, e = starts[i], starts[i] + counts[i]
+            classes.append(fast_classes[s:e])
+            boxes.append(fast_boxes[s:e])
+            segment_sizes.append(np.zeros(e - s, np.int64))
+            label_counts[i] = e - s
+            report.add_image(int(e - s))
+            continue
+        label_path = label_path_for(path)
+        rows = parse_label_rows(text, label_path, num_classes)
+        checked = rows.checked
+        for line, why in checked.rejected:
+            report.skip_row(f"{label_path}:{line}", why)
+        for line, why in rows.dropped:
+            report.drop_polygon(f"{label_path}:{line}", why)
+        report.num_clipped_rows += checked.num_clipped
+        classes.append(checked.classes)
+        boxes.append(checked.boxes)
+        segment_sizes.append(rows.segment_sizes)
+        segments.append(rows.segments)
+        label_counts[i] = len(checked.classes)
+        report.add_image(len(checked.classes), int((rows.segment_sizes > 0).sum()))
+    encoded = [p.encode("utf-8") for p in kept_images]
+    packed = PackedRecords.from_arrays(
+        {
+            "paths": np.frombuffer(b"".join(encoded), np.uint8).copy(),
+            "path_ends": np.cumsum([len(e) for e in encoded], dtype=np.int64),
+            "sizes": np.array([(h, w) for h, w, _ in found], np.int64).reshape(-1, 2),
+            "label_ends": np.cumsum(label_counts, dtype=np.int64),
+            "classes": np.concatenate([np.zeros(0, np.int64), *classes]),
+            "boxes": np.concatenate([np.zeros((0, 4), np.float32), *boxes]),
+            "segment_sizes": np.concatenate([np.zeros(0, np.int64), *segment_sizes]),
+            "segments": np.concatenate([np.zeros((0, 2), np.float32), *segments]),
+        }
     )
-    return _ImageResult(
-        record=record,
-        row_problems=[f"{label_path}:{line}: {why}" for line, why in checked.rejected],
-        polygon_problems=[(f"{label_path}:{line}", why) for line, why in rows.dropped],
-        num_clipped=checked.num_clipped,
-        has_label_file=True,
-    )
+    return packed, report, any_label_file
+
+
+def _check_run(args: tuple[list[str], int, int | None]) -> tuple[PackedRecords, DataReport, bool]:
+    return check_images(*args)
 
 
 def load_yolo_images(
     images: list[str],
     num_classes: int,
     report: DataReport,
-    map_fn: Callable[[Callable, Iterable], Iterable] = map,
+    workers: int = 1,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-) -> list[ImageRecord]:
+) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
-    ``map_fn`` runs the per-image work (``executor.map`` to use threads: OpenCV decodes and file
-    reads release the GIL). An image above ``max_pixels`` (None or 0: no limit) is skipped from its
-    header, undecoded.
+    ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
+    parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
+    skipped from its header, undecoded.
     """
-    records: list[ImageRecord] = []
-    any_label_file = False
-    for image_path, result in zip(images, map_fn(lambda p: _load_one(p, num_classes, max_pixels), images)):
-        if result.record is None:
-            report.skip_image(image_path, result.image_problem or "unusable", result.too_large)
-            continue
-        for line in result.row_problems:
-            report.num_skipped_rows += 1
-            report.warnings.append(line)
-        for location, why in result.polygon_problems:
-            report.drop_polygon(location, why)
-        report.num_clipped_rows += result.num_clipped
-        report.add_image(len(result.record.classes), result.record.num_polygons)
-        records.append(result.record)
-        any_label_file |= result.has_label_file
-    if records and not any_label_file:
+    size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
+    runs = [(images[i : i + size], num_classes, max_pixels) for i in range(0, len(images), size)]
+    parts, any_label_file = [], False
+    for packed, part, labelled in ordered_map(_check_run, runs, workers):
+        report.merge(part)
+        parts.append(packed)
+        any_label_file |= labelled
+    records = PackedRecords.concatenate(parts)
+    if len(records) and not any_label_file:
         report.note(
             f"no label file found for any of {len(records)} images (expected e.g. "
-            f"{label_path_for(records[0].path)}): all are treated as background"
+            f"{label_path_for(records.path(0))}): all are treated as background"
         )
     return records
 
@@ -257,8 +361,7 @@ class YoloEntry:
     def fingerprint(self, h, image_dir: str) -> None:
         # "False": this entry kind's tag in the cache key (COCO writes "True").
         h.update(f"{self.path}\0False\0{image_dir}\n".encode())
-        for image in self.images:
-            hash_files([image, label_path_for(image)], h)
+        hash_files([path for image in self.images for path in (image, label_path_for(image))], h)
         h.update("\0".join(self.repeated).encode())
 
     def cache_path(self, split: str) -> Path:
@@ -266,11 +369,11 @@ class YoloEntry:
         return labels.with_name(f"{labels.name}.{split}.cache.npz")
 
     def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, map_fn: MapFn, max_pixels: int | None
-    ) -> tuple[list[ImageRecord], list[str]]:
+        self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
+    ) -> tuple[PackedRecords, list[str]]:
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
-        return load_yolo_images(self.images, config.num_classes, report, map_fn, max_pixels), []
+        return load_yolo_images(self.images, config.num_classes, report, workers, max_pixels), []
 
 
 def open_entry(path: str, seen: set[str]) -> YoloEntry:

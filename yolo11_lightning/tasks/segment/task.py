@@ -116,10 +116,9 @@ class SegmentTask(DetectTask):
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_segmentation(samples)
 
-    def check_records(self, records: Sequence[Any], where: str) -> None:
+    def check_records(self, records: Any, where: str) -> None:
         """Log how many instances have no polygon (their masks are their boxes' rectangles)."""
-        instances = sum(len(r.classes) for r in records)
-        missing = instances - sum(r.num_polygons for r in records)
+        instances, missing = records.num_labels(), records.num_labels() - records.num_polygons()
         if missing:
             log.warning(
                 "%s: %d of %d instances have no polygon (box rows, annotations without segmentation, or "
