@@ -38,7 +38,9 @@ _calls = (
     itertools.count()
 )  # every rank calls in the same order, so the n-th call has the same keys everywhere
 _OK, _ERROR = b"ok", b"error\n"
-FIRST_POLL_S, LONGEST_POLL_S = 0.02, 1.0  # the pause between two looks at the store grows to this
+# The pause between two looks at the store: 1/20 of the time waited so far (a waiter learns of the end at most 5%
+# late), at least SHORTEST_POLL_S, at most LONGEST_POLL_S (a million-image build: one look a second per rank).
+SHORTEST_POLL_S, LONGEST_POLL_S, POLL_SHARE = 0.005, 1.0, 0.05
 REPORT_EVERY_S = 60.0  # a waiting rank logs that it still waits this often
 
 
@@ -53,7 +55,7 @@ def wait_for_key(store: Any, key: str, what: str) -> None:
     ``what`` names the awaited work in the log lines and errors. A store that cannot be reached any more (its
     host died) raises RuntimeError.
     """
-    start, pause, reported = time.monotonic(), FIRST_POLL_S, 0.0
+    start, reported = time.monotonic(), 0.0
     while True:
         try:
             ready = store.check([key])
@@ -65,8 +67,7 @@ def wait_for_key(store: Any, key: str, what: str) -> None:
         if waited - reported >= REPORT_EVERY_S:
             reported = waited
             log.info("still waiting for %s (%.0f s)", what, waited)
-        time.sleep(pause)
-        pause = min(pause * 2, LONGEST_POLL_S)
+        time.sleep(min(max(waited * POLL_SHARE, SHORTEST_POLL_S), LONGEST_POLL_S))
     value = store.get(key)  # set: answers at once
     if value.startswith(_ERROR):
         raise DatasetError(value[len(_ERROR) :].decode("utf-8", "replace"))
