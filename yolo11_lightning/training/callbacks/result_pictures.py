@@ -47,7 +47,7 @@ class ResultPictures(Callback):
     """Result pictures of a run (module docstring).
 
     Args:
-        curves: draw ``results.png`` at every epoch end.
+        curves: draw ``results.png`` at epoch ends (at most 1/20 of the run's time) and at the end of fit.
         evaluation: draw the confusion matrices and per-class curves at the end of fit, validate and test.
         labels: draw the training labels' statistics at the start of fit.
         train_batches: how many of the first training batches to draw (0: none).
@@ -62,7 +62,6 @@ class ResultPictures(Callback):
         self.train_batches = train_batches
         self.history: dict[str, dict[int, float]] = {}  # series -> {epoch: value}
         self.out_dir: Path | None = None
-        self.draw_seconds = 0.0  # time spent drawing and saving, for the benchmark's account
         self._batches_drawn = 0
         self._curves_drawn_at = -float("inf")  # time.monotonic() of the last drawing of the curves
         self._curves_seconds = 0.0  # how long it took
@@ -144,7 +143,6 @@ class ResultPictures(Callback):
     def _guarded(self, what: str, draw: Any, *args: Any) -> None:
         """Run ``draw``: optional output of rank 0 alone, which must never end the run nor keep the others
         waiting in a collective."""
-        start = time.perf_counter()
         try:
             draw(*args)
         except Exception as e:  # any failure of optional output is only reported
@@ -154,8 +152,6 @@ class ResultPictures(Callback):
                     "failures of these are not reported", what, type(e).__name__, e,
                 )  # fmt: skip
                 self._warned.add(what)
-        finally:
-            self.draw_seconds += time.perf_counter() - start
 
     def _path(self, trainer: L.Trainer, name: str) -> Path:
         return (self.out_dir or Path(trainer.default_root_dir) / "pictures") / name
