@@ -80,6 +80,8 @@ class Task:
     label_fields: ClassVar[
         tuple[type[InstanceField], ...]
     ] = ()  # instance fields of the labels (``data.labels``)
+    # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
+    whole_image: ClassVar[bool] = False
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
 
@@ -126,6 +128,11 @@ class Task:
         """``(loss, items)`` of the train-mode ``outputs`` against the batch."""
         return criterion(outputs, batch["targets"])
 
+    def reference_loss_factor(self, global_batch: int) -> int:
+        """What the reference multiplies the (globally normalised) loss by before backward: the global batch for
+        the detection tasks (``ReferenceRecipe.loss_scale`` turns it into gradients on any world size)."""
+        return global_batch
+
     # ------------------------------------------------------------------------------------ data
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
@@ -134,6 +141,12 @@ class Task:
 
         ``options``: the data module's task options (``mask_overlap``)."""
         return None, {}
+
+    def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> Any:
+        """A ``whole_image`` task's sample pipeline (``data.image_dataset.ImageDataset``): an object with
+        ``load_shape(h, w)``, ``fit(image)`` (what the loader keeps) and ``__call__(image, seed)`` (the sample,
+        (size, size, 3) uint8); ``options``: the data module's augmentation settings."""
+        raise NotImplementedError(f"the {self.name} task augments boxes, not whole images")
 
     def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
         """The extra keys of an evaluation sample whose image could not be read."""

@@ -388,7 +388,7 @@ class YOLO11Module(L.LightningModule):
             images.shape[0],
         )  # logged after the optimiser step, on log steps
         # The reference's gradient for the global batch (the normaliser is already global): recipe.py.
-        return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0])
+        return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0], self.task)
 
     def _logs_this_batch(self) -> bool:
         """Whether the loss items are read back and logged after this batch: on the optimiser steps Lightning's

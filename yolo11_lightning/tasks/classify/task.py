@@ -11,11 +11,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+import numpy as np
 from torch import Tensor, nn
 
 from yolo11_lightning.tasks.base import Task
+from yolo11_lightning.tasks.classify.augment import ClassifyAugment, ClassifyTransform
+from yolo11_lightning.tasks.classify.batch import collate_classification
+from yolo11_lightning.tasks.classify.draw import draw_top_classes
 from yolo11_lightning.tasks.classify.head import Classify
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
+from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy
 
 __all__ = ["ClassifyTask"]
 
@@ -31,13 +36,17 @@ class ClassifyTask(Task):
     reference_class: ClassVar[str] = "ClassificationModel"
     reference_key: ClassVar[str | None] = "model.10.linear.weight"
     neck: ClassVar[bool] = False
-    batch_norm: ClassVar[tuple[float, float]] = (1e-5, 0.1)  # PyTorch's defaults, as the reference's classifier
+    batch_norm: ClassVar[tuple[float, float]] = (
+        1e-5,
+        0.1,
+    )  # PyTorch's defaults, as the reference's classifier
     class_branch: ClassVar[str] = "head.linear."
     class_key: ClassVar[str] = "head.linear.weight"
     loss_items: ClassVar[tuple[str, ...]] = ("cls",)
-    not_yet: ClassVar[str] = (
-        "its data (ImageFolder, classification augmentations), top-1/top-5 accuracy, prediction and export"
-    )
+    whole_image: ClassVar[bool] = True
+    checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
+    reported_metrics: ClassVar[tuple[str, ...]] = ("top1", "top5")
+    checked_metrics: ClassVar[tuple[str, ...]] = ("top1",)
 
     def build_head(
         self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
@@ -56,3 +65,56 @@ class ClassifyTask(Task):
                 f"the classify task needs batches with `labels` (B,), but the batch has only {sorted(batch)}"
             )
         return criterion(outputs, batch["labels"])
+
+    def reference_loss_factor(self, global_batch: int) -> int:
+        """1: the reference trains its classifier on the mean cross-entropy, not multiplied by the batch."""
+        return 1
+
+    # ------------------------------------------------------------------------------------ data
+    def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> ClassifyTransform:
+        """The reference's classification pipeline (``augment.ClassifyTransform``); ``options``: ``aug`` (the data
+        module's ``AugmentConfig``: ``scale``, flips, HSV gains), ``auto_augment``, ``erasing``."""
+        if not augment:
+            return ClassifyTransform(size)
+        aug = options.get("aug")
+        settings = {
+            "auto_augment": options.get("auto_augment", "randaugment"),
+            "erasing": options.get("erasing", 0.4),
+        }
+        if aug is not None:
+            settings.update(
+                scale_jitter=aug.scale, fliplr=aug.fliplr, flipud=aug.flipud, hsv_h=aug.hsv_h, hsv_s=aug.hsv_s,
+                hsv_v=aug.hsv_v,
+            )  # fmt: skip
+        return ClassifyTransform(size, ClassifyAugment(**settings))
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate_classification(samples)
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def make_metric(
+        self, class_names: list[str] | None, reference_style: bool = False
+    ) -> ClassificationAccuracy:
+        return ClassificationAccuracy(class_names)
+
+    def evaluate(self, module: Any, batch: dict[str, Any], metric: Any) -> dict[str, Any]:
+        """Class probabilities (B, nc) into ``metric``; returns them and, for the box-drawing callbacks, no
+        detections (one empty (0, 6) tensor per image)."""
+        probabilities = module.model(module.model_input(batch["images"]))
+        metric.update(probabilities, batch["labels"], batch["indices"])
+        empty = probabilities.new_zeros(0, 6)
+        return {"probabilities": probabilities, "detections": [empty] * probabilities.shape[0]}
+
+    def draw_evaluated(
+        self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
+        names: Sequence[str] | None,
+    ) -> np.ndarray:  # fmt: skip
+        """The top-5 classes of image ``index`` and their probabilities, written on ``image``."""
+        return draw_top_classes(image, outputs["probabilities"][index].detach().float().cpu(), names)
+
+    def draw_targets(
+        self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
+        """The label of training image ``index``, written on ``image``."""
+        label = int(batch["labels"][index])
+        return draw_top_classes(image, None, names, label=label)
