@@ -21,8 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from PIL import Image
-from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2
+from torchvision.transforms import InterpolationMode, v2
 
 __all__ = ["AUTO_AUGMENTS", "ClassifyAugment", "ClassifyTransform", "short_side_shape"]
 
