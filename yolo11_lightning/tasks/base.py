@@ -215,6 +215,11 @@ class Task:
         """The json fields of detection ``k`` beyond its box, score and class."""
         return {}
 
+    def image_fields(self, extras: dict[str, Any]) -> dict[str, Any]:
+        """The json row of the image as a whole (a classifier's top 5), from ``split_result``'s extras; empty (no
+        row) for a task whose answers are its detections."""
+        return {}
+
     def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         """What an annotated copy shows under the boxes (the boxes are drawn by the caller)."""
         return image
@@ -235,6 +240,16 @@ class Task:
     def onnx_output_order(self, shapes: Sequence[Sequence[Any]]) -> list[int]:
         """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
         return list(range(len(shapes)))
+
+    def onnx_num_classes(self, shape: Sequence[Any], extra: int) -> int | None:
+        """The class count an ONNX file's first output of ``shape`` implies (None: its axis is symbolic); raises
+        ValueError when the shape is not this task's (B, 4 + nc + extra, A)."""
+        if len(shape) != 3:
+            raise ValueError(
+                f"output {list(shape)} is not (B, 4 + nc, A); an export with NMS inside the graph (end-to-end) "
+                "is not supported"
+            )
+        return shape[1] - 4 - extra if isinstance(shape[1], int) else None
 
     def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
         """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``

@@ -20,7 +20,7 @@ from yolo11_lightning.tasks.classify.batch import collate_classification
 from yolo11_lightning.tasks.classify.draw import draw_top_classes
 from yolo11_lightning.tasks.classify.head import Classify
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
-from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy
+from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy, top_classes
 
 __all__ = ["ClassifyTask"]
 
@@ -47,6 +47,7 @@ class ClassifyTask(Task):
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
     reported_metrics: ClassVar[tuple[str, ...]] = ("top1", "top5")
     checked_metrics: ClassVar[tuple[str, ...]] = ("top1",)
+    onnx_output_doc: ClassVar[str] = "(B, nc): class probabilities (softmax)"
 
     def build_head(
         self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
@@ -118,3 +119,42 @@ class ClassifyTask(Task):
         """The label of training image ``index``, written on ``image``."""
         label = int(batch["labels"][index])
         return draw_top_classes(image, None, names, label=label)
+
+    # ------------------------------------------------------------------------------------ prediction
+    def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """Per image ``{"probabilities": (nc,) float32, "names": the model's class names or None}``."""
+        probabilities = module.model(module.model_input(batch["images"])).float()
+        names = getattr(module.model, "names", None)
+        return [{"probabilities": p, "names": names} for p in probabilities]
+
+    def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
+        """No detections; the image's answer in the extras (``draw``, ``image_fields``)."""
+        return result["probabilities"].new_zeros(0, 6), result
+
+    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+        """The top-5 classes and their probabilities, written at the top left."""
+        return draw_top_classes(image, extras["probabilities"].detach().float().cpu(), extras.get("names"))
+
+    def image_fields(self, extras: dict[str, Any]) -> dict[str, Any]:
+        """``top5``: the 5 most probable classes, in order, each ``{category_id, category_name, score}``."""
+        probabilities = extras["probabilities"].detach().float().cpu()
+        names = extras.get("names")
+        rows = []
+        for c in top_classes(probabilities[None])[0].tolist():
+            row = {"category_id": c, "score": round(float(probabilities[c]), 5)}
+            if names is not None and c < len(names):
+                row["category_name"] = names[c]
+            rows.append(row)
+        return {"top5": rows}
+
+    # ------------------------------------------------------------------------------------ export
+    def onnx_output_axes(self, dynamic: bool) -> list[dict[int, str]]:
+        return [{0: "batch"}]
+
+    def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
+        return [{1: model.num_classes}]
+
+    def onnx_num_classes(self, shape: Sequence[Any], extra: int) -> int | None:
+        if len(shape) != 2:
+            raise ValueError(f"output {list(shape)} is not a classifier's (B, nc) probabilities")
+        return shape[1] if isinstance(shape[1], int) else None
