@@ -213,8 +213,10 @@ class PredictionWriter(BasePredictionWriter):
                 lines.append(json.dumps(row))
             fields = self.task.image_fields(extras)  # a classifier's answer: one row per image
             if fields:
-                row = {"image_id": image_id, "file_name": Path(path).name, **({"frame": frame} if frame >= 0 else {})}
-                self.results.append({**row, **fields})
+                row = {"image_id": image_id, "file_name": Path(path).name, **fields}
+                if frame >= 0:
+                    row["frame"] = frame
+                self.results.append(row)
                 lines.append(json.dumps(self.results[-1]))
             original = batch["originals"][i]
             if self.save_media and original is not None:
