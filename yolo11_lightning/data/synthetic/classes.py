@@ -6,7 +6,8 @@ nothing about the class), on the shapes set's noisy gradient, with up to two sma
 class (at most 1/5 of the side, so the largest shape is always the labelled one). Look-alike classes: ellipse,
 ring, hexagon and star, or diamond and rectangle, differ in outline alone, and at 64 px by a few pixels.
 
-Deterministic: image i of a split depends only on (seed, split, i). Layout written under ``out_dir``
+Deterministic: image i of a split depends only on (seed, split, i); its class is i modulo the class count, so
+every split is balanced. Layout written under ``out_dir``
 (``data.sources.imagefolder``; the reference's ``data=<out_dir>`` reads it as is)::
 
     train/<class>/<i>.png   val/<class>/<i>.png   data.yaml (train: train, val: val, names)
@@ -49,9 +50,9 @@ def _paint(img: np.ndarray, rng: np.random.Generator, cls: int, side: float) -> 
 def classes_sample(
     seed: int, split_index: int, index: int, size: int, num_classes: int
 ) -> tuple[np.ndarray, int]:
-    """One image ((size, size, 3) uint8 RGB) and its class."""
+    """One image ((size, size, 3) uint8 RGB) and its class (``index`` modulo ``num_classes``)."""
     rng = np.random.default_rng([_STREAM, seed, split_index, index])
-    cls = int(rng.integers(num_classes))
+    cls = index % num_classes  # balanced in any split, however small
     img = background(rng, size, size)
     for _ in range(int(rng.integers(3))):  # distractors first: the labelled shape is painted over them
         _paint(img, rng, int(rng.integers(num_classes)), rng.uniform(0.1, 0.2) * size)
