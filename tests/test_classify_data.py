@@ -184,3 +184,41 @@ def test_training_samples_are_a_function_of_seed_epoch_index(folder: Path) -> No
     )
     assert not torch.equal(first, data[(2, 2)]["image"])
     assert first.shape == (3, OUT, OUT) and first.dtype == torch.uint8
+
+
+def test_too_large_images_are_refused_from_their_headers(folder: Path) -> None:
+    records, report = load_split(
+        dataset_config(folder), "train", use_cache=False, verbose=False, max_image_pixels=3000
+    )
+    assert [Path(r.path).name for r in records] == ["c0.png"]  # 40 x 60; the others exceed 3000 pixels
+    assert report.num_too_large == 4 and any("d1.png" in w for w in report.warnings)
+
+
+@pytest.mark.parametrize("cache", [True, "disk"])
+def test_image_caches_give_the_same_samples(folder: Path, tmp_path: Path, cache: bool | str) -> None:
+    """The RAM (node) and disk image caches hold what the loader keeps (shortest side 64): the samples are the
+    uncached ones, in training and evaluation."""
+    import shutil
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+
+    root = tmp_path / "data"
+    shutil.copytree(folder, root)
+    (root / "train" / "cat" / "broken.jpg").unlink()
+    modules = []
+    for cache_images in (False, cache):
+        data = YOLODataModule(
+            str(root), batch_size=2, image_size=OUT, num_workers=0, cache_images=cache_images
+        )
+        data.setup("fit")
+        modules.append(data)
+    plain, cached = modules
+    assert cached.datasets["train"].image_cache is not None
+    for key in ("train", "val"):
+        for item in ((0, 0), (1, 3), (2, 1)) if key == "train" else (0, 1):
+            if key == "val" or item[1] < len(plain.datasets[key]):
+                a, b = plain.datasets[key][item], cached.datasets[key][item]
+                assert torch.equal(a["image"], b["image"]) and torch.equal(a["labels"], b["labels"]), (
+                    key,
+                    item,
+                )

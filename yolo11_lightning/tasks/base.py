@@ -11,19 +11,21 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   ``matches_reference`` to recognise the reference's files of the task, ``head_index`` (the head's ``model.<i>``),
   ``class_branch`` / ``class_key`` (the tensors whose shapes follow the class count), ``kpt_shape_from_state``;
 * the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
-  ``train/<name>_loss``);
+  ``train/<name>_loss``), ``reference_loss_factor`` (what the reference multiplies the loss by: the batch, or 1 for
+  classification's mean);
 * what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
   refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
+  ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
   (``export --check-data``);
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
-  copies show and the json rows hold), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
+  copies show and the json rows hold; ``image_fields``: a row per image), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
   training batches of the result pictures);
-* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` (reading an ONNX
-  file back).
+* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` and
+  ``onnx_num_classes`` (reading an ONNX file back).
 
 Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
 ``hparams``, ``model_input`` and ``detect``.

@@ -1,9 +1,12 @@
 """``ClassifyTask``: image classification (YOLO11-cls), what every layer asks of it (``tasks.base``).
 
 Another network: the detection backbone's layers 0-8, then C2PSA at layer 9 (no SPPF, no neck; ``neck = False``)
-and the ``Classify`` head at layer 10; one label per image, cross-entropy (``loss.ClassificationLoss``). The model,
-its reference files and its loss are here; the data (ImageFolder, classification augmentations), top-1 / top-5
-accuracy, prediction and export are not yet (``not_yet``: runs are refused by ``tasks.choice``).
+and the ``Classify`` head at layer 10; one label per image, the mean cross-entropy (``loss.ClassificationLoss``;
+``reference_loss_factor`` 1: the reference does not multiply it by the batch). The data is whole images
+(``whole_image``: ``data.image_dataset.ImageDataset`` with ``augment.ClassifyTransform``, the reference's
+classification pipeline; ImageFolder records from ``data.sources.imagefolder``; batches add ``labels`` (B,),
+``batch.py``); evaluation is top-1 / top-5 accuracy (``metric.ClassificationAccuracy``, ``val/fitness`` their mean
+for ``best.ckpt``); prediction writes the top 5 per image (``draw.py``); ONNX export has one (B, nc) output.
 """
 
 from __future__ import annotations
