@@ -121,3 +121,21 @@ def test_predict_writes_top5_json_and_drawings(exported: SimpleNamespace, tmp_pa
         assert row["top5"][0]["score"] == pytest.approx(probs[top[0]].item(), abs=1e-4)  # json: 5 decimals
         drawn = cv2.imread(str(tmp_path / "out" / row["file_name"]))
         assert drawn is not None and not np.array_equal(drawn, cv2.imread(str(source / row["file_name"])))
+
+
+def test_a_classifier_the_reference_trained_loads_with_its_pickled_transforms(tmp_path: Path) -> None:
+    """The reference's trainer keeps the classifier's preprocessing (torchvision transforms) in ``model.transforms``
+    of ``last.pt`` / ``best.pt``: the guarded reader reads them as inert stand-ins and the weights load."""
+    from model_oracle import reference_task_model, save_like_release
+    from ultralytics.data.augment import classify_transforms
+
+    from yolo11_lightning.model_files.weights import load_model
+
+    reference = reference_task_model("classify", "n", 3)
+    reference.transforms = classify_transforms(SIZE)
+    path = save_like_release(reference, tmp_path / "trained.pt", names=dict(enumerate(NAMES)))
+    model = load_model(path, task=None)
+    assert (model.task, model.num_classes, model.names) == ("classify", 3, NAMES)
+    torch.testing.assert_close(
+        model.state_dict()["head.linear.weight"], reference.model[10].linear.weight.detach().half().float()
+    )
