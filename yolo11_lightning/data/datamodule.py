@@ -72,7 +72,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     """Detection data for Lightning.
 
     Args:
-        dataset: path of a dataset yaml, or "synthetic" to generate the built-in shapes dataset.
+        dataset: path of a dataset yaml, an ImageFolder root (classification: ``train/<class>/<images>``), or
+            "synthetic" to generate the built-in dataset of the task.
         batch_size: GLOBAL batch size over all devices and nodes (per device = batch_size / world_size).
         image_size: training and evaluation image side in pixels.
         num_workers: DataLoader worker processes per device, or ``"auto"`` (the GPU presets): each local rank's

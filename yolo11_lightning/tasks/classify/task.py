@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks.base import Task
 from yolo11_lightning.tasks.classify.augment import ClassifyAugment, ClassifyTransform
 from yolo11_lightning.tasks.classify.batch import collate_classification
@@ -94,6 +95,18 @@ class ClassifyTask(Task):
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_classification(samples)
+
+    def check_records(self, records: Any, where: str) -> None:
+        """Every image needs exactly one label (what ImageFolder records have): a box dataset named for the
+        classify task is refused with one line (UserInputError) naming the split and its first such image."""
+        counts = np.diff(records.arrays()["label_ends"], prepend=0)
+        wrong = np.flatnonzero(counts != 1)
+        if len(wrong):
+            raise UserInputError(
+                f"{where}: {len(wrong)} of {len(counts)} images have {counts[wrong[0]]} labels, not one class (e.g. "
+                f"{records.path(int(wrong[0]))}); classification reads an ImageFolder root: "
+                "<root>/train/<class>/<images>"
+            )
 
     # ------------------------------------------------------------------------------------ evaluation
     def make_metric(
