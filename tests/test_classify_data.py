@@ -233,3 +233,15 @@ def test_a_box_dataset_is_refused_for_classification(tmp_path: Path) -> None:
     data = YOLODataModule(str(yaml_path), task="classify", image_size=OUT, batch_size=2, num_workers=0)
     with pytest.raises(UserInputError, match=r"`train`: 4 of 4 images have \d labels, not one class"):
         data.setup("fit")
+
+
+def test_training_keeps_enough_pixels_for_the_smallest_crop() -> None:
+    """Training keeps an image whose shortest side is at most ``load_side`` as it is (crops from the file's own
+    pixels, as the reference's), and shrinks a larger one to it: the smallest crop (area 0.5, ratio 3/4) of
+    ``load_side`` still spans 64 pixels. Evaluation keeps the shortest side at 64."""
+    train, val = ClassifyTransform(OUT, ClassifyAugment()), ClassifyTransform(OUT)
+    assert train.load_side == 105 and math.sqrt(0.5 * 3 / 4) * train.load_side >= OUT
+    assert train.load_shape(80, 100) == (80, 100) and train.load_shape(300, 400) == (105, 140)
+    assert val.load_shape(80, 100) == (64, 80) and val.load_shape(30, 40) == (64, 85)
+    image = np.zeros((300, 400, 3), np.uint8)
+    assert train.fit(image).shape == (105, 140, 3) and train(train.fit(image), 0).shape == (OUT, OUT, 3)

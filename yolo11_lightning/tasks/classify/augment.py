@@ -7,15 +7,21 @@ RandAugment (``auto_augment="randaugment"``, the default; ``"autoaugment"``, ``"
 (probability ``erasing``, erased pixels 0 as the reference's on its [0, 1] tensor). Evaluation
 (``classify_transforms``): shortest side resized to ``size`` (bilinear), centre crop ``size``.
 
-Both run on the image as the loader keeps it (``ClassifyTransform.fit``: shortest side resized to ``size``, the
-evaluation's first step, so a cached image is what evaluation resizes to; training crops from it instead of the
-full-size file). Every random draw of a sample comes from torch's generator seeded by the sample's own seed
-(``__call__(image, seed)``, the caller's per-sample seed), inside ``torch.random.fork_rng``: a sample is a
-function of (seed, epoch, index) only, whatever the worker count or world size.
+Both run on the image as the loader keeps it (``ClassifyTransform.fit``, what the image cache holds). Evaluation
+keeps the shortest side resized to ``size``, its own first step, so a cached image is what it resizes to. Training
+keeps the image as it is when its shortest side is at most ``load_side`` (the side at which the smallest crop the
+augmentation draws, ``sqrt(min scale x 3/4)`` of the shortest side, still covers ``size`` pixels), else shrinks it
+to that side: every crop is then made from at least as many pixels as it is resized to, as the reference's crops
+of the full image are, at a bounded memory per cached image (an image whose shortest side is at most
+``load_side`` is cropped from the file's own pixels, exactly as the reference crops it). Every random draw of a sample comes
+from torch's generator seeded by the sample's own seed (``__call__(image, seed)``, the caller's per-sample seed),
+inside ``torch.random.fork_rng``: a sample is a function of (seed, epoch, index) only, whatever the worker
+count or world size.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -104,13 +110,23 @@ class ClassifyTransform:
             steps.append(v2.RandomErasing(p=augment.erasing, value=0))
         self.transform = v2.Compose(steps)
 
+    @property
+    def load_side(self) -> int:
+        """The shortest side ``fit`` keeps at most in training (module docstring); ``size`` in evaluation."""
+        if self.augment is None:
+            return self.size
+        return math.ceil(self.size / math.sqrt((1.0 - self.augment.scale_jitter) * 3 / 4))
+
     def load_shape(self, height: int, width: int) -> tuple[int, int]:
         """(h', w') of ``fit`` for an image of (height, width)."""
-        return short_side_shape(height, width, self.size)
+        if self.augment is not None and min(height, width) <= self.load_side:
+            return height, width
+        return short_side_shape(height, width, self.load_side)
 
     def fit(self, image: np.ndarray) -> np.ndarray:
-        """Shortest side resized to ``size`` (bilinear, PIL's antialiased resize as the reference's ``Resize``)."""
-        h, w = short_side_shape(image.shape[0], image.shape[1], self.size)
+        """Evaluation: the shortest side resized to ``size``; training: shrunk to ``load_side`` when longer (both
+        bilinear, PIL's antialiased resize as the reference's ``Resize``)."""
+        h, w = self.load_shape(image.shape[0], image.shape[1])
         if (h, w) == image.shape[:2]:
             return image
         return np.array(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
