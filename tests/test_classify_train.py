@@ -149,6 +149,16 @@ def test_classify_resume_two_ranks_to_one_is_exact(
     final = check_resume_two_ranks_to_one(cls_dataset, cls_uninterrupted, tmp_path, *CLASSIFY)
     assert final["hyper_parameters"]["task"] == "classify"
     assert final["hyper_parameters"]["class_names"] == ["ellipse", "rectangle", "triangle"]  # sorted folders
+    # Epoch 0 was validated on the 2 ranks (shards of 4 and 3 images): the 1-rank run's numbers.
+    two = _validations(next(p for p in tmp_path.rglob("metrics.csv") if "version_0" in str(p)))
+    one = _validations(next(cls_uninterrupted.rglob("metrics.csv")))
+    assert two[0]["val/top1"] == one[0]["val/top1"] and two[0]["val/top5"] == one[0]["val/top5"]
+    assert two[0]["val/loss"] == pytest.approx(one[0]["val/loss"], rel=1e-5)
+
+
+def _validations(metrics_csv: Path) -> dict[int, dict[str, float]]:
+    rows = [r for r in csv.DictReader(metrics_csv.open()) if r.get("val/top1")]
+    return {int(r["epoch"]): {k: float(v) for k, v in r.items() if k.startswith("val/") and v} for r in rows}
 
 
 def test_classify_best_checkpoint_follows_top1_top5_fitness(cls_uninterrupted: Path) -> None:
