@@ -175,3 +175,26 @@ def test_classify_best_checkpoint_follows_top1_top5_fitness(cls_uninterrupted: P
         assert top5 == 1.0  # 3 classes: the label is always among the top 5
         assert float(r["val/loss"]) > 0 and float(r["train/cls_loss"] or 1) > 0
     assert float(states[key]["best_model_score"]) == pytest.approx(max(float(r["val/fitness"]) for r in rows))
+
+
+def test_kept_evaluation_gives_the_confusion_matrix_and_summary_rows() -> None:
+    """With ``keep_evaluation`` (result pictures, closing summary) the metric keeps labels and top-1 classes; the
+    task turns them into images per class and the ``[predicted, true]`` confusion matrix, drawn and tabled by the
+    detection tasks' code."""
+    from yolo11_lightning.plots.evaluation import confusion_matrix_image
+    from yolo11_lightning.training.callbacks.closing_summary import class_rows
+
+    probs, labels = _predictions(37, 4, seed=3)
+    metric = ClassificationAccuracy()
+    metric.keep_evaluation = True
+    metric.update(probs, labels, torch.arange(37))
+    top1 = metric.compute()["top1"].item()
+    names = ["a", "b", "c", "d"]
+    results = get_task("classify").class_results(metric.evaluation, names)
+    expected = torch.zeros(5, 5, dtype=torch.int64)
+    expected.index_put_((probs.argmax(1), labels), torch.ones(37, dtype=torch.int64), accumulate=True)
+    assert (results.confusion == expected.numpy()).all() and results.num_images == 37
+    assert results.confusion.trace() == round(top1 * 37)
+    rows = class_rows(results)
+    assert [r["class"] for r in rows] == ["all", *names] and rows[0]["images"] == 37
+    assert confusion_matrix_image(results.confusion, names, normalize=True).ndim == 3

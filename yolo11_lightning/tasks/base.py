@@ -19,6 +19,7 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
   ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
+  ``class_results`` (the per-class results of an evaluation the metric kept),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
   (``export --check-data``);
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
@@ -50,6 +51,7 @@ from yolo11_lightning.visualize import draw_boxes
 
 if TYPE_CHECKING:
     from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.class_results import ClassResults
     from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 __all__ = ["Task"]
@@ -166,6 +168,13 @@ class Task:
         from yolo11_lightning.training.metrics.detection import DetectionMAP
 
         return DetectionMAP(class_names, reference_style=reference_style)
+
+    def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
+        """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
+        and the result pictures (``training.metrics.class_results``)."""
+        from yolo11_lightning.training.metrics.class_results import class_results
+
+        return class_results(evaluation, names)
 
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
         """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds."""

@@ -30,7 +30,7 @@ from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImag
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
-from yolo11_lightning.training.metrics.class_results import ClassResults, class_results
+from yolo11_lightning.training.metrics.class_results import ClassResults
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.optim import (
     LRScaling,
@@ -538,7 +538,7 @@ class YOLO11Module(L.LightningModule):
             return None
         if self._class_results[0] is not evaluation:
             names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
-            self._class_results = (evaluation, class_results(evaluation, names))
+            self._class_results = (evaluation, self.task.class_results(evaluation, names))
         return self._class_results[1]
 
     def on_validation_epoch_start(self) -> None:

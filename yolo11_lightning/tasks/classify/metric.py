@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-__all__ = ["ClassificationAccuracy", "top_classes"]
+from yolo11_lightning.training.metrics.class_results import ClassResults
+
+__all__ = ["ClassificationAccuracy", "classification_results", "top_classes"]
 
 TOP_K = 5
 TINY = torch.finfo(torch.float32).tiny
@@ -39,8 +42,10 @@ class ClassificationAccuracy(Metric):
     def __init__(self, class_names: list[str] | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.class_names = class_names
-        self.keep_evaluation = False  # the detection metrics' per-class results; none here
-        self.evaluation = None
+        # With ``keep_evaluation`` (the result pictures and the closing summary set it on rank 0) each compute keeps
+        # ``evaluation``: (labels (n,), top-1 classes (n,)) int64 on the host, in dataset order.
+        self.keep_evaluation = False
+        self.evaluation: tuple[Tensor, Tensor] | None = None
         self.add_state("indices", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("top", default=[], dist_reduce_fx="cat")
@@ -70,6 +75,8 @@ class ClassificationAccuracy(Metric):
             return {"top1": zero, "top5": zero, "fitness": zero, "loss": zero}
         order = flat(self.indices).argsort()  # the images in dataset order: the same sums on any world size
         labels, top, losses = labels[order], top[order], losses[order]
+        if self.keep_evaluation:
+            self.evaluation = (labels.cpu(), top[:, 0].cpu())
         correct = top == labels[:, None]
         top1 = correct[:, 0].double().mean()
         top5 = correct.any(1).double().mean()
@@ -79,3 +86,18 @@ class ClassificationAccuracy(Metric):
             "fitness": ((top1 + top5) / 2).float(),
             "loss": losses.double().mean().float(),
         }
+
+
+def classification_results(evaluation: tuple[Tensor, Tensor], names: list[str]) -> ClassResults:
+    """What the closing summary and the result pictures show of a kept evaluation: images per class and the
+    confusion matrix ``[predicted, true]`` of the top-1 classes (the reference's classification confusion matrix;
+    the background row and column, a detector's, stay empty); no per-kind curves."""
+    labels, predicted = (t.numpy().astype(np.int64) for t in evaluation)
+    k = len(names)
+    confusion = np.zeros((k + 1, k + 1), np.int64)
+    np.add.at(confusion, (predicted, labels), 1)
+    counts = np.bincount(labels, minlength=k)[:k]
+    return ClassResults(
+        names=list(names), images=counts, instances=counts.copy(), num_images=len(labels), kinds={},
+        confusion=confusion,
+    )  # fmt: skip

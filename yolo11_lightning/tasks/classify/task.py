@@ -24,7 +24,8 @@ from yolo11_lightning.tasks.classify.batch import collate_classification
 from yolo11_lightning.tasks.classify.draw import draw_top_classes
 from yolo11_lightning.tasks.classify.head import Classify
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
-from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy, top_classes
+from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy, classification_results, top_classes
+from yolo11_lightning.training.metrics.class_results import ClassResults
 
 __all__ = ["ClassifyTask"]
 
@@ -113,6 +114,10 @@ class ClassifyTask(Task):
         self, class_names: list[str] | None, reference_style: bool = False
     ) -> ClassificationAccuracy:
         return ClassificationAccuracy(class_names)
+
+    def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
+        """Images per class and the top-1 confusion matrix (``metric.classification_results``)."""
+        return classification_results(evaluation, names)
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: Any) -> dict[str, Any]:
         """Class probabilities (B, nc) into ``metric``; returns them and, for the box-drawing callbacks, no
