@@ -107,6 +107,22 @@ def score(weights: Path, root: Path, imgsz: int) -> dict[str, float]:
     return {k: float(v) for k, v in metric.compute().items()}
 
 
+def report(rows: list[dict]) -> None:
+    """The table: every run, then each side's means, and the ratio of the mean top-1s."""
+    columns = [("top1", ".4f"), ("top5", ".4f"), ("loss", ".4f"), ("wall_s", ".1f"), ("images_per_s", ".1f"),
+               ("train_images_per_s", ".1f")]  # fmt: skip
+    print(f"\n{'side':<8}{'seed':>6}" + "".join(f"{c:>20}" for c, _ in columns))
+    for r in rows:
+        print(f"{r['side']:<8}{r['seed']:>6}" + "".join(f"{r[c]:>20{f}}" for c, f in columns))
+    means = {}
+    for side in ("ours", "oracle"):
+        mine = [r for r in rows if r["side"] == side]
+        means[side] = {c: statistics.mean(r[c] for r in mine) for c, _ in columns}
+        print(f"{side:<8}{'mean':>6}" + "".join(f"{means[side][c]:>20{f}}" for c, f in columns))
+    ratio = means["ours"]["top1"] / max(means["oracle"]["top1"], 1e-9)
+    print(f"ours / oracle mean top-1: {ratio:.3f} (target >= 0.95)")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--workdir", default="runs/convergence_cls")
@@ -119,7 +135,11 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (both sides)")
     p.add_argument("--workers", type=int, default=0, help="loader workers per run (both sides)")
+    p.add_argument("--report", action="store_true", help="only print the table of --workdir's results.json")
     args = p.parse_args()
+    if args.report:
+        report(json.loads((Path(args.workdir) / "results.json").read_text())["rows"])
+        return
 
     from yolo11_lightning.data.synthetic.classes import make_classes_dataset
 
@@ -137,19 +157,7 @@ def main() -> None:
             rows.append(row)
             print(json.dumps(row), flush=True)
     (work / "results.json").write_text(json.dumps({"args": vars(args), "rows": rows}, indent=1))
-    print(f"\n{'side':<8}{'seed':>5}{'top1':>8}{'top5':>8}{'wall s':>9}{'img/s':>8}")
-    for r in rows:
-        print(
-            f"{r['side']:<8}{r['seed']:>5}{r['top1']:>8.4f}{r['top5']:>8.4f}{r['wall_s']:>9.1f}{r['images_per_s']:>8.1f}"
-        )
-    for side in ("ours", "oracle"):
-        mine = [r for r in rows if r["side"] == side]
-        print(f"{side:<8}{'mean':>5}{statistics.mean(r['top1'] for r in mine):>8.4f}"
-              f"{statistics.mean(r['top5'] for r in mine):>8.4f}{statistics.mean(r['wall_s'] for r in mine):>9.1f}"
-              f"{statistics.mean(r['images_per_s'] for r in mine):>8.1f}")  # fmt: skip
-    ours = statistics.mean(r["top1"] for r in rows if r["side"] == "ours")
-    oracle = statistics.mean(r["top1"] for r in rows if r["side"] == "oracle")
-    print(f"ours / oracle mean top-1: {ours / max(oracle, 1e-9):.3f} (target >= 0.95)")
+    report(rows)
 
 
 if __name__ == "__main__":
