@@ -217,7 +217,7 @@ class PredictionWriter(BasePredictionWriter):
                 if frame >= 0:
                     row["frame"] = frame
                 self.results.append(row)
-                lines.append(json.dumps(self.results[-1]))
+                lines.append(json.dumps(row))
             original = batch["originals"][i]
             if self.save_media and original is not None:
                 self._save(path, frame, batch["fps"][i], self._draw(original, det, extras))

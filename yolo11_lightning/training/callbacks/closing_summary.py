@@ -86,9 +86,7 @@ class ClosingSummary(Callback):
                 f"best: {epoch}, {best.monitor} {float(best.best_model_score):.4f} -> {best.best_model_path}"
             )
         if results is None:
-            lines.append(
-                f"no per-class results ({split}: no evaluation finished, or the task's metric keeps none)"
-            )
+            lines.append(f"no {split} evaluation finished: no per-class results")
         else:
             where = f"last validation (epoch {self._validated_epoch})" if stage == "fit" else f"{split} split"
             rows = class_rows(results)
