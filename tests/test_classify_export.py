@@ -65,7 +65,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
             m.momentum = None
     with torch.no_grad():
         model.train()(_probabilities(model, images, inputs_only=True))
-    torch.nn.init.normal_(model.head.linear.weight, std=3.0)
+    torch.nn.init.normal_(model.head.linear.weight, std=0.2)  # logits of a few units: not saturated
     weights = save_weights(model, root / "cls.pth")
     onnx = root / "cls.onnx"
     printed = io.StringIO()
@@ -101,7 +101,8 @@ def test_oracle_onnx_client_gives_our_probabilities(exported: SimpleNamespace) -
         [str(p) for p in exported.images], imgsz=SIZE, verbose=False
     )
     ours = _probabilities(exported.model, exported.images)
-    assert ours.max(1).values.min() > 0.4  # far from uniform: the comparison means something
+    # Far from uniform, and not the same answer for every image: the comparison means something.
+    assert (ours - 1 / 3).abs().max() > 0.3 and ours.argmax(1).unique().numel() > 1
     for result, expected in zip(theirs, ours):
         assert result.names == dict(enumerate(NAMES))
         torch.testing.assert_close(result.probs.data.float().cpu(), expected, atol=2e-5, rtol=0)
