@@ -135,10 +135,15 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (both sides)")
     p.add_argument("--workers", type=int, default=0, help="loader workers per run (both sides)")
-    p.add_argument("--report", action="store_true", help="only print the table of --workdir's results.json")
+    p.add_argument(
+        "--report",
+        action="store_true",
+        help="only print the table of --workdir's results.json (or of --workdir, a results file)",
+    )
     args = p.parse_args()
     if args.report:
-        report(json.loads((Path(args.workdir) / "results.json").read_text())["rows"])
+        saved = Path(args.workdir)
+        report(json.loads((saved if saved.is_file() else saved / "results.json").read_text())["rows"])
         return
 
     from yolo11_lightning.data.synthetic.classes import make_classes_dataset
