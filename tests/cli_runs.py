@@ -126,13 +126,17 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+NEGLIGIBLE = 1e-6  # the smallest scale a tensor is compared at (``max_relative_difference``)
+
+
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """Largest ``max|a - b| / max|a|`` over the float tensors (each tensor against its own scale)."""
+    """Largest ``max|a - b| / max|a|`` over the float tensors (each tensor against its own scale, at least
+    ``NEGLIGIBLE``: a tensor that is all but zero, e.g. a BatchNorm bias still at 1e-12, differs by float noise)."""
     assert a.keys() == b.keys(), set(a) ^ set(b)
     worst, name = 0.0, ""
     for key, x in a.items():
         if torch.is_tensor(x) and x.is_floating_point():
-            rel = float((x - b[key]).abs().max() / x.abs().max().clamp(min=1e-12))
+            rel = float((x - b[key]).abs().max() / x.abs().max().clamp(min=NEGLIGIBLE))
             if rel > worst:
                 worst, name = rel, key
     return worst, name

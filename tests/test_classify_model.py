@@ -113,11 +113,9 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
     assert skipped == ["head.linear.weight", "head.linear.bias"]
 
 
-def test_runs_are_refused_in_one_line() -> None:
+def test_runs_are_accepted() -> None:
+    """Data, metrics, prediction and export are in place (``not_yet`` empty): a module of the task is built."""
     from yolo11_lightning import YOLO11Module
-    from yolo11_lightning.errors import UserInputError
 
-    with pytest.raises(
-        UserInputError, match=r"^model.task='classify': the classify task is not supported yet .*ImageFolder"
-    ):
-        YOLO11Module(task="classify", num_classes=1000)
+    module = YOLO11Module(task="classify", num_classes=10)
+    assert module.task.name == "classify" and module.hparams.task == "classify" and not module.task.not_yet

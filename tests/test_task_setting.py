@@ -191,10 +191,8 @@ def test_an_image_folder_is_a_classification_dataset(tmp_path: Path) -> None:
     for name in ("cat", "dog"):
         (tmp_path / "train" / name).mkdir(parents=True)
         cv2.imwrite(str(tmp_path / "train" / name / "a.png"), np.zeros((8, 8, 3), np.uint8))
-    with pytest.raises(
-        TaskError, match=r"is a classification dataset .*the classify task is not supported yet"
-    ):
-        YOLODataModule(dataset=str(tmp_path))
+    data = YOLODataModule(dataset=str(tmp_path))
+    assert (data.task, data.class_names) == ("classify", ["cat", "dog"])
     with pytest.raises(
         TaskError, match=r"data.task='detect' but data.dataset=.* is a classification dataset"
     ):

@@ -25,9 +25,9 @@ import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.data.sources.split import dataset_config, load_split
 from yolo11_lightning.plots.labels import box_scatter, class_histogram
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
@@ -190,7 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.max_image_pixels < 0:
         p.error(f"--max_image_pixels must be >= 0 (0: no limit), got {args.max_image_pixels}")
     try:
-        config = load_dataset_config(args.dataset)
+        config = dataset_config(args.dataset)
     except DatasetError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -27,6 +27,7 @@ from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.build_once import run_once_per_node
 from yolo11_lightning.data.cpu_cores import cores_per_rank
 from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.image_dataset import ImageDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
@@ -39,13 +40,8 @@ from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
 from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
-from yolo11_lightning.data.sources.config import (
-    DatasetConfig,
-    DatasetError,
-    MissingSplitError,
-    load_dataset_config,
-)
-from yolo11_lightning.data.sources.split import label_cache_locations, load_split
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, MissingSplitError
+from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split
 from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.data.synthetic.shapes import (
     SYNTHETIC_YAML,
@@ -76,7 +72,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     """Detection data for Lightning.
 
     Args:
-        dataset: path of a dataset yaml, or "synthetic" to generate the built-in shapes dataset.
+        dataset: path of a dataset yaml, an ImageFolder root (classification: ``train/<class>/<images>``), or
+            "synthetic" to generate the built-in dataset of the task.
         batch_size: GLOBAL batch size over all devices and nodes (per device = batch_size / world_size).
         image_size: training and evaluation image side in pixels.
         num_workers: DataLoader worker processes per device, or ``"auto"`` (the GPU presets): each local rank's
@@ -130,6 +127,10 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             ``task`` holds the resolved one once known, and so do the hyper-parameters.
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.
+        auto_augment, erasing: classification's training augmentation (the reference's names and defaults):
+            ``randaugment``, ``autoaugment``, ``augmix`` or null (then a colour jitter from ``hsv_*``), and the
+            random-erasing probability. Classification also reads ``scale_jitter`` (crops of ``1 - scale_jitter``
+            to all of the image's area), ``fliplr``, ``flipud``; not the mosaic and affine settings.
     """
 
     def __init__(
@@ -169,6 +170,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         eval_box_gain: str = "reference",
         task: str | None = None,
         mask_overlap: bool = True,
+        auto_augment: str | None = "randaugment",
+        erasing: float = 0.4,
     ) -> None:
         super().__init__()
         if task is not None:
@@ -219,6 +222,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         )
         self.synthetic_dir = synthetic_dir
         self.mask_overlap = mask_overlap
+        self.image_options = {"aug": self.aug, "auto_augment": auto_augment, "erasing": erasing}
         self.synthetic_options = {
             "num_train": synthetic_train,
             "num_val": synthetic_val,
@@ -248,7 +252,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if dataset == SYNTHETIC:
             self.class_names = synthetic_class_names(synthetic_classes)
         else:
-            self.class_names = list(load_dataset_config(dataset).names)
+            self.class_names = list(dataset_config(dataset).names)
             if not self.class_names:
                 raise DatasetError(f"{dataset}: no class names (`names`, or categories of a COCO json)")
         self.datasets: dict[str, DetectionDataset] = {}
@@ -377,7 +381,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
 
     def _config(self) -> DatasetConfig:
-        config = load_dataset_config(self.yaml_path)
+        config = dataset_config(self.yaml_path)
         if config.names != self.class_names:
             raise DatasetError(f"{self.yaml_path}: class names changed since the DataModule was created")
         return config
@@ -403,7 +407,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             if augment
             else {}
         )
-        dataset = DetectionDataset(
+        whole = {"task_options": self.image_options} if self.task_spec.whole_image else {}
+        dataset = (ImageDataset if whole else DetectionDataset)(
             records,
             self.image_size,
             augment=augment,
@@ -415,6 +420,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             task=self.task,
             mask_overlap=self.mask_overlap,
             max_image_pixels=self.max_image_pixels,
+            **whole,
         )
         return dataset
 

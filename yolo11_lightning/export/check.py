@@ -118,6 +118,11 @@ def compare(
             f"{dataset}: {data.num_classes} classes, the model has {model.num_classes}; check it on the dataset "
             "it was trained for"
         )
+    if model.names is not None and list(model.names) != data.class_names:
+        raise ValueError(
+            f"{dataset}: classes {data.class_names}, the model's are {list(model.names)} (another order scores "
+            "every label as another class); check it on the dataset it was trained for"
+        )
     common = {
         "num_classes": model.num_classes,
         "class_names": data.class_names,

@@ -112,26 +112,20 @@ class OnnxDetector(nn.Module):
         self.input_name, self.output_name = inputs[0].name, outputs[0].name
         self.output_names = [o.name for o in outputs]
         in_shape, out_shape = list(inputs[0].shape), list(outputs[0].shape)
-        if len(in_shape) != 4 or len(out_shape) != 3:
-            raise ValueError(
-                f"{self.path}: input {in_shape} / output {out_shape} are not (B, 3, H, W) / (B, 4 + nc, A); an "
-                "export with NMS inside the graph (end-to-end) is not supported"
-            )
-        try:  # prediction channels after the class scores: a segmenter's mask coefficients
+        if len(in_shape) != 4:
+            raise ValueError(f"{self.path}: input {in_shape} is not (B, 3, H, W)")
+        try:  # prediction channels after the class scores (a segmenter's mask coefficients), the class count
             self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs])
+            nc = spec.onnx_num_classes(out_shape, self.num_masks)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from e
         h, w = in_shape[2:]
         self.input_shape: tuple[int, int] | None = (
             (h, w) if isinstance(h, int) and isinstance(w, int) else None
         )
-        channels = out_shape[1] if isinstance(out_shape[1], int) else None
         names = self.info.names
-        nc = (
-            channels - 4 - self.num_masks
-            if channels is not None
-            else (len(names) if names is not None else None)
-        )
+        if nc is None:
+            nc = len(names) if names is not None else None
         if nc is None:
             raise ValueError(f"{self.path}: cannot tell the class count (no class names, output {out_shape})")
         if names is not None and len(names) != nc:

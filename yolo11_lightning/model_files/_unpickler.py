@@ -254,7 +254,9 @@ _INERT_DATA = {
     "types.SimpleNamespace",
     "argparse.Namespace",
 }
-_STAND_IN_PREFIXES = ("ultralytics.", "torch.nn.modules.")
+# Reference classes, torch modules, and torchvision's transforms (a classifier the reference trained keeps its
+# preprocessing, ``model.transforms``, in the file): stand-ins, never the real classes.
+_STAND_IN_PREFIXES = ("ultralytics.", "torch.nn.modules.", "torchvision.transforms.")
 
 
 class Unpickler(DataOpcodes):

@@ -17,7 +17,8 @@ What a file may do, and why that is enough for weights files:
   - ``_codecs.encode``: only ``(str, "latin1")``, which is how protocol 2 stores ``bytes`` (any other codec
     is refused: chains of e.g. ``hex`` double the size at each step);
   - with ``model_classes=True`` (reference ``.pt`` files, which pickle whole models): reference classes
-    (``ultralytics.*``), torch module classes (``torch.nn.modules.*``) and a few data types (numpy scalars,
+    (``ultralytics.*``), torch module classes (``torch.nn.modules.*``), torchvision's transforms (a trained
+    classifier's ``model.transforms``) and a few data types (numpy scalars,
     paths, namespaces) become classes derived from ``StandIn``, created fresh for each load: instances record
     their constructor arguments and pickled state and have no behaviour.
 

@@ -119,10 +119,12 @@ def predict(
         clash = [s.path for s in sources if (out / names[str(s.path)]).resolve() == s.path.resolve()]
         if clash:
             raise ValueError(f"--out {out_dir}: the annotated copy would overwrite the input {clash[0]}")
-    dataset = PredictionSource(
-        sources, image_size, keep_originals=save_media, max_image_pixels=max_image_pixels
-    )
     module = build_module(model, conf, iou, max_det)
+    task = module.task  # a classifier reads its own input transform, not the letterbox
+    dataset = PredictionSource(
+        sources, image_size, keep_originals=save_media, max_image_pixels=max_image_pixels,
+        image_transform=task.image_transform(False, image_size, {}) if task.whole_image else None,
+    )  # fmt: skip
     writer = PredictionWriter(out_dir, module.model.names, save_media, sources)
     accelerator, devices = _trainer_device(device)
     loader = DataLoader(

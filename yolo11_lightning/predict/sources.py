@@ -16,8 +16,9 @@ the ``ImageBatch`` contract (``images`` uint8 (B, 3, S, S), ``scales``, ``pads``
 
 from __future__ import annotations
 
+import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,6 +110,9 @@ class PredictionSource(IterableDataset):
         keep_originals: carry the decoded original (H, W, 3) RGB image in each sample (for drawing).
         max_image_pixels: an image of more pixels is skipped from its header, undecoded (default the
             reference's limit; None or 0: no limit).
+        image_transform: instead of letterboxing, the model's own input transform of an (H, W, 3) RGB image
+            (a classifier's, ``Task.image_transform``: shortest side resized, centre crop); ``scale`` and
+            ``pad`` are then NaN.
     """
 
     def __init__(
@@ -117,8 +121,10 @@ class PredictionSource(IterableDataset):
         image_size: int = 640,
         keep_originals: bool = True,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+        image_transform: Callable[[np.ndarray], np.ndarray] | None = None,
     ) -> None:
         super().__init__()
+        self.image_transform = image_transform
         if image_size <= 0 or image_size % 32:
             raise ValueError(f"image_size must be a positive multiple of 32, got {image_size}")
         self.sources = list(sources)
@@ -127,7 +133,10 @@ class PredictionSource(IterableDataset):
         self.max_image_pixels = pixel_limit(max_image_pixels)
 
     def _sample(self, rgb: np.ndarray, source: Source, frame: int, fps: float) -> dict[str, Any]:
-        image, scale, (left, top) = letterbox(rgb, self.image_size, scaleup=True)
+        if self.image_transform is not None:
+            image, scale, (left, top) = self.image_transform(rgb), math.nan, (math.nan, math.nan)
+        else:
+            image, scale, (left, top) = letterbox(rgb, self.image_size, scaleup=True)
         return {
             "image": image_tensor(image),
             "scale": scale,

@@ -211,6 +211,13 @@ class PredictionWriter(BasePredictionWriter):
                 row.update(self.task.result_fields(extras, k))
                 self.results.append(row)
                 lines.append(json.dumps(row))
+            fields = self.task.image_fields(extras)  # a classifier's answer: one row per image
+            if fields:
+                row = {"image_id": image_id, "file_name": Path(path).name, **fields}
+                if frame >= 0:
+                    row["frame"] = frame
+                self.results.append(row)
+                lines.append(json.dumps(row))
             original = batch["originals"][i]
             if self.save_media and original is not None:
                 self._save(path, frame, batch["fps"][i], self._draw(original, det, extras))

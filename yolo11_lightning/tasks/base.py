@@ -11,19 +11,22 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   ``matches_reference`` to recognise the reference's files of the task, ``head_index`` (the head's ``model.<i>``),
   ``class_branch`` / ``class_key`` (the tensors whose shapes follow the class count), ``kpt_shape_from_state``;
 * the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
-  ``train/<name>_loss``);
+  ``train/<name>_loss``), ``reference_loss_factor`` (what the reference multiplies the loss by: the batch, or 1 for
+  classification's mean);
 * what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
   refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
+  ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
+  ``class_results`` (the per-class results of an evaluation the metric kept),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
   (``export --check-data``);
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
-  copies show and the json rows hold), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
+  copies show and the json rows hold; ``image_fields``: a row per image), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
   training batches of the result pictures);
-* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` (reading an ONNX
-  file back).
+* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` and
+  ``onnx_num_classes`` (reading an ONNX file back).
 
 Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
 ``hparams``, ``model_input`` and ``detect``.
@@ -48,6 +51,7 @@ from yolo11_lightning.visualize import draw_boxes
 
 if TYPE_CHECKING:
     from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.class_results import ClassResults
     from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 __all__ = ["Task"]
@@ -80,6 +84,8 @@ class Task:
     label_fields: ClassVar[
         tuple[type[InstanceField], ...]
     ] = ()  # instance fields of the labels (``data.labels``)
+    # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
+    whole_image: ClassVar[bool] = False
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
 
@@ -126,6 +132,11 @@ class Task:
         """``(loss, items)`` of the train-mode ``outputs`` against the batch."""
         return criterion(outputs, batch["targets"])
 
+    def reference_loss_factor(self, global_batch: int) -> int:
+        """What the reference multiplies the (globally normalised) loss by before backward: the global batch for
+        the detection tasks (``ReferenceRecipe.loss_scale`` turns it into gradients on any world size)."""
+        return global_batch
+
     # ------------------------------------------------------------------------------------ data
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
@@ -134,6 +145,12 @@ class Task:
 
         ``options``: the data module's task options (``mask_overlap``)."""
         return None, {}
+
+    def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> Any:
+        """A ``whole_image`` task's sample pipeline (``data.image_dataset.ImageDataset``): an object with
+        ``load_shape(h, w)``, ``fit(image)`` (what the loader keeps) and ``__call__(image, seed)`` (the sample,
+        (size, size, 3) uint8); ``options``: the data module's augmentation settings."""
+        raise NotImplementedError(f"the {self.name} task augments boxes, not whole images")
 
     def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
         """The extra keys of an evaluation sample whose image could not be read."""
@@ -151,6 +168,13 @@ class Task:
         from yolo11_lightning.training.metrics.detection import DetectionMAP
 
         return DetectionMAP(class_names, reference_style=reference_style)
+
+    def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
+        """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
+        and the result pictures (``training.metrics.class_results``)."""
+        from yolo11_lightning.training.metrics.class_results import class_results
+
+        return class_results(evaluation, names)
 
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
         """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds."""
@@ -202,6 +226,11 @@ class Task:
         """The json fields of detection ``k`` beyond its box, score and class."""
         return {}
 
+    def image_fields(self, extras: dict[str, Any]) -> dict[str, Any]:
+        """The json row of the image as a whole (a classifier's top 5), from ``split_result``'s extras; empty (no
+        row) for a task whose answers are its detections."""
+        return {}
+
     def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         """What an annotated copy shows under the boxes (the boxes are drawn by the caller)."""
         return image
@@ -222,6 +251,16 @@ class Task:
     def onnx_output_order(self, shapes: Sequence[Sequence[Any]]) -> list[int]:
         """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
         return list(range(len(shapes)))
+
+    def onnx_num_classes(self, shape: Sequence[Any], extra: int) -> int | None:
+        """The class count an ONNX file's first output of ``shape`` implies (None: its axis is symbolic); raises
+        ValueError when the shape is not this task's (B, 4 + nc + extra, A)."""
+        if len(shape) != 3:
+            raise ValueError(
+                f"output {list(shape)} is not (B, 4 + nc, A); an export with NMS inside the graph (end-to-end) "
+                "is not supported"
+            )
+        return shape[1] - 4 - extra if isinstance(shape[1], int) else None
 
     def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
         """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``

@@ -30,7 +30,7 @@ from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImag
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
-from yolo11_lightning.training.metrics.class_results import ClassResults, class_results
+from yolo11_lightning.training.metrics.class_results import ClassResults
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.optim import (
     LRScaling,
@@ -388,7 +388,7 @@ class YOLO11Module(L.LightningModule):
             images.shape[0],
         )  # logged after the optimiser step, on log steps
         # The reference's gradient for the global batch (the normaliser is already global): recipe.py.
-        return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0])
+        return loss * self.loop_recipe.loss_scale(self.trainer, images.shape[0], self.task)
 
     def _logs_this_batch(self) -> bool:
         """Whether the loss items are read back and logged after this batch: on the optimiser steps Lightning's
@@ -538,7 +538,7 @@ class YOLO11Module(L.LightningModule):
             return None
         if self._class_results[0] is not evaluation:
             names = self.hparams.class_names or [str(i) for i in range(self.hparams.num_classes)]
-            self._class_results = (evaluation, class_results(evaluation, names))
+            self._class_results = (evaluation, self.task.class_results(evaluation, names))
         return self._class_results[1]
 
     def on_validation_epoch_start(self) -> None:

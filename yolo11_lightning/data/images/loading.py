@@ -62,15 +62,19 @@ class RecordImageLoader:
         except ImageReadError as e:
             self._unreadable[index] = e.reason
             raise
-        if self.augment:  # a reduced decode (f > 1) only happens in training
-            item = self._resize(image, rec.height, rec.width, f)
-        else:
-            item = eval_resize(image, self.image_size, self.scaleup)
+        item = self.fit_decoded(image, rec.height, rec.width, f)
         if self.decode_cache_size > 0:
             self._decoded[index] = item
             if len(self._decoded) > self.decode_cache_size:
                 self._decoded.popitem(last=False)
         return item
+
+    def fit_decoded(self, image: np.ndarray, height: int, width: int, f: int) -> tuple[np.ndarray, float]:
+        """A decoded image (of the record's (height, width), decoded at 1/f) as ``load_resized`` returns it: long
+        side ``image_size`` (training, ``_resize``), or as the reference validator resizes (evaluation)."""
+        if self.augment:  # a reduced decode (f > 1) only happens in training
+            return self._resize(image, height, width, f)
+        return eval_resize(image, self.image_size, self.scaleup)
 
     def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.

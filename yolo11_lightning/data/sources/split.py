@@ -25,14 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
-from yolo11_lightning.data.sources import coco, yolo
+from yolo11_lightning.data.sources import coco, imagefolder, yolo
 from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.records import SplitEntry
 
-__all__ = ["DataReport", "DatasetError", "load_split"]
+__all__ = ["DataReport", "DatasetError", "dataset_config", "load_split"]
 
 log = logging.getLogger("yolo11_lightning.data")
 MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them all
@@ -41,7 +41,19 @@ _emitted: set[str] = set()  # each warning line goes to the log once per process
 
 # Every format's ``open_entry``, asked in turn; the first that claims an entry reads it. YOLO takes any entry
 # the others leave, so it comes last. A new format is one module with an ``open_entry`` listed here.
-FORMATS: tuple[Callable[[str, set[str]], SplitEntry | None], ...] = (coco.open_entry, yolo.open_entry)
+FORMATS: tuple[Callable[[str, set[str]], SplitEntry | None], ...] = (
+    coco.open_entry,
+    imagefolder.open_entry,
+    yolo.open_entry,
+)
+
+
+def dataset_config(path: str | os.PathLike) -> DatasetConfig:
+    """The dataset at ``path``: a dataset yaml (``config.load_dataset_config``), or a folder, read as the ImageFolder
+    root of a classification dataset (``imagefolder.folder_config``)."""
+    if os.path.isdir(os.path.expanduser(os.fspath(path))):
+        return imagefolder.folder_config(path)
+    return load_dataset_config(path)
 
 
 def _open_entry(path: str, seen: set[str]) -> SplitEntry:

@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
     p.add_argument(
         "--task", choices=[n for n, t in TASKS.items() if not t.not_yet], default=DEFAULT_TASK,
-        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation)",
+        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); "
+        "classify: one shape per image, in class folders (data.synthetic.classes)",
     )  # fmt: skip
     p.add_argument(
         "--hard", action="store_true",
@@ -41,6 +42,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--size takes S or H W")
     if args.hard and args.coco:
         p.error("--coco is not available with --hard")
+    if (args.hard or args.coco) and get_task(args.task).whole_image:
+        p.error(f"--task {args.task} writes class folders: --hard and --coco do not apply")
     if args.hard and get_task(args.task).label_fields:
         p.error(f"--task {args.task} is not available with --hard (it is labelled with boxes only)")
     sizes = args.size or ([192, 256] if args.hard else [128])

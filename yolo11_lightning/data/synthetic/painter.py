@@ -36,7 +36,7 @@ class ShapeParams:
     coco: bool
 
 
-def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
+def shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
     """uint8 mask (H, W) of one filled shape drawn inside box (x1, y1, x2, y2), pixel edges."""
     mask = np.zeros(shape, np.uint8)
     x1, y1, x2, y2 = box
@@ -73,7 +73,7 @@ def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int
     return mask
 
 
-def _background(rng, height: int, width: int) -> np.ndarray:
+def background(rng, height: int, width: int) -> np.ndarray:
     """Dark diagonal gradient between two random colours (values 15..100) plus Gaussian noise."""
     c0, c1 = rng.uniform(15, 100, 3), rng.uniform(15, 100, 3)
     angle = rng.uniform(0, 2 * math.pi)
@@ -118,11 +118,11 @@ def boxes_sample(params: ShapeParams, split_index: int, index: int):
     """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
     rng = np.random.default_rng([params.seed, split_index, index])
     h, w = params.height, params.width
-    img = _background(rng, h, w)
+    img = background(rng, h, w)
     n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
     classes, boxes = [], []
     for cls, place in _free_places(rng, n_target, h, w, params.num_classes):
-        mask = _shape_mask(SYNTHETIC_CLASS_NAMES[cls], place, (h, w), rng)
+        mask = shape_mask(SYNTHETIC_CLASS_NAMES[cls], place, (h, w), rng)
         ys, xs = np.nonzero(mask)
         img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
@@ -208,7 +208,7 @@ def outlines_sample(params: ShapeParams, split_index: int, index: int):
     """
     rng = np.random.default_rng([_OUTLINES_STREAM, params.seed, split_index, index])
     h, w = params.height, params.width
-    img = _background(rng, h, w)
+    img = background(rng, h, w)
     n_target = int(rng.integers(params.min_objects, params.max_objects + 1))
     classes, outlines = [], []
     for cls, place in _free_places(rng, n_target, h, w, params.num_classes):

@@ -34,6 +34,7 @@ import yaml
 
 from yolo11_lightning.data.labels.polygons import Polygons
 from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
+from yolo11_lightning.data.synthetic.classes import make_classes_dataset
 from yolo11_lightning.data.synthetic.painter import (
     SYNTHETIC_CLASS_NAMES,
     ShapeParams,
@@ -144,6 +145,9 @@ def make_synthetic_dataset(
     already generated with the same parameters is reused as is (its files, hence label caches, stay
     untouched).
     """
+    if get_task(task).whole_image:  # one label per image: the classification set (``classes``)
+        size = int(image_size) if np.ndim(image_size) == 0 else int(min(image_size))
+        return make_classes_dataset(out_dir, num_train, num_val, size, num_classes, seed)
     outlines_set = _labelled_with_outlines(task)
     names = synthetic_class_names(num_classes)
     height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)

@@ -90,11 +90,9 @@ class ClosingSummary(Callback):
         else:
             where = f"last validation (epoch {self._validated_epoch})" if stage == "fit" else f"{split} split"
             rows = class_rows(results)
-            lines.append(
-                f"per class, {where}, {results.num_images} images; P and R at confidence "
-                + ", ".join(f"{k} {r.best_confidence:.3f}" for k, r in results.kinds.items())
-                + " (best mean F1):"
-            )
+            confidences = ", ".join(f"{k} {r.best_confidence:.3f}" for k, r in results.kinds.items())
+            at = f"; P and R at confidence {confidences} (best mean F1)" if confidences else ""
+            lines.append(f"per class, {where}, {results.num_images} images{at}:")
             lines.extend(_format_table(rows))
             out_dir.mkdir(parents=True, exist_ok=True)
             with open(out_dir / f"summary_{stage}.csv", "w", newline="") as f:

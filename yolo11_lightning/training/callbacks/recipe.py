@@ -27,7 +27,7 @@ hooks, so the module has to forward them. Everything else is this callback's own
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
@@ -35,6 +35,9 @@ from lightning.pytorch.callbacks import Callback
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from yolo11_lightning.training.optim import OptimizerRecipe, WarmupSchedule
+
+if TYPE_CHECKING:
+    from yolo11_lightning.tasks.base import Task
 
 
 def global_batch_size(trainer: L.Trainer) -> int:
@@ -131,15 +134,18 @@ class ReferenceRecipe(Callback):
         trainer.accumulate_grad_batches = 1 if due else ready + 1
         self.step_due = due
 
-    def loss_scale(self, trainer: L.Trainer, local_batch: int) -> int:
+    def loss_scale(self, trainer: L.Trainer, local_batch: int, task: Task | None = None) -> int:
         """Factor on the (globally normalised) loss so that gradients are the reference's.
 
-        The reference's gradient is d(loss x global batch). DDP averages gradients over the R ranks and
-        Lightning divides the loss by ``accumulate_grad_batches``, so both are multiplied back:
-        ``local_batch x R (global batch) x R (DDP mean) x accumulate_grad_batches``.
+        The reference's gradient is d(loss x ``task.reference_loss_factor(global batch)``): the global batch for
+        detection (the default), 1 for classification (its mean cross-entropy). DDP averages gradients over the
+        R ranks and Lightning divides the loss by ``accumulate_grad_batches``, so both are multiplied back:
+        ``factor x R (DDP mean) x accumulate_grad_batches``.
         """
         world = trainer.world_size
-        return local_batch * world * world * trainer.accumulate_grad_batches
+        global_batch = local_batch * world
+        factor = global_batch if task is None else task.reference_loss_factor(global_batch)
+        return factor * world * trainer.accumulate_grad_batches
 
     def zero_grad_before_batch(self, optimizer: torch.optim.Optimizer) -> None:
         """Lightning's zero_grad point: only with a fixed accumulation (else zeroed after each step)."""
