@@ -10,6 +10,7 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 * model files (``model_files``): ``words`` for messages, ``reference_class`` / ``reference_key`` /
   ``matches_reference`` to recognise the reference's files of the task, ``head_index`` (the head's ``model.<i>``),
   ``class_branch`` / ``class_key`` (the tensors whose shapes follow the class count), ``kpt_shape_from_state``;
+* predictions: ``extra_channels`` (what follows the class scores, carried through NMS);
 * the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
   ``train/<name>_loss``);
 * what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
@@ -73,7 +74,6 @@ class Task:
     class_key: ClassVar[str] = "head.cv3.0.2.weight"  # our key of a tensor whose first dimension is nc
     not_yet: ClassVar[str] = ""  # what the package cannot do for the task yet; non-empty: runs are refused
     loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
-    extra: ClassVar[int] = 0  # prediction channels after the class scores (NMS carries them along)
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50")  # ``export --check-data`` prints
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95",)  # ... and holds to the allowed difference
@@ -152,10 +152,17 @@ class Task:
 
         return DetectionMAP(class_names, reference_style=reference_style)
 
+    def extra_channels(self, model: Any) -> int:
+        """Prediction channels of ``model`` (a ``YOLO11`` of this task) after the class scores, carried through
+        NMS (segmentation: 32 mask coefficients; pose: K·D keypoint values); detection: none."""
+        return 0
+
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
-        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds."""
+        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds
+        (``extra = extra_channels(module.model)``)."""
         hp = module.hparams
-        kwargs = {"extra": self.extra} if self.extra else {}
+        extra = self.extra_channels(module.model)
+        kwargs = {"extra": extra} if extra else {}
         return non_max_suppression(
             predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,
             max_detections=hp.max_detections, **kwargs,
@@ -214,7 +221,7 @@ class Task:
 
     def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
         """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
-        known = {1: 4 + model.num_classes + self.extra}
+        known = {1: 4 + model.num_classes + self.extra_channels(model)}
         if not dynamic:
             known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
         return [known]

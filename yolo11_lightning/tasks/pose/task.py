@@ -9,13 +9,20 @@ not yet (``not_yet``: runs are refused by ``tasks.choice``).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+import torch
 from torch import Tensor, nn
 
+from yolo11_lightning.data.labels.keypoints import Keypoints
 from yolo11_lightning.tasks.detect import DetectTask
+from yolo11_lightning.tasks.pose.batch import collate_pose
 from yolo11_lightning.tasks.pose.head import Pose
 from yolo11_lightning.tasks.pose.loss import PoseLoss
+
+if TYPE_CHECKING:
+    from yolo11_lightning.data.labels.instances import InstanceField, Instances
 
 __all__ = ["DEFAULT_KPT_SHAPE", "PoseTask"]
 
@@ -37,6 +44,7 @@ class PoseTask(DetectTask):
     reference_class: ClassVar[str] = "PoseModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also OBB's: told apart by its width
     loss_items: ClassVar[tuple[str, ...]] = ("box", "pose", "kobj", "cls", "dfl")
+    label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
     not_yet: ClassVar[str] = "its data (keypoint labels and flips), pose mAP, prediction and export"
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int]:
@@ -62,6 +70,11 @@ class PoseTask(DetectTask):
     ) -> nn.Module:  # fmt: skip
         return Pose(num_classes, channels, strides, reg_max, kpt_shape or DEFAULT_KPT_SHAPE)
 
+    def extra_channels(self, model: Any) -> int:
+        """K·D keypoint values per anchor (the model's ``kpt_shape``)."""
+        k, d = model.kpt_shape
+        return k * d
+
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
         """A keypoint branch more than one channel wide (an OBB head's is one angle)."""
         key = self.reference_key
@@ -86,3 +99,19 @@ class PoseTask(DetectTask):
                 f"the pose task needs batches with `keypoints` (N, K, D), but the batch has only {sorted(batch)}"
             )
         return criterion(outputs, batch["targets"], batch["keypoints"])
+
+    # ------------------------------------------------------------------------------------ data
+    def sample_targets(
+        self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
+    ) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The sample's ``keypoints`` (n, K, 3): x, y normalised to the (h, w) image, and the visibility."""
+        points = instances.fields[Keypoints.name].points.copy()  # type: ignore[attr-defined]
+        points[..., 0] /= image_shape[1]
+        points[..., 1] /= image_shape[0]
+        return None, {"keypoints": torch.from_numpy(points)}
+
+    def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"keypoints": torch.zeros(0, 0, 3)}
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate_pose(samples)
