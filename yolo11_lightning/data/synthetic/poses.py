@@ -2,9 +2,9 @@
 
 Each object is a figure of ``SYNTHETIC_KPT_SHAPE`` = (5, 3) keypoints: a head at the top, two hands and two
 feet, left (smaller x in the upright figure) and right, joined by thick limbs in the class's hue band, with a
-bright disc at each keypoint; the figure is scaled, stretched and rotated by up to 25 degrees. Its box is the
+bright disc at each keypoint (over every figure); the figure is scaled, stretched and rotated by up to 25 degrees. Its box is the
 exact extent of the painted pixels. Per keypoint: visibility 2 (painted, visible), 1 (labelled but covered by
-a dark patch, ``OCCLUDED``) or 0 (not labelled, written ``0 0 0``, ``UNLABELLED``). ``flip_idx`` swaps left
+a dark patch instead of its disc, ``OCCLUDED``) or 0 (not labelled, written ``0 0 0``, ``UNLABELLED``). ``flip_idx`` swaps left
 and right: [0, 2, 1, 4, 3].
 
 Deterministic: image i of a split depends only on (seed, split, i). Layout written under ``out_dir``::
@@ -58,7 +58,7 @@ def pose_sample(
     img = c0 + (c1 - c0) * t[..., None] + rng.normal(0.0, 5.0, (height, width, 3))
     n_target = int(rng.integers(min_objects, max_objects + 1))
     taken: list[tuple[float, float, float, float]] = []
-    classes, boxes, keypoints = [], [], []
+    classes, boxes, keypoints, marks = [], [], [], []
     for _ in range(n_target * 20):
         if len(taken) == n_target:
             break
@@ -82,15 +82,10 @@ def pose_sample(
         cv2.circle(mask, tuple(np.round(points[0]).astype(int)), max(2, round(size * 0.12)), 255, -1)
         ys, xs = np.nonzero(mask)
         img[ys, xs] = _colour(rng, cls, num_classes)
-        for p in points:  # bright discs at the keypoints
-            cv2.circle(img, tuple(np.round(p).astype(int)), max(1, round(size * 0.05)), (235, 235, 235), -1)
         visibility = np.full(5, 2.0)
         draw = rng.random(5)
-        for k in np.flatnonzero(draw < OCCLUDED):
-            half = max(2, round(size * 0.08))
-            x, y = np.round(points[k]).astype(int)
-            cv2.rectangle(img, (x - half, y - half), (x + half, y + half), (40, 40, 40), -1)
-            visibility[k] = 1.0
+        visibility[draw < OCCLUDED] = 1.0
+        marks.append((points, visibility.copy(), max(1, round(size * 0.05)), max(2, round(size * 0.08))))
         visibility[(draw >= OCCLUDED) & (draw < OCCLUDED + UNLABELLED)] = 0.0
         extent = np.nonzero(mask)
         x1 = min(int(extent[1].min()), int(np.floor(points[:, 0].min())))
@@ -102,6 +97,13 @@ def pose_sample(
         classes.append(cls)
         boxes.append((x1, y1, x2, y2))
         keypoints.append(np.concatenate([labelled, visibility[:, None]], 1))
+    for occluded in (True, False):  # over every figure: the occluding patches, then the other keypoints' discs
+        for points, visibility, radius, half in marks:
+            for (x, y), v in zip(np.round(points).astype(int).tolist(), visibility):
+                if occluded and v == 1:
+                    cv2.rectangle(img, (x - half, y - half), (x + half, y + half), (40, 40, 40), -1)
+                elif not occluded and v != 1:
+                    cv2.circle(img, (x, y), radius, (235, 235, 235), -1)
     image = np.clip(img, 0, 255).astype(np.uint8)
     return (
         image,
