@@ -23,6 +23,7 @@ from yolo11_lightning.tasks.pose.loss import PoseLoss
 
 if TYPE_CHECKING:
     from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 __all__ = ["DEFAULT_KPT_SHAPE", "PoseTask"]
 
@@ -45,6 +46,9 @@ class PoseTask(DetectTask):
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also OBB's: told apart by its width
     loss_items: ClassVar[tuple[str, ...]] = ("box", "pose", "kobj", "cls", "dfl")
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
+    checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + pose, as the reference's best.pt
+    reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50", "pose_mAP50-95", "pose_mAP50")
+    checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "pose_mAP50-95")
     not_yet: ClassVar[str] = "its data (keypoint labels and flips), pose mAP, prediction and export"
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int]:
@@ -115,3 +119,22 @@ class PoseTask(DetectTask):
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_pose(samples)
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
+        from yolo11_lightning.tasks.pose.metric import PoseMAP
+
+        return PoseMAP(class_names, reference_style=reference_style)
+
+    def pose(self, module: Any, images: Tensor) -> list[Tensor]:
+        """Eval forward + NMS: per image (n, 6 + K·D) rows in input pixels: box, score, class, keypoints."""
+        return self.nms(module, module.model(module.model_input(images)))
+
+    def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+        """Box and keypoint scoring (``metric.PoseMAP``); returns the detections and their (n, K, D) keypoints."""
+        rows = self.pose(module, batch["images"])
+        k, d = module.model.kpt_shape
+        detections = [r[:, :6] for r in rows]
+        keypoints = [r[:, 6:].reshape(-1, k, d) for r in rows]
+        metric.update(detections, batch, keypoints)  # type: ignore[call-arg]
+        return {"detections": detections, "keypoints": keypoints}
