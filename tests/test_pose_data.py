@@ -13,8 +13,8 @@ import cv2
 import numpy as np
 import pytest
 import torch
-
 from data_files import pattern, write_image, write_labels, write_yaml
+
 from yolo11_lightning.data import check_data
 from yolo11_lightning.data.augment.transforms import letterbox, random_affine_matrix
 from yolo11_lightning.data.labels.instances import Instances
@@ -30,7 +30,9 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 K = 5
 
 
-def _random_instances(rng: np.random.Generator, n: int, width: int, height: int) -> tuple[np.ndarray, np.ndarray]:
+def _random_instances(
+    rng: np.random.Generator, n: int, width: int, height: int
+) -> tuple[np.ndarray, np.ndarray]:
     """n boxes (n, 4) xyxy pixels and keypoints (n, K, 3) around them (some outside the image), visibility
     0/1/2."""
     centre = rng.uniform([0, 0], [width, height], (n, 2))
@@ -66,7 +68,9 @@ def _oracle_warp(instances, matrix: np.ndarray, zoom: float, size: tuple[int, in
     m = matrix.astype(np.float32)
     boxes = oracle.apply_bboxes(instances.bboxes, m)
     keypoints = oracle.apply_keypoints(instances.keypoints, m)
-    new = RefInstances(boxes, np.zeros((len(boxes), 0, 2), np.float32), keypoints, bbox_format="xyxy", normalized=False)
+    new = RefInstances(
+        boxes, np.zeros((len(boxes), 0, 2), np.float32), keypoints, bbox_format="xyxy", normalized=False
+    )
     new.clip(*size)
     instances.scale(scale_w=zoom, scale_h=zoom, bbox_only=True)
     keep = oracle.box_candidates(box1=instances.bboxes.T, box2=new.bboxes.T, area_thr=0.10)
@@ -91,7 +95,10 @@ def test_keypoints_through_mosaic_warp_mixup_and_flips_equal_the_oracle(trial: i
             boxes, keypoints = _random_instances(rng, int(rng.integers(0, 4)), size, size)
             ours.append(_ours(boxes, keypoints))
             ref = _oracle_instances(boxes, keypoints)
-            offset = (int(rng.integers(-size // 2, size + size // 2)), int(rng.integers(-size // 2, size + size // 2)))
+            offset = (
+                int(rng.integers(-size // 2, size + size // 2)),
+                int(rng.integers(-size // 2, size + size // 2)),
+            )
             ref.add_padding(*offset)
             refs.append(ref)
             offsets.append(offset)
@@ -165,9 +172,7 @@ POSE_ROWS = [  # (row, reason it is refused or None), kpt_shape (2, 3)
 def _pose_dataset(tmp_path: Path, rows: list[str], **keys) -> Path:
     write_image(tmp_path / "images" / "a.png", pattern(40, 60))
     write_labels(tmp_path / "labels" / "a.txt", rows)
-    return write_yaml(
-        tmp_path / "d.yaml", {"train": "images", "val": "images", "names": ["a", "b"], **keys}
-    )
+    return write_yaml(tmp_path / "d.yaml", {"train": "images", "val": "images", "names": ["a", "b"], **keys})
 
 
 def test_pose_rows_become_keypoints_and_check_data_names_bad_ones(
@@ -249,7 +254,7 @@ def test_synthetic_pose_set_labels_its_painted_keypoints(pose_yaml: Path) -> Non
     assert {0.0, 1.0, 2.0} <= set(np.unique(visibility).tolist())
     rec = records[0]
     image = cv2.imread(rec.path)
-    for (x, y, v) in rec.keypoints.reshape(-1, 3):  # visible keypoints sit on their bright discs
+    for x, y, v in rec.keypoints.reshape(-1, 3):  # visible keypoints sit on their bright discs
         if v == 2:
             px = image[round(y * rec.height), round(x * rec.width)]
             assert px.min() > 150, (x, y, px)

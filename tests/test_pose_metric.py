@@ -35,7 +35,9 @@ def _batches(kpt_shape: tuple[int, int], images: int, start: int = 0, per_batch:
             classes = torch.randint(0, 3, (m,), generator=g).float()
             kp = centre[:, None] + (torch.rand(m, k, 2, generator=g) - 0.5) * size[:, None]
             vis = torch.randint(0, 3, (m, k, 1), generator=g).float()
-            targets.append(torch.cat((torch.full((m, 1), float(i)), classes[:, None], centre / SIZE, size / SIZE), 1))
+            targets.append(
+                torch.cat((torch.full((m, 1), float(i)), classes[:, None], centre / SIZE, size / SIZE), 1)
+            )
             truth_points.append(torch.cat((kp / SIZE, vis), -1))
             n_extra = int(torch.randint(0, 3, (1,), generator=g))
             jitter = (torch.rand(m, k, 2, generator=g) - 0.5) * size[:, None] * (0.1 if k == 17 else 0.4)
@@ -100,7 +102,9 @@ def _oracle_pose_map(batches, kpt_shape: tuple[int, int]) -> tuple[float, float]
             tps.append(tp)
             confs.append(det[:, 4].numpy())
             classes.append(det[:, 5].numpy())
-    results = ap_per_class(np.concatenate(tps), np.concatenate(confs), np.concatenate(classes), np.concatenate(truth_classes))
+    results = ap_per_class(
+        np.concatenate(tps), np.concatenate(confs), np.concatenate(classes), np.concatenate(truth_classes)
+    )
     ap = results[5]
     return float(ap[:, 0].mean()), float(ap.mean())
 

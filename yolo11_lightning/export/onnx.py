@@ -116,6 +116,7 @@ def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: boo
         opset=opset,
         version=package_version(),
         task=model.task,
+        task_props=get_task(model.task).onnx_metadata(model),
     )
     for key, value in props.items():
         entry = proto.metadata_props.add()

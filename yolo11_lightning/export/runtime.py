@@ -118,7 +118,7 @@ class OnnxDetector(nn.Module):
                 "export with NMS inside the graph (end-to-end) is not supported"
             )
         try:  # prediction channels after the class scores: a segmenter's mask coefficients
-            self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs])
+            self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs], self.info.kpt_shape)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from e
         h, w = in_shape[2:]
@@ -145,6 +145,7 @@ class OnnxDetector(nn.Module):
             )
         self.num_classes = nc
         self.names = names
+        self.kpt_shape = self.info.kpt_shape  # a pose model's (K, D), else None
         self.scale = self.info.scale or "n"  # what the file says, for summaries; the graph does not need it
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OnnxDetector:

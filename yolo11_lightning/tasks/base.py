@@ -23,8 +23,8 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
   copies show and the json rows hold), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
   training batches of the result pictures);
-* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` (reading an ONNX
-  file back).
+* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_metadata``, ``onnx_extra_channels``
+  (reading an ONNX file back).
 
 Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
 ``hparams``, ``model_input`` and ``detect``.
@@ -230,7 +230,12 @@ class Task:
         """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
         return list(range(len(shapes)))
 
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+    def onnx_metadata(self, model: Any) -> dict[str, str]:
+        """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
+        return {}
+
+    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None) -> int:
         """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
-        (in ``onnx_outputs`` order); raises ValueError when they are not this task's."""
+        (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
+        they are not this task's."""
         return 0

@@ -78,7 +78,13 @@ def pose_sample(
         mask = np.zeros((height, width), np.uint8)
         thick = max(2, round(size * 0.09))
         for a, b in SKELETON:
-            cv2.line(mask, tuple(np.round(points[a]).astype(int)), tuple(np.round(points[b]).astype(int)), 255, thick)
+            cv2.line(
+                mask,
+                tuple(np.round(points[a]).astype(int)),
+                tuple(np.round(points[b]).astype(int)),
+                255,
+                thick,
+            )
         cv2.circle(mask, tuple(np.round(points[0]).astype(int)), max(2, round(size * 0.12)), 255, -1)
         ys, xs = np.nonzero(mask)
         img[ys, xs] = _colour(rng, cls, num_classes)
@@ -97,7 +103,10 @@ def pose_sample(
         classes.append(cls)
         boxes.append((x1, y1, x2, y2))
         keypoints.append(np.concatenate([labelled, visibility[:, None]], 1))
-    for occluded in (True, False):  # over every figure: the occluding patches, then the other keypoints' discs
+    for occluded in (
+        True,
+        False,
+    ):  # over every figure: the occluding patches, then the other keypoints' discs
         for points, visibility, radius, half in marks:
             for (x, y), v in zip(np.round(points).astype(int).tolist(), visibility):
                 if occluded and v == 1:
@@ -160,10 +169,15 @@ def make_synthetic_pose_dataset(
     names = list(SYNTHETIC_CLASS_NAMES[:num_classes])
     yaml_path.write_text(
         yaml.safe_dump(
-            {"train": "images/train", "val": "images/val", "names": names,
-             "kpt_shape": list(SYNTHETIC_KPT_SHAPE), "flip_idx": list(FLIP_IDX)},
+            {
+                "train": "images/train",
+                "val": "images/val",
+                "names": names,
+                "kpt_shape": list(SYNTHETIC_KPT_SHAPE),
+                "flip_idx": list(FLIP_IDX),
+            },
             sort_keys=False,
-        )  # fmt: skip
+        )
     )
     marker.write_text(json.dumps(params))
     return yaml_path

@@ -92,8 +92,10 @@ class PoseLoss(DetectionLoss):
         maps, raw = self._check_preds(preds)
         self._check(maps, targets)
         k, d = self.kpt_shape
-        if keypoints.ndim != 3 or tuple(keypoints.shape[:2]) != (targets.shape[0], k) or (
-            keypoints.shape[2] not in (d, 3)
+        if (
+            keypoints.ndim != 3
+            or tuple(keypoints.shape[:2]) != (targets.shape[0], k)
+            or (keypoints.shape[2] not in (d, 3))
         ):
             raise ValueError(
                 f"PoseLoss: keypoints have shape {tuple(keypoints.shape)}, expected (N, K, D) = "

@@ -26,12 +26,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolo11_lightning.ops.letterbox import letterbox_to_original
 from yolo11_lightning.tasks.pose.loss import keypoint_sigmas
 from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.metrics.reference_ap import IOU_THRESHOLDS, interpolated_ap, match_by_iou
 
-__all__ = ["PoseMAP", "keypoint_oks", "keypoints_to_original", "reference_map"]
+__all__ = ["PoseMAP", "keypoint_oks", "reference_map"]
 
 AREA_FACTOR = 0.53  # the reference's keypoint area: 0.53 × the box area
 # Flat float64 states: every detection's and truth's K × (x, y, visibility), every truth's keypoint area.
@@ -47,15 +46,6 @@ def keypoint_oks(truths: Tensor, detections: Tensor, area: Tensor, sigmas: Seque
     labelled = truths[..., 2] != 0
     e = d / ((2 * sigma).square() * (area[:, None, None] + 1e-7) * 2)
     return ((-e).exp() * labelled[:, None]).sum(-1) / (labelled.sum(-1)[:, None] + 1e-7)
-
-
-def keypoints_to_original(points: Tensor, scale: Tensor | float, pad: Tensor, orig_size: Tensor) -> Tensor:
-    """(n, K, D) keypoints in letterboxed-input pixels -> original pixels, clipped to the image (values after
-    x, y kept)."""
-    n, k = points.shape[:2]
-    xy = points[..., :2].reshape(-1, 2)
-    out = letterbox_to_original(torch.cat((xy, xy), 1), scale, pad, orig_size)[:, :2]
-    return torch.cat((out.reshape(n, k, 2), points[..., 2:]), -1)
 
 
 def reference_map(
