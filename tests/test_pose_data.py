@@ -282,3 +282,27 @@ def test_pose_samples_and_batches(pose_yaml: Path, monkeypatch: pytest.MonkeyPat
     np.testing.assert_allclose(sample["keypoints"][..., :2].numpy() * 64, expected, atol=1e-3)
     assert torch.equal(sample["keypoints"][..., 2], torch.from_numpy(rec.keypoints[..., 2]))
     random.seed(0)
+
+
+def test_rank_agreement_hashes_the_keypoints(pose_yaml: Path) -> None:
+    from yolo11_lightning.data.agreement import record_digests, split_hash
+    from yolo11_lightning.data.dataset import DetectionDataset
+
+    records, _ = load_split(load_dataset_config(pose_yaml), "val", use_cache=False)
+    arrays = records.arrays()
+    moved = {**arrays, "keypoints": arrays["keypoints"] + np.float32(0.01)}
+    other = PackedRecords.from_arrays(moved)
+    same, changed = DetectionDataset(records, 64, task="pose"), DetectionDataset(other, 64, task="pose")
+    assert split_hash(same) != split_hash(changed)
+    assert record_digests(same) != record_digests(changed)
+
+
+def test_without_flip_idx_the_flips_are_off(tmp_path: Path) -> None:
+    from yolo11_lightning.data.datamodule import YOLODataModule
+
+    yaml_path = _pose_dataset(tmp_path, [r for r, why in POSE_ROWS if why is None], kpt_shape=[2, 3])
+    data = YOLODataModule(str(yaml_path), batch_size=2, image_size=64, num_workers=0, pin_memory=False)
+    assert data.task == "pose"  # a kpt_shape yaml is a pose dataset
+    with pytest.warns(UserWarning, match="no `flip_idx` for its keypoints: fliplr and flipud are off"):
+        data.setup("fit")
+    assert data.datasets["train"].aug.fliplr == 0.0 and data.aug.fliplr == 0.5

@@ -81,7 +81,9 @@ def test_predict_writes_coco_keypoints_and_a_model_of_another_kpt_shape_is_refus
     (last,) = [p for p in pose_uninterrupted.rglob("last.ckpt") if "version_0" in str(p)]
     out = tmp_path / "pred"
     args = ["predict", "--ckpt_path", str(last), "--source", str(pose_dataset.parent / "images" / "val")]
-    proc = run_cli([*args, "--out", str(out), "--image-size", "64", "--conf", "0.0001", "--max-det", "2"], tmp_path)
+    proc = run_cli(
+        [*args, "--out", str(out), "--image-size", "64", "--conf", "0.0001", "--max-det", "2"], tmp_path
+    )
     assert proc.returncode == 0, tail(proc)
     rows = json.loads((out / "predictions.json").read_text())
     assert rows and all(len(r["keypoints"]) == 15 for r in rows)
@@ -149,8 +151,12 @@ def test_oracle_onnx_client_reads_kpt_shape_and_predicts_our_keypoints(tmp_path:
 
     model = load_model(pt, task="pose")
     with torch.no_grad():
-        rows = non_max_suppression(model(batch), conf_threshold=0.5, iou_threshold=0.7, multi_label=False, extra=15)
-    theirs = YOLO(str(onnx), task="pose").predict([str(p) for p in images], imgsz=SIZE, conf=0.5, verbose=False)
+        rows = non_max_suppression(
+            model(batch), conf_threshold=0.5, iou_threshold=0.7, multi_label=False, extra=15
+        )
+    theirs = YOLO(str(onnx), task="pose").predict(
+        [str(p) for p in images], imgsz=SIZE, conf=0.5, verbose=False
+    )
     matched = 0
     for i, (result, det) in enumerate(zip(theirs, rows)):
         _, scale, pad = boxed[i]

@@ -135,8 +135,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         task: a task of ``tasks.TASKS``: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
             resolution from the polygons; "synthetic" then generates the segmentation set). None (default):
             the task of the model the data is trained with (read from the trainer's LightningModule in
-            ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose,
-            not supported yet), else detection (``tasks.choice``). A given task must agree with both.
+            ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose;
+            its model's ``kpt_shape`` must be the yaml's), else detection (``tasks.choice``). A given task must agree with both.
             ``task`` holds the resolved one once known, and so do the hyper-parameters.
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.

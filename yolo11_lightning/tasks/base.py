@@ -237,7 +237,9 @@ class Task:
         """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
         return {}
 
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None) -> int:
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
         """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
         (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
         they are not this task's."""

@@ -107,7 +107,9 @@ def keypoint_spec(raw: dict[str, Any], where: str) -> tuple[tuple[int, int] | No
     shape, flip = raw.get("kpt_shape"), raw.get("flip_idx")
     if shape is None:
         if flip is not None:
-            raise DatasetError(f"{where}: key `flip_idx` is set but `kpt_shape` is not (flip_idx is for keypoints)")
+            raise DatasetError(
+                f"{where}: key `flip_idx` is set but `kpt_shape` is not (flip_idx is for keypoints)"
+            )
         return None, None
     if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(map(_is_int, shape))) or (
         shape[0] < 1 or shape[1] not in (2, 3)

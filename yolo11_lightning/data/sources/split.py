@@ -70,7 +70,9 @@ def _list_entries(config: DatasetConfig, split: str) -> list[SplitEntry]:
 
 
 def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> str:
-    h = hashlib.sha1(json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]).encode())
+    h = hashlib.sha1(
+        json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]).encode()
+    )
     for e in entries:
         e.fingerprint(h, config.image_dirs.get(e.path, ""))
     return h.hexdigest()

@@ -214,7 +214,9 @@ class SegmentTask(DetectTask):
         """Predictions (3-D) first, prototypes (4-D) second, whatever order the file lists them in."""
         return [1, 0] if len(shapes[0]) == 4 else [0, 1]
 
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None) -> int:
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
         """The mask coefficients per anchor: the prototypes' channel count."""
         proto_shape = list(shapes[1])
         if len(proto_shape) != 4 or not isinstance(proto_shape[1], int):
