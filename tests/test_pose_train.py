@@ -172,3 +172,14 @@ def test_oracle_onnx_client_reads_kpt_shape_and_predicts_our_keypoints(tmp_path:
         torch.testing.assert_close(result.keypoints.data, points[order], atol=1e-2, rtol=0)
         matched += len(det)
     assert matched >= 3
+
+
+def test_model_configs_name_the_pose_task_at_every_scale() -> None:
+    import yaml
+    from cli_runs import REPO
+
+    for scale in "nsmlx":
+        config = yaml.safe_load((REPO / "configs" / "model" / f"yolo11{scale}-pose.yaml").read_text())
+        assert config == {"model": {"scale": scale, "task": "pose"}}
+    quickstart = yaml.safe_load((REPO / "configs" / "quickstart-pose.yaml").read_text())
+    assert quickstart["model"]["task"] == "pose" and quickstart["data"]["dataset"] == "synthetic"
