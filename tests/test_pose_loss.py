@@ -131,6 +131,7 @@ def test_two_value_model_reads_the_batch_visibility_as_the_reference() -> None:
     loss, items, grads = _ours(preds, targets, keypoints, nc, (5, 2))
     ref_loss, ref_items, ref_grads = _reference(preds, targets, keypoints, nc, (5, 2))
     torch.testing.assert_close(items, ref_items, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, ref_loss.sum() / len(counts), rtol=1e-6, atol=0)
     assert items[2] == 0  # no visibility channel, no visibility term
     for ours, ref in zip(grads, ref_grads):
         torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6 * max(ref.abs().max().item(), 1e-30))
