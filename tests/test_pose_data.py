@@ -306,3 +306,23 @@ def test_without_flip_idx_the_flips_are_off(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="no `flip_idx` for its keypoints: fliplr and flipud are off"):
         data.setup("fit")
     assert data.datasets["train"].aug.fliplr == 0.0 and data.aug.fliplr == 0.5
+
+
+def test_a_batch_without_instances_trains() -> None:
+    """Samples without instances (a blank substitute's keypoints do not know K) collate into (0, K, 3) or
+    (0, 0, 3) keypoints; the loss takes either for an empty batch."""
+    from yolo11_lightning.tasks import get_task
+    from yolo11_lightning.tasks.pose.loss import PoseLoss
+
+    def sample(k: int) -> dict:
+        return {"image": torch.zeros(3, 64, 64, dtype=torch.uint8), "labels": torch.zeros(0, 5), "index": 0,
+                "path": "a", "orig_size": (64, 64), "scale": 1.0, "pad": (0.0, 0.0), "substitute": -1,
+                "unreadable": [], "missing": False, "keypoints": torch.zeros(0, k, 3)}  # fmt: skip
+
+    task = get_task("pose")
+    assert task.collate([sample(0), sample(5)])["keypoints"].shape == (0, 5, 3)
+    blank = task.collate([sample(0), sample(0)])
+    maps = [torch.zeros(2, 64 + 1, 64 // s, 64 // s, requires_grad=True) for s in (8, 16, 32)]
+    raw = torch.zeros(2, 15, sum((64 // s) ** 2 for s in (8, 16, 32)), requires_grad=True)
+    loss, items = PoseLoss(1, (5, 3))((maps, raw), blank["targets"], blank["keypoints"])
+    assert torch.isfinite(loss) and items[:3].tolist() == [0, 0, 0]

@@ -30,7 +30,8 @@ def collate_pose(samples: Sequence[dict[str, Any]]) -> PoseBatch:
     """Stack pose samples: ``collate_detection`` plus ``keypoints`` (N, K, 3) of the samples it keeps."""
     batch = collate_detection(samples)
     kept = [torch.as_tensor(s["keypoints"]) for s in samples if not s.get("missing", False)]
-    kept = [k for k in kept if len(k)] or kept[:1]
+    # Samples without instances may not know K (a blank substitute's (0, 0, 3)): the widest stands for them.
+    kept = [k for k in kept if len(k)] or sorted(kept, key=lambda k: -k.shape[1])[:1]
     keypoints = torch.cat(kept) if kept else torch.zeros(0, 0, 3)
     if len(keypoints) != len(batch["targets"]):
         raise ValueError(f"{len(keypoints)} keypoint rows for {len(batch['targets'])} label rows")

@@ -92,6 +92,8 @@ class PoseLoss(DetectionLoss):
         maps, raw = self._check_preds(preds)
         self._check(maps, targets)
         k, d = self.kpt_shape
+        if targets.shape[0] == 0 and keypoints.numel() == 0:  # no instance: whatever K an empty batch says
+            keypoints = keypoints.new_zeros(0, k, d)
         if (
             keypoints.ndim != 3
             or tuple(keypoints.shape[:2]) != (targets.shape[0], k)
