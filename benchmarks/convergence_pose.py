@@ -8,8 +8,10 @@ defaults (only data, epochs, image size, batch, loader workers and seed set), eq
 Each job (side, seed) runs in its own process and saves its JSON under ``--workdir/pose_results``; a job whose
 JSON exists is skipped. The final EMA weights of BOTH sides are scored by the same evaluator (ours: box mAP50-95 by
 torchmetrics COCO and keypoint mAP50-95 by OKS, ``tasks.pose.metric.PoseMAP``; a fresh Trainer on the val split):
-the oracle's from its ``last.pt``, read by our safe reader. Training images/s: training images x epochs over the
-wall time of the training loop (validation included on both sides, each its own).
+the oracle's from its ``last.pt``, read by our safe reader. No side validates during training (``--per-epoch-val``
+turns each side's own per-epoch validation back on): training images/s is training images x epochs over the wall
+time of the training loop alone (the oracle's CPU validation of an untrained model, 0.001 confidence, takes most of
+its epoch time).
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ def worker_ours(args: argparse.Namespace) -> dict:
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0,
                           task="pose", kpt_shape=[5, 3])  # fmt: skip
     workdir = Path(args.workdir) / "runs" / args.name
+    validation = {} if args.per_epoch_val else {"limit_val_batches": 0}
     trainer = L.Trainer(accelerator="auto", devices=1, max_epochs=args.epochs, enable_progress_bar=False,
                         callbacks=default_callbacks(), default_root_dir=str(workdir), num_sanity_val_steps=0,
-                        enable_model_summary=False)  # fmt: skip
+                        enable_model_summary=False, **validation)  # fmt: skip
     start = time.perf_counter()
     trainer.fit(module, data)
     seconds = time.perf_counter() - start
@@ -75,6 +78,7 @@ def worker_oracle(args: argparse.Namespace) -> dict:
         "model": "yolo11n-pose.yaml", "data": args.yaml, "epochs": args.epochs, "imgsz": args.image_size,
         "batch": BATCH, "workers": args.workers, "seed": args.seed, "project": str(workdir), "name": args.name,
         "exist_ok": True, "plots": False, "verbose": False, "device": "0" if torch.cuda.is_available() else "cpu",
+        "val": bool(args.per_epoch_val),
     }  # fmt: skip
     trainer = PoseTrainer(overrides=overrides)
     trainer.args.workers = args.workers  # it forces 0 workers on CPU: the same loader workers as ours
@@ -130,6 +134,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--workdir", type=Path, default=C.default_workdir())
     p.add_argument("--report", action="store_true")
+    p.add_argument("--per-epoch-val", type=int, default=0, help="1: each side validates after every epoch")
     p.add_argument("--worker", choices=["ours", "oracle"], help=argparse.SUPPRESS)
     p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--name", default="", help=argparse.SUPPRESS)
@@ -154,6 +159,7 @@ def main() -> None:
             command = [sys.executable, __file__, "--worker", side, "--seed", str(seed), "--name", name,
                        "--yaml", str(yaml), "--epochs", str(args.epochs), "--image-size", str(args.image_size),
                        "--workers", str(args.workers), "--threads", str(args.threads),
+                       "--per-epoch-val", str(args.per_epoch_val),
                        "--workdir", str(args.workdir)]  # fmt: skip
             proc = subprocess.run(command, capture_output=True, text=True)
             line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
