@@ -119,6 +119,26 @@ def test_loss_matches_reference(case: str, seed: int) -> None:
     assert grads[3].abs().sum() > 0  # the keypoint terms reached the keypoint channels
 
 
+def test_two_value_model_reads_the_batch_visibility_as_the_reference() -> None:
+    """A D = 2 model trained on the batch's (N, K, 3) keypoints (the visibility the data derived: 0 for a
+    keypoint unlabelled or out of the image) masks those keypoints as the oracle does with the same batch."""
+    g = torch.Generator().manual_seed(3)
+    counts, height, width, nc = [2, 4], 64, 96, 2
+    preds = _pose_preds(g, len(counts), height, width, nc, 5 * 2)
+    targets = _targets(g, counts, height, width, nc)
+    keypoints = _keypoints(g, targets, (5, 3))
+    assert (keypoints[..., 2] == 0).any()
+    loss, items, grads = _ours(preds, targets, keypoints, nc, (5, 2))
+    ref_loss, ref_items, ref_grads = _reference(preds, targets, keypoints, nc, (5, 2))
+    torch.testing.assert_close(items, ref_items, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, ref_loss.sum() / len(counts), rtol=1e-6, atol=0)
+    assert items[2] == 0  # no visibility channel, no visibility term
+    for ours, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6 * max(ref.abs().max().item(), 1e-30))
+    unmasked, _, _ = _ours(preds, targets, keypoints[..., :2], nc, (5, 2))
+    assert unmasked != loss  # the visibility did mask keypoints
+
+
 def test_sigmas_follow_the_reference_rule() -> None:
     assert PoseLoss(1, (17, 3)).sigmas.tolist() == pytest.approx(list(COCO_SIGMAS))
     assert PoseLoss(1, (17, 2)).sigmas.tolist() == pytest.approx(

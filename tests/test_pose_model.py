@@ -177,11 +177,11 @@ def test_fine_tuning_from_another_tasks_file(tmp_path: Path) -> None:
     assert not skipped  # a detector is a pose model minus the keypoints
 
 
-def test_runs_are_refused_in_one_line() -> None:
+def test_pose_module_takes_its_kpt_shape_and_refuses_a_bad_one_in_one_line() -> None:
     from yolo11_lightning import YOLO11Module
     from yolo11_lightning.errors import UserInputError
 
-    with pytest.raises(
-        UserInputError, match=r"^model.task='pose': the pose task is not supported yet .*pose mAP"
-    ):
-        YOLO11Module(task="pose", num_classes=1)
+    module = YOLO11Module(task="pose", num_classes=1, kpt_shape=[5, 3])
+    assert module.model.kpt_shape == (5, 3) and module.task.extra_channels(module.model) == 15
+    with pytest.raises(UserInputError, match=r"^model.kpt_shape: kpt_shape must be \[K, D\]"):
+        YOLO11Module(task="pose", num_classes=1, kpt_shape=[5, 4])

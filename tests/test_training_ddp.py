@@ -15,10 +15,11 @@ from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
 SCRIPT = Path(__file__).parent / "scripts" / "equivalence_run.py"
 
 
-def _run(dataset: Path, devices: int, out: Path, non_square: Path, segment: Path) -> dict:
+def _run(dataset: Path, devices: int, out: Path, non_square: Path, segment: Path, pose: Path) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(dataset), str(devices), str(out), str(non_square), str(segment)],
+        [sys.executable, str(SCRIPT), str(dataset), str(devices), str(out), str(non_square), str(segment),
+         str(pose)],
         env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -34,9 +35,10 @@ def runs(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     non_square = write_dataset(tmp / "non_square")
     # 7 segmentation images: shards of 4 and 3 on 2 ranks, no padding duplicates.
     segment = make_synthetic_dataset(tmp / "segment", num_train=4, num_val=7, image_size=64, task="segment")
+    pose = make_synthetic_dataset(tmp / "pose", num_train=4, num_val=7, image_size=64, task="pose")
     return (
-        _run(tiny_dataset, 1, tmp / "one.pt", non_square, segment),
-        _run(tiny_dataset, 2, tmp / "two.pt", non_square, segment),
+        _run(tiny_dataset, 1, tmp / "one.pt", non_square, segment, pose),
+        _run(tiny_dataset, 2, tmp / "two.pt", non_square, segment, pose),
     )
 
 
@@ -89,6 +91,14 @@ def test_distributed_mask_map_equals_single_process(runs: tuple[dict, dict]) -> 
     assert 0.05 < one["seg_metrics"]["val/mAP50-95"] < 0.95
     for name, value in one["seg_metrics"].items():
         assert two["seg_metrics"][name] == pytest.approx(value, abs=1e-6), name
+
+
+def test_distributed_pose_map_equals_single_process(runs: tuple[dict, dict]) -> None:
+    """The pose task on 2 gloo ranks (unpadded shards of 4 and 3): box and keypoint mAP equal one process's."""
+    one, two = runs
+    assert 0.05 < one["pose_metrics"]["val/pose_mAP50-95"] < 0.95  # non-trivial: a lost image would show
+    for name, value in one["pose_metrics"].items():
+        assert two["pose_metrics"][name] == pytest.approx(value, abs=1e-6), name
 
 
 def test_rectangular_distributed_map_equals_single_process(runs: tuple[dict, dict]) -> None:

@@ -119,6 +119,38 @@ class NoisySegmenter(YOLO11Module):
         self.val_map.update(detections, batch, masks, truths)
 
 
+class NoisyPoser(YOLO11Module):
+    """``NoisyOracle`` for the pose task: jittered ground-truth boxes and keypoints (some pushed far off, so OKS
+    spreads over the thresholds) and false positives, seeded by dataset index: box and pose mAP both depend on
+    every image."""
+
+    def validation_step(self, batch, batch_idx):
+        h, w = batch["images"].shape[-2:]
+        detections, keypoints = [], []
+        for i, index in enumerate(batch["indices"].tolist()):
+            g = torch.Generator().manual_seed(9000 + index)
+            own = batch["targets"][:, 0] == i
+            t = batch["targets"][own]
+            cx, cy, bw, bh = (t[:, 2] * w, t[:, 3] * h, t[:, 4] * w, t[:, 5] * h)
+            boxes = torch.stack((cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2), 1)
+            boxes = boxes + torch.randn(boxes.shape, generator=g) * 2.0
+            fakes = torch.rand(2, 4, generator=g) * w
+            fakes[:, 2:] = fakes[:, :2] + 10
+            points = batch["keypoints"][own][..., :2] * torch.tensor([w, h])
+            spread = torch.rand(len(points), 1, 1, generator=g) * bw.clamp(min=1)[:, None, None] * 0.5
+            points = points + torch.randn(points.shape, generator=g) * spread
+            points = torch.cat((points, torch.rand(2, points.shape[1], 2, generator=g) * w))
+            scores = torch.rand(len(boxes) + 2, generator=g)
+            classes = torch.cat(
+                (t[:, 1], torch.randint(0, self.hparams.num_classes, (2,), generator=g).float())
+            )
+            detections.append(torch.cat((torch.cat((boxes, fakes)), scores[:, None], classes[:, None]), 1))
+            keypoints.append(
+                torch.cat((points, torch.rand(len(points), points.shape[1], 1, generator=g)), -1)
+            )
+        self.val_map.update(detections, batch, keypoints)
+
+
 def main() -> None:
     dataset, devices, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     L.seed_everything(0, workers=True)
@@ -173,6 +205,13 @@ def main() -> None:
         segmenter = NoisySegmenter(**{**options, "task": "segment", "num_classes": seg_data.num_classes,
                                       "class_names": seg_data.class_names})  # fmt: skip
         result["seg_metrics"] = L.Trainer(**trainer_args).validate(segmenter, seg_data, verbose=False)[0]
+    if len(sys.argv) > 6:  # the pose task: box and keypoint mAP over unpadded shards of an odd count
+        pose_data = YOLODataModule(
+            dataset=sys.argv[6], batch_size=4, image_size=64, num_workers=0, task="pose"
+        )
+        poser = NoisyPoser(**{**options, "task": "pose", "kpt_shape": [5, 3], "num_classes": pose_data.num_classes,
+                              "class_names": pose_data.class_names})  # fmt: skip
+        result["pose_metrics"] = L.Trainer(**trainer_args).validate(poser, pose_data, verbose=False)[0]
     if trainer.is_global_zero:
         torch.save(result, out)
 

@@ -49,6 +49,8 @@ def record_digests(dataset: Any) -> list[tuple[str, int]]:
         if getattr(dataset.records, "has_polygons", False):
             h.update(np.ascontiguousarray(r.segment_sizes, np.int64).tobytes())
             h.update(np.ascontiguousarray(r.segments, np.float32).tobytes())
+        if r.keypoints.size:  # a keypoint dataset's
+            h.update(np.ascontiguousarray(r.keypoints, np.float32).tobytes())
         out.append((path, int.from_bytes(h.digest(), "little") & _MASK))
     return out
 
@@ -77,6 +79,8 @@ def split_hash(dataset: Any) -> int:
     if packed.has_polygons:  # a dataset that keeps no polygons (detection) hashes without them
         h.update(np.ascontiguousarray(packed._segment_sizes, np.int64).tobytes())
         h.update(np.ascontiguousarray(packed._segments, np.float32).tobytes())
+    if packed._keypoints.size:  # a keypoint dataset's keypoints
+        h.update(np.ascontiguousarray(packed._keypoints, np.float32).tobytes())
     return int.from_bytes(h.digest(), "little") & _MASK
 
 

@@ -11,6 +11,7 @@ and the check of the records; left unset, it follows the model the data is train
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import warnings
@@ -19,7 +20,7 @@ from typing import Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import check_ranks_agree
@@ -43,6 +44,7 @@ from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, Sh
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, MissingSplitError
 from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split
 from yolo11_lightning.data.sources.task_hint import dataset_task
+from yolo11_lightning.data.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.data.synthetic.shapes import (
     SYNTHETIC_YAML,
     make_synthetic_dataset,
@@ -66,6 +68,14 @@ def dataset_task_claim(dataset: str) -> TaskClaim | None:
     return TaskClaim(
         hint.task, f"data.dataset={dataset!r} is a {task_words(hint.task)} dataset ({hint.evidence})"
     )
+
+
+def dataset_kpt_shape(dataset: str, task: str) -> tuple[int, int] | None:
+    """The keypoint shape (K, D) a run of ``task`` on ``dataset`` trains: the yaml's ``kpt_shape`` (the synthetic
+    set's for "synthetic"); None for a task without keypoints (``Task.check_kpt_shape``) or a dataset without."""
+    if get_task(task).check_kpt_shape(None) is None:
+        return None
+    return SYNTHETIC_KPT_SHAPE if dataset == SYNTHETIC else dataset_config(dataset).kpt_shape
 
 
 class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
@@ -122,8 +132,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         task: a task of ``tasks.TASKS``: "detect" (``DetectionBatch``es) or "segment" (``SegmentationBatch``es: instance masks at 1/4
             resolution from the polygons; "synthetic" then generates the segmentation set). None (default):
             the task of the model the data is trained with (read from the trainer's LightningModule in
-            ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose,
-            not supported yet), else detection (``tasks.choice``). A given task must agree with both.
+            ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose;
+            its model's ``kpt_shape`` must be the yaml's), else detection (``tasks.choice``). A given task must agree with both.
             ``task`` holds the resolved one once known, and so do the hyper-parameters.
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.
@@ -398,6 +408,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
                 max_image_pixels=self.max_image_pixels,
             ),
         )
+        self._check_kpt_shape(config)
         if self.global_rank == 0:
             self.task_spec.check_records(records, f"{config.source} `{split}`")
         partners = (
@@ -407,12 +418,17 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             if augment
             else {}
         )
+        aug = self.aug
+        if config.kpt_shape is not None and config.flip_idx is None and (aug.fliplr or aug.flipud):
+            # A mirrored image's keypoints need their permutation: without one the reference drops the flips.
+            rank_zero_warn(f"{config.source}: no `flip_idx` for its keypoints: fliplr and flipud are off")
+            aug = dataclasses.replace(aug, fliplr=0.0, flipud=0.0)
         whole = {"task_options": self.image_options} if self.task_spec.whole_image else {}
         dataset = (ImageDataset if whole else DetectionDataset)(
             records,
             self.image_size,
             augment=augment,
-            aug=self.aug,
+            aug=aug,
             seed=self.seed,
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             **partners,
@@ -423,6 +439,18 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             **whole,
         )
         return dataset
+
+    def _check_kpt_shape(self, config: DatasetConfig) -> None:
+        """A model with keypoints trains on a dataset of the same ``kpt_shape`` (DatasetError, one line)."""
+        module = getattr(self.trainer, "lightning_module", None) if self.trainer is not None else None
+        model_shape = getattr(getattr(module, "model", None), "kpt_shape", None)
+        if self.task_spec.check_kpt_shape(None) is None or model_shape is None:
+            return
+        if config.kpt_shape is None or tuple(config.kpt_shape) != tuple(model_shape):
+            raise DatasetError(
+                f"{config.source}: key `kpt_shape` is {list(config.kpt_shape or []) or 'missing'} but the "
+                f"model's kpt_shape is {list(model_shape)}: train a model of the dataset's kpt_shape"
+            )
 
     def setup(self, stage: str | None = None) -> None:
         """Check the batch split over devices, load the records of the splits ``stage`` needs, and check

@@ -130,6 +130,8 @@ def compare(
         "log_images": 0,
         "task": task,
     }
+    if model.kpt_shape is not None:  # a pose model's keypoints
+        common["kpt_shape"] = list(model.kpt_shape)
     torch_module = YOLO11Module(scale=model.scale, **common)
     torch_module.model.load_state_dict(model.state_dict())
     onnx_module = YOLO11Module(scale=model.scale, weights=str(Path(onnx_path)), **common)

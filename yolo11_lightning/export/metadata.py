@@ -39,6 +39,7 @@ def metadata_props(
     opset: int,
     version: str,
     task: str = "detect",
+    task_props: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """Every key -> string value for an exported detector or segmenter.
 
@@ -51,6 +52,7 @@ def metadata_props(
         opset: ONNX opset of the graph.
         version: this package's version.
         task: a task of ``tasks.TASKS``: its ``noun`` describes the model, its ``onnx_output_doc`` the outputs.
+        task_props: the task's own keys (``Task.onnx_metadata``: a pose model's ``kpt_shape``).
     """
     spec = get_task(task)  # a clear error naming the known tasks
     kind = spec.noun
@@ -80,7 +82,7 @@ def metadata_props(
         "input": INPUT_DOC,
         "output": spec.onnx_output_doc,
     }
-    return {**reference, **ours}
+    return {**reference, **dict(task_props or {}), **ours}
 
 
 @dataclass(frozen=True)
@@ -97,6 +99,7 @@ class OnnxModelInfo:
     task: str
     producer: str | None
     scale: str | None
+    kpt_shape: tuple[int, int] | None = None  # a pose model's (K, D), metadata ``kpt_shape``
 
 
 def _literal(path: Path | str, key: str, value: str) -> Any:
@@ -159,4 +162,14 @@ def read_metadata(path: Path | str, props: Mapping[str, str]) -> OnnxModelInfo:
         task=props.get("task", DEFAULT_TASK),
         producer=props.get("producer"),
         scale=props.get("scale"),
+        kpt_shape=_kpt_shape(path, props),
     )
+
+
+def _kpt_shape(path: Path | str, props: Mapping[str, str]) -> tuple[int, int] | None:
+    if "kpt_shape" not in props:
+        return None
+    value = _literal(path, "kpt_shape", props["kpt_shape"])
+    if not (isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
+        raise ValueError(f"{path}: ONNX metadata 'kpt_shape' must be [K, D], got {props['kpt_shape']!r}")
+    return int(value[0]), int(value[1])

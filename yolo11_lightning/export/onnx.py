@@ -116,6 +116,7 @@ def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: boo
         opset=opset,
         version=package_version(),
         task=model.task,
+        task_props=get_task(model.task).onnx_metadata(model),
     )
     for key, value in props.items():
         entry = proto.metadata_props.add()
@@ -161,6 +162,6 @@ def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch
 
 def onnx_tolerance(model: YOLO11, images: torch.Tensor) -> float:
     """Allowed parity gap: 1e-4 plus a few float32 steps of the largest output (boxes are in pixels, and at
-    640 px one float32 step is already 6e-5)."""
+    640 px one float32 step is already 6e-5), times the task's ``onnx_tolerance_gain``."""
     largest = max(float(t.abs().max()) for t in _eval_outputs(model, images))
-    return 1e-4 + 1e-6 * largest
+    return (1e-4 + 1e-6 * largest) * get_task(model.task).onnx_tolerance_gain

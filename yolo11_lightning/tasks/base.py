@@ -10,6 +10,7 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 * model files (``model_files``): ``words`` for messages, ``reference_class`` / ``reference_key`` /
   ``matches_reference`` to recognise the reference's files of the task, ``head_index`` (the head's ``model.<i>``),
   ``class_branch`` / ``class_key`` (the tensors whose shapes follow the class count), ``kpt_shape_from_state``;
+* predictions: ``extra_channels`` (what follows the class scores, carried through NMS);
 * the loss: ``build_loss``, ``loss`` (one batch's ``(loss, items)``), ``loss_items`` (logged
   ``train/<name>_loss``), ``reference_loss_factor`` (what the reference multiplies the loss by: the batch, or 1 for
   classification's mean);
@@ -25,8 +26,8 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 * prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
   copies show and the json rows hold; ``image_fields``: a row per image), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
   training batches of the result pictures);
-* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_extra_channels`` and
-  ``onnx_num_classes`` (reading an ONNX file back).
+* export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_metadata``, ``onnx_extra_channels``
+  and ``onnx_num_classes`` (reading an ONNX file back).
 
 Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
 ``hparams``, ``model_input`` and ``detect``.
@@ -77,7 +78,6 @@ class Task:
     class_key: ClassVar[str] = "head.cv3.0.2.weight"  # our key of a tensor whose first dimension is nc
     not_yet: ClassVar[str] = ""  # what the package cannot do for the task yet; non-empty: runs are refused
     loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
-    extra: ClassVar[int] = 0  # prediction channels after the class scores (NMS carries them along)
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50")  # ``export --check-data`` prints
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95",)  # ... and holds to the allowed difference
@@ -88,6 +88,9 @@ class Task:
     whole_image: ClassVar[bool] = False
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
+    # The export check's tolerance (``export.onnx.onnx_tolerance``) times this: a task whose decode amplifies
+    # float32 rounding more than the box decode's does allows more.
+    onnx_tolerance_gain: ClassVar[float] = 1.0
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r})"
@@ -169,6 +172,11 @@ class Task:
 
         return DetectionMAP(class_names, reference_style=reference_style)
 
+    def extra_channels(self, model: Any) -> int:
+        """Prediction channels of ``model`` (a ``YOLO11`` of this task) after the class scores, carried through
+        NMS (segmentation: 32 mask coefficients; pose: K·D keypoint values); detection: none."""
+        return 0
+
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
         """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
         and the result pictures (``training.metrics.class_results``)."""
@@ -177,9 +185,11 @@ class Task:
         return class_results(evaluation, names)
 
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
-        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds."""
+        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds
+        (``extra = extra_channels(module.model)``)."""
         hp = module.hparams
-        kwargs = {"extra": self.extra} if self.extra else {}
+        extra = self.extra_channels(module.model)
+        kwargs = {"extra": extra} if extra else {}
         return non_max_suppression(
             predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,
             max_detections=hp.max_detections, **kwargs,
@@ -243,7 +253,7 @@ class Task:
 
     def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
         """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
-        known = {1: 4 + model.num_classes + self.extra}
+        known = {1: 4 + model.num_classes + self.extra_channels(model)}
         if not dynamic:
             known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
         return [known]
@@ -262,7 +272,14 @@ class Task:
             )
         return shape[1] - 4 - extra if isinstance(shape[1], int) else None
 
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+    def onnx_metadata(self, model: Any) -> dict[str, str]:
+        """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
+        return {}
+
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
         """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
-        (in ``onnx_outputs`` order); raises ValueError when they are not this task's."""
+        (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
+        they are not this task's."""
         return 0

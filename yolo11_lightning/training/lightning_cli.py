@@ -19,7 +19,7 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from yolo11_lightning.data.datamodule import YOLODataModule, dataset_task_claim
+from yolo11_lightning.data.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
 from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
 from yolo11_lightning.export.runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
@@ -216,6 +216,24 @@ class YOLOLightningCLI(LightningCLI):
             return
         claim = weights_task_claim(weights) if weights and not named else None
         model.task = data.task = choose_task(named, claim, dataset)
+        self._follow_kpt_shape(model, str(data.dataset))
+
+    @staticmethod
+    def _follow_kpt_shape(model: Any, dataset: str) -> None:
+        """A model with keypoints takes the dataset's ``kpt_shape`` when none is named; a named one that differs
+        is refused (one line)."""
+        if "kpt_shape" not in model:
+            return
+        shape = dataset_kpt_shape(dataset, model.task)
+        if shape is None:
+            return
+        if model.kpt_shape is None:
+            model.kpt_shape = list(shape)
+        elif tuple(model.kpt_shape) != tuple(shape):
+            raise UserInputError(
+                f"model.kpt_shape={list(model.kpt_shape)} but the dataset {dataset} has kpt_shape {list(shape)}: "
+                "the model's keypoints must be the dataset's"
+            )
 
     def check_task(self) -> None:
         """Refuse a model and data of different tasks (a safety net after ``resolve_task``: e.g. a data module

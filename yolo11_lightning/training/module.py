@@ -133,10 +133,11 @@ class YOLO11Module(L.LightningModule):
             ``weights`` file (read from its header: ``model_files.weights.file_task``; an ``.onnx`` file's
             metadata), else detection. A given task keeps it whatever ``weights`` holds (fine-tuning from
             another task's file loads what fits). The data follows it (``YOLODataModule(task=None)``).
-            Checkpoints and ``hparams`` keep the resolved task. ``pose``, ``obb`` and ``classify`` are refused
+            Checkpoints and ``hparams`` keep the resolved task. ``obb`` and ``classify`` are refused
             (one-line TaskError): their models and losses exist, their data, metrics and prediction not yet.
-        kpt_shape: [K, D], keypoints per instance and values per keypoint, for a pose model (None: [17, 3]);
-            kept in ``hparams`` and checkpoints beside ``num_classes``. Refused for other tasks.
+        kpt_shape: [K, D], keypoints per instance and values per keypoint, for a pose model (None: [17, 3]; the
+            CLI sets the dataset's); kept in ``hparams`` and checkpoints beside ``num_classes``. Refused for
+            other tasks.
     """
 
     def __init__(

@@ -4,7 +4,7 @@ Format: one ``.npz`` (``np.savez``, read with ``allow_pickle=False``: a cache fi
 code; before that, ``check_npz`` checks that no entry claims more bytes than the file holds, so a
 crafted cache cannot make ``np.load`` allocate either) holding the flat arrays of ``PackedRecords``
 (``packed_records.FIELDS``: the image paths as one UTF-8 blob and their ends, sizes, per-image row ends, all
-classes and boxes, every instance's polygon vertex count and all vertices), the dependency paths as one blob,
+classes and boxes, every instance's polygon vertex count and all vertices, every instance's keypoints), the dependency paths as one blob,
 and a small json header (format version, key, report, dependency hash). Loading hands the arrays to
 ``PackedRecords.from_arrays`` after vectorised consistency checks: no per-record Python object is built.
 
@@ -37,9 +37,9 @@ from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limi
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 
-# 3: the arrays of ``PackedRecords`` as they are (path ends, label ends). A cache of another version is
-# rebuilt: the key hashes the version too, and ``load_cache`` refuses any other one.
-CACHE_VERSION = 3
+# 4: the arrays of ``PackedRecords`` as they are (path ends, label ends, keypoints). A cache of another version
+# is rebuilt: the key hashes the version too, and ``load_cache`` refuses any other one.
+CACHE_VERSION = 4
 log = logging.getLogger("yolo11_lightning.data.cache")  # its name before the move to data.sources
 
 

@@ -7,6 +7,8 @@ Format (the reference's, plus COCO json entries)::
     val: [images/val, extra.txt] #   or a list of those; relative to `path`
     test:                        # optional
     names: [person, bicycle]     # or {0: person, 1: bicycle}; optional when a COCO json gives them
+    kpt_shape: [17, 3]           # keypoint (pose) datasets: K keypoints of D = 2 (x, y) or 3 (x, y, visibility)
+    flip_idx: [0, 2, 1, ...]     # optional: keypoint k becomes flip_idx[k] when the image is mirrored
 
 A COCO entry may also be a mapping that names the folder its ``file_name``s are relative to::
 
@@ -51,6 +53,8 @@ class DatasetConfig:
         names: class names; index = class id.
         yaml_path: the yaml this came from (None when built in code).
         image_dirs: COCO json path -> folder its ``file_name``s are relative to (explicit ones only).
+        kpt_shape: (K, D) of a keypoint dataset (its rows carry K keypoints of D values), else None.
+        flip_idx: (K,) the keypoint each one becomes in a mirrored image (a permutation), or None.
     """
 
     root: Path
@@ -58,6 +62,8 @@ class DatasetConfig:
     names: list[str]
     yaml_path: Path | None = None
     image_dirs: dict[str, str] = field(default_factory=dict)
+    kpt_shape: tuple[int, int] | None = None
+    flip_idx: tuple[int, ...] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -90,6 +96,36 @@ def _names_from(value: Any, where: str) -> list[str]:
     raise DatasetError(
         f"{where}: `names` must be a list or a {{id: name}} mapping, got {type(value).__name__}"
     )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def keypoint_spec(raw: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tuple[int, ...] | None]:
+    """``(kpt_shape, flip_idx)`` of a dataset yaml's mapping; DatasetError naming the key when either is bad."""
+    shape, flip = raw.get("kpt_shape"), raw.get("flip_idx")
+    if shape is None:
+        if flip is not None:
+            raise DatasetError(
+                f"{where}: key `flip_idx` is set but `kpt_shape` is not (flip_idx is for keypoints)"
+            )
+        return None, None
+    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(map(_is_int, shape))) or (
+        shape[0] < 1 or shape[1] not in (2, 3)
+    ):
+        raise DatasetError(
+            f"{where}: key `kpt_shape` must be [K, D]: K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility) "
+            f"values, got {shape!r}"
+        )
+    k = int(shape[0])
+    if flip is None:
+        return (k, int(shape[1])), None
+    if not (isinstance(flip, (list, tuple)) and all(map(_is_int, flip)) and sorted(flip) == list(range(k))):
+        raise DatasetError(
+            f"{where}: key `flip_idx` must be a permutation of 0..{k - 1} (kpt_shape has {k} keypoints), got {flip!r}"
+        )
+    return (k, int(shape[1])), tuple(int(i) for i in flip)
 
 
 def coco_category_names(json_path: str | Path) -> list[str]:
@@ -165,4 +201,5 @@ def load_dataset_config(path: str | Path) -> DatasetConfig:
         raise DatasetError(
             f"{yaml_path}: key `nc` is {raw['nc']} but `names` has {len(config.names)} entries"
         )
+    config.kpt_shape, config.flip_idx = keypoint_spec(raw, str(yaml_path))
     return config

@@ -17,7 +17,20 @@ import numpy as np
 from yolo11_lightning.data.sources.records import ImageRecord
 
 # The arrays, by name, as the label cache stores them (``arrays``, ``from_arrays``).
-FIELDS = ("paths", "path_ends", "sizes", "label_ends", "classes", "boxes", "segment_sizes", "segments")
+FIELDS = (
+    "paths", "path_ends", "sizes", "label_ends", "classes", "boxes", "segment_sizes", "segments", "keypoints",
+)  # fmt: skip
+
+
+def _keypoint_rows(records: Sequence[ImageRecord]) -> np.ndarray:
+    """(L, K, 3) float32: every record's keypoints one after the other (K: the records' that have rows)."""
+    widths = {r.keypoints.shape[1] for r in records if len(r.classes)}  # type: ignore[union-attr]
+    if len(widths) > 1:
+        raise ValueError(f"records with different keypoint counts {sorted(widths)}")
+    k = widths.pop() if widths else 0
+    return np.concatenate(
+        [r.keypoints for r in records if len(r.classes)] + [np.zeros((0, k, 3), np.float32)]  # type: ignore[misc]
+    )
 
 
 def _ends(lengths: Iterable[int]) -> np.ndarray:
@@ -32,7 +45,11 @@ class PackedRecords(Sequence[ImageRecord]):
         ``_sizes`` (N, 2) int64 height, width; ``_label_ends`` (N,) int64 end of each record's rows;
         ``_classes`` (L,) int64; ``_boxes`` (L, 4) float32 cx, cy, w, h; ``_segment_sizes`` (L,) int64 vertex
         count of each row's polygon; ``_segments`` (P, 2) float32 vertices; ``_point_ends`` (N,) int64 end of
-        each record's vertices (derived).
+        each record's vertices (derived); ``_keypoints`` (L, K, 3) float32 each row's keypoints (K = 0 for a
+        dataset without keypoints).
+
+    ``flip_idx``: the dataset's keypoint flip permutation (K,) or None, handed to every record; not stored in the
+    label cache (``split.load_split`` sets it from the dataset yaml).
 
     ``polygons=False`` leaves the polygons out (records come back without any): detection never reads
     them, and COCO's outlines are about 160 MB.
@@ -50,6 +67,7 @@ class PackedRecords(Sequence[ImageRecord]):
             np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)]),
             np.concatenate([r.segment_sizes for r in kept] + [np.zeros(0, np.int64)]),
             np.concatenate([r.segments for r in kept] + [np.zeros((0, 2), np.float32)]),
+            _keypoint_rows(records),
             polygons,
         )
 
@@ -63,8 +81,11 @@ class PackedRecords(Sequence[ImageRecord]):
         boxes: np.ndarray,
         segment_sizes: np.ndarray,
         segments: np.ndarray,
+        keypoints: np.ndarray,
         polygons: bool,
     ) -> None:
+        self.flip_idx: np.ndarray | None = None
+        self._keypoints = keypoints
         self._paths, self._path_ends, self._sizes = paths, path_ends, sizes
         self._label_ends, self._classes, self._boxes = label_ends, classes, boxes
         self.has_polygons = polygons
@@ -89,7 +110,7 @@ class PackedRecords(Sequence[ImageRecord]):
         expected = {
             "paths": (np.uint8, 1), "path_ends": (np.int64, 1), "sizes": (np.int64, 2),
             "label_ends": (np.int64, 1), "classes": (np.int64, 1), "boxes": (np.float32, 2),
-            "segment_sizes": (np.int64, 1), "segments": (np.float32, 2),
+            "segment_sizes": (np.int64, 1), "segments": (np.float32, 2), "keypoints": (np.float32, 3),
         }  # fmt: skip
         for name, (dtype, ndim) in expected.items():
             if a[name].dtype != dtype or a[name].ndim != ndim:
@@ -101,8 +122,10 @@ class PackedRecords(Sequence[ImageRecord]):
         for ends, total in ((a["path_ends"], len(a["paths"])), (a["label_ends"], len(a["classes"]))):
             if (n and ((np.diff(ends, prepend=0) < 0).any() or ends[-1] != total)) or (not n and total):
                 raise ValueError("record ends do not match their array")
-        if len(a["boxes"]) != len(a["classes"]):
-            raise ValueError("boxes do not match the classes")
+        if len(a["boxes"]) != len(a["classes"]) or len(a["keypoints"]) != len(a["classes"]):
+            raise ValueError("boxes or keypoints do not match the classes")
+        if a["keypoints"].shape[2] != 3:
+            raise ValueError("keypoints of the wrong width")
         sizes = a["segment_sizes"]
         if polygons and (
             len(sizes) != len(a["classes"]) or (sizes < 0).any() or sizes.sum() != len(a["segments"])
@@ -123,8 +146,13 @@ class PackedRecords(Sequence[ImageRecord]):
                 shift = np.cumsum([0] + [len(p.arrays()[offsets[name]]) for p in parts[:-1]], dtype=np.int64)
                 values = [v + s for v, s in zip(values, shift)]
             empty = cls().arrays()[name]
+            if name == "keypoints":  # the parts' keypoint count (a part without rows has none)
+                values = [v for v in values if len(v)] or values
+                empty = empty.reshape(0, values[0].shape[1] if values else 0, 3)
             out[name] = np.concatenate([empty, *values])
-        return cls.from_arrays(out)
+        packed = cls.from_arrays(out)
+        packed.flip_idx = parts[0].flip_idx if parts else None
+        return packed
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The flat arrays by name (``FIELDS``); polygons empty when left out."""
@@ -132,8 +160,15 @@ class PackedRecords(Sequence[ImageRecord]):
             "paths": self._paths, "path_ends": self._path_ends, "sizes": self._sizes,
             "label_ends": self._label_ends, "classes": self._classes, "boxes": self._boxes,
             "segment_sizes": self._segment_sizes if self.has_polygons else np.zeros(len(self._classes), np.int64),
-            "segments": self._segments,
+            "segments": self._segments, "keypoints": self._keypoints,
         }  # fmt: skip
+
+    def with_flip_idx(self, flip_idx: Sequence[int] | None) -> PackedRecords:
+        """The same records (arrays shared) whose keypoints mirror by ``flip_idx`` (None: no permutation)."""
+        packed = PackedRecords.__new__(PackedRecords)
+        packed.__dict__.update(self.__dict__)
+        packed.flip_idx = None if flip_idx is None else np.asarray(flip_idx, np.int64)
+        return packed
 
     def select(self, keep: np.ndarray) -> PackedRecords:
         """The records where ``keep`` (N,) bool is True, in order (built from the arrays, no records)."""
@@ -158,8 +193,9 @@ class PackedRecords(Sequence[ImageRecord]):
             "segment_sizes": self._segment_sizes[rows] if self.has_polygons else self._segment_sizes[:0],
             "segments": self._segments[spans(point_starts, self._point_ends)] if self.has_polygons
             else self._segments,
+            "keypoints": self._keypoints[rows],
         }  # fmt: skip
-        return PackedRecords.from_arrays(arrays, self.has_polygons)
+        return PackedRecords.from_arrays(arrays, self.has_polygons).with_flip_idx(self.flip_idx)
 
     def without_polygons(self) -> PackedRecords:
         """The same records without their polygons (shares every other array)."""
@@ -168,6 +204,7 @@ class PackedRecords(Sequence[ImageRecord]):
         packed = PackedRecords.__new__(PackedRecords)
         a = self.arrays()
         packed._set(*(a[name] for name in FIELDS), polygons=False)
+        packed.flip_idx = self.flip_idx
         return packed
 
     def path(self, index: int) -> str:
@@ -211,8 +248,12 @@ class PackedRecords(Sequence[ImageRecord]):
         l1 = self._label_ends[index]
         h, w = self._sizes[index]
         path = self.path(index)
+        keypoints = self._keypoints[l0:l1]
         if not self.has_polygons:
-            return ImageRecord(path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1])
+            return ImageRecord(
+                path, int(h), int(w), self._classes[l0:l1], self._boxes[l0:l1], keypoints=keypoints,
+                flip_idx=self.flip_idx,
+            )  # fmt: skip
         s0 = self._point_ends[index - 1] if index > 0 else 0
         return ImageRecord(
             path,
@@ -222,6 +263,8 @@ class PackedRecords(Sequence[ImageRecord]):
             self._boxes[l0:l1],
             self._segments[s0 : self._point_ends[index]],
             self._segment_sizes[l0:l1],
+            keypoints,
+            self.flip_idx,
         )
 
     def __iter__(self) -> Iterator[ImageRecord]:

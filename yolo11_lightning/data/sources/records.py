@@ -36,6 +36,11 @@ class ImageRecord:
             COCO multi-part polygon or RLE mask is merged into one outline, as the reference does).
         segment_sizes: (n,) int64 vertex count of each instance's polygon, summing to P; 0 for an
             instance without one (a box row, or a polygon that failed its checks). Default: all 0.
+        keypoints: (n, K, 3) float32 per instance K keypoints ``x, y`` normalised to the original image and a
+            visibility 0 (not labelled), 1 or 2 (a D = 2 dataset's visibility is 0 where x or y is negative,
+            else 1, as the reference's); (n, 0, 3) for a dataset without keypoints (the default).
+        flip_idx: (K,) int64, the keypoint each one becomes in a mirrored image (the dataset's ``flip_idx``), or
+            None.
     """
 
     path: str
@@ -45,6 +50,8 @@ class ImageRecord:
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
     segments: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.float32))
     segment_sizes: np.ndarray | None = None
+    keypoints: np.ndarray | None = None
+    flip_idx: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.classes = np.asarray(self.classes, dtype=np.int64).reshape(-1)
@@ -58,6 +65,13 @@ class ImageRecord:
             raise ValueError(
                 f"{self.path}: {len(self.segment_sizes)} polygon sizes summing to {self.segment_sizes.sum()} "
                 f"for {len(self.classes)} instances and {len(self.segments)} vertices"
+            )
+        points = np.zeros((len(self.classes), 0, 3), np.float32) if self.keypoints is None else self.keypoints
+        self.keypoints = np.asarray(points, dtype=np.float32)
+        if self.keypoints.ndim != 3 or self.keypoints.shape[::2] != (len(self.classes), 3):
+            raise ValueError(
+                f"{self.path}: keypoints of shape {self.keypoints.shape} for {len(self.classes)} instances, "
+                "expected (n, K, 3)"
             )
 
     @property

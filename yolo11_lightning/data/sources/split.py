@@ -82,7 +82,9 @@ def _list_entries(config: DatasetConfig, split: str) -> list[SplitEntry]:
 
 
 def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> str:
-    h = hashlib.sha1(json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE]).encode())
+    h = hashlib.sha1(
+        json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]).encode()
+    )
     for e in entries:
         e.fingerprint(h, config.image_dirs.get(e.path, ""))
     return h.hexdigest()
@@ -215,4 +217,4 @@ def load_split(
         raise DatasetError(
             f"{config.source}: split `{split}` has no usable image ({report.summary()}). First problems:\n  {problems}"
         )
-    return records, report
+    return records.with_flip_idx(config.flip_idx), report

@@ -5,7 +5,9 @@ extension by ``.txt`` (beside the image when the path has no ``images`` folder).
 file means a background image. Rows are ``class cx cy w h`` normalised to the image as displayed
 (after EXIF rotation), or polygons ``class x1 y1 x2 y2 x3 y3 ...`` (YOLO-seg) whose extent is the box
 and which the record keeps as the instance's polygon (``ImageRecord.segments``). A file may mix both:
-box rows have no polygon.
+box rows have no polygon. In a keypoint dataset (its yaml sets ``kpt_shape: [K, D]``) every row is
+``class cx cy w h`` then K keypoints of D values ``x y [visibility]`` (x, y normalised; visibility 0, 1 or 2),
+kept as ``ImageRecord.keypoints``.
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class LabelRows:
     segments: np.ndarray
     segment_sizes: np.ndarray
     dropped: list[tuple[int, str]]
+    keypoints: np.ndarray | None = None  # (k, K, 3) of the kept rows in a keypoint dataset (``ImageRecord``)
 
 
 def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRows:
@@ -101,18 +104,49 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
     return parse_label_rows(text, label_path, num_classes).checked
 
 
-def parse_label_rows(text: str, label_path: str, num_classes: int) -> LabelRows:
-    """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none)."""
+def _keypoint_problem(values: list[float], kpt_shape: tuple[int, int]) -> tuple[np.ndarray, str | None]:
+    """(K, 3) keypoints of a pose row's values after the box, and why the row is bad (None: it is not)."""
+    k, d = kpt_shape
+    raw = np.asarray(values, np.float64).reshape(k, d)
+    if d == 3:
+        bad = np.flatnonzero(~np.isin(raw[:, 2], (0.0, 1.0, 2.0)))
+        if len(bad):
+            return raw, f"keypoint {bad[0]} has visibility {raw[bad[0], 2]:g}, not 0, 1 or 2"
+        points = raw
+    else:  # the reference's visibility of an (x, y) keypoint: 0 where x or y is negative
+        points = np.concatenate([raw, ((raw[:, :1] >= 0) & (raw[:, 1:2] >= 0)).astype(np.float64)], 1)
+    labelled = points[:, 2] > 0
+    xy = points[labelled, :2]
+    outside = np.flatnonzero(((xy < -CLIP_TOLERANCE) | (xy > 1 + CLIP_TOLERANCE)).any(1))
+    if len(outside):
+        i = np.flatnonzero(labelled)[outside[0]]
+        return points, f"keypoint {i} at ({points[i, 0]:g}, {points[i, 1]:g}) is outside the image [0, 1]"
+    return points, None
+
+
+def parse_label_rows(
+    text: str, label_path: str, num_classes: int, kpt_shape: tuple[int, int] | None = None
+) -> LabelRows:
+    """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); with ``kpt_shape``
+    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``."""
     classes, boxes, lows, highs, names = [], [], [], [], []
     line_of: list[int] = []
     polygons: list[list[float] | None] = []
+    points_of: list[np.ndarray] = []
     early: list[tuple[int, str]] = []  # (line, reason) found before the shared checks
+    width = 5 + kpt_shape[0] * kpt_shape[1] if kpt_shape else 0
     for line_no, line in enumerate(text.splitlines(), 1):
         tokens = line.split()
         n = len(tokens)
         if n == 0:
             continue
-        if n != 5 and (n < 7 or n % 2 == 0):
+        if kpt_shape and n != width:
+            early.append(
+                (line_no, f"expected {width} values (class cx cy w h, then {kpt_shape[0]} keypoints of "
+                          f"{kpt_shape[1]} values: the dataset's kpt_shape {list(kpt_shape)}), got {n}")
+            )  # fmt: skip
+            continue
+        if not kpt_shape and n != 5 and (n < 7 or n % 2 == 0):
             why = f"expected 5 values (class cx cy w h) or a polygon (class x y x y x y ...), got {n}"
             if n >= 6:
                 why += f": polygon has an odd number of coordinates ({n - 1})"
@@ -130,7 +164,14 @@ def parse_label_rows(text: str, label_path: str, num_classes: int) -> LabelRows:
             early.append((line_no, "value is not a finite number (NaN or inf)"))
             continue
         coords = values[1:]
-        if n == 5:
+        if kpt_shape:
+            points, why = _keypoint_problem(coords[4:], kpt_shape)
+            if why is not None:
+                early.append((line_no, why))
+                continue
+            points_of.append(points)
+            coords = coords[:4]
+        if len(coords) == 4:
             cx, cy, w, h = coords
             boxes.append((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
             polygons.append(None)
@@ -160,11 +201,17 @@ def parse_label_rows(text: str, label_path: str, num_classes: int) -> LabelRows:
         if why is not None:  # its box passed the row checks: kept without the polygon
             dropped.append((line_of[i], why))
         kept_polygons.append(np.zeros((0, 2), np.float32) if points is None else points)
+    keypoints = None
+    if kpt_shape:
+        keypoints = np.zeros((len(checked.kept), kpt_shape[0], 3), np.float32)
+        for j, i in enumerate(checked.kept):
+            keypoints[j] = points_of[i]
     return LabelRows(
         checked,
         np.concatenate([*kept_polygons, np.zeros((0, 2), np.float32)]),
         np.array([len(p) for p in kept_polygons], np.int64),
         dropped,
+        keypoints,
     )
 
 
@@ -227,13 +274,14 @@ def _clean_rows(values: np.ndarray, image_of: np.ndarray, num_classes: int) -> n
 
 
 def check_images(
-    images: list[str], num_classes: int, max_pixels: int | None
+    images: list[str], num_classes: int, max_pixels: int | None, kpt_shape: tuple[int, int] | None = None
 ) -> tuple[PackedRecords, DataReport, bool]:
     """Check a run of images and parse their labels: (records in order, what was skipped, any label file).
 
     Each image's header is read and its data decoded at a reduced scale (``probe_image``); each label row is
     checked. Files of plain box rows are checked together, vectorised; a file with anything else (a polygon,
-    a bad or clipped or duplicate row) goes through ``parse_label_rows``, whose reasons name file and line.
+    a bad or clipped or duplicate row) and every file of a keypoint dataset (``kpt_shape`` (K, D)) go through
+    ``parse_label_rows``, whose reasons name file and line.
     """
     report = DataReport()
     found: list[tuple[int, int, str | None]] = []  # per usable image: height, width, label text
@@ -254,7 +302,7 @@ def check_images(
         found.append((height, width, text))
         kept_images.append(image_path)
         problems.append(None)
-    parsed = [None if text is None else _box_values(text) for _, _, text in found]
+    parsed = [None if text is None or kpt_shape else _box_values(text) for _, _, text in found]
     counts = np.array([len(v) // 5 if v is not None else 0 for v in parsed], np.int64)
     flat = np.fromiter(
         (x for v in parsed if v is not None for x in v), np.float64, count=int(counts.sum()) * 5
@@ -268,7 +316,8 @@ def check_images(
     fast_classes = cls.astype(np.int64)
     fast_boxes = np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], 1).astype(np.float32)
     starts = np.cumsum(counts) - counts
-    classes, boxes, segment_sizes, segments = [], [], [], []
+    classes, boxes, segment_sizes, segments, keypoints = [], [], [], [], []
+    k = kpt_shape[0] if kpt_shape else 0
     label_counts = np.zeros(len(found), np.int64)
     usable = iter(enumerate(zip(kept_images, found)))
     for skipped in problems:  # in the images' order, so the report's lines are too
@@ -281,11 +330,12 @@ def check_images(
             classes.append(fast_classes[s:e])
             boxes.append(fast_boxes[s:e])
             segment_sizes.append(np.zeros(e - s, np.int64))
+            keypoints.append(np.zeros((e - s, k, 3), np.float32))
             label_counts[i] = e - s
             report.add_image(int(e - s))
             continue
         label_path = label_path_for(path)
-        rows = parse_label_rows(text, label_path, num_classes)
+        rows = parse_label_rows(text, label_path, num_classes, kpt_shape)
         checked = rows.checked
         for line, why in checked.rejected:
             report.skip_row(f"{label_path}:{line}", why)
@@ -296,6 +346,8 @@ def check_images(
         boxes.append(checked.boxes)
         segment_sizes.append(rows.segment_sizes)
         segments.append(rows.segments)
+        keypoints.append(np.zeros((len(checked.classes), 0, 3), np.float32) if rows.keypoints is None
+                         else rows.keypoints)  # fmt: skip
         label_counts[i] = len(checked.classes)
         report.add_image(len(checked.classes), int((rows.segment_sizes > 0).sum()))
     encoded = [p.encode("utf-8") for p in kept_images]
@@ -309,12 +361,15 @@ def check_images(
             "boxes": np.concatenate([np.zeros((0, 4), np.float32), *boxes]),
             "segment_sizes": np.concatenate([np.zeros(0, np.int64), *segment_sizes]),
             "segments": np.concatenate([np.zeros((0, 2), np.float32), *segments]),
+            "keypoints": np.concatenate([np.zeros((0, k, 3), np.float32), *keypoints]),
         }
     )
     return packed, report, any_label_file
 
 
-def _check_run(args: tuple[list[str], int, int | None]) -> tuple[PackedRecords, DataReport, bool]:
+def _check_run(
+    args: tuple[list[str], int, int | None, tuple[int, int] | None],
+) -> tuple[PackedRecords, DataReport, bool]:
     return check_images(*args)
 
 
@@ -324,15 +379,16 @@ def load_yolo_images(
     report: DataReport,
     workers: int = 1,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    kpt_shape: tuple[int, int] | None = None,
 ) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
     ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
     parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
-    skipped from its header, undecoded.
+    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows (``parse_label_rows``).
     """
     size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
-    runs = [(images[i : i + size], num_classes, max_pixels) for i in range(0, len(images), size)]
+    runs = [(images[i : i + size], num_classes, max_pixels, kpt_shape) for i in range(0, len(images), size)]
     parts, any_label_file = [], False
     for packed, part, labelled in ordered_map(_check_run, runs, workers):
         report.merge(part)
@@ -373,7 +429,10 @@ class YoloEntry:
     ) -> tuple[PackedRecords, list[str]]:
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
-        return load_yolo_images(self.images, config.num_classes, report, workers, max_pixels), []
+        records = load_yolo_images(
+            self.images, config.num_classes, report, workers, max_pixels, config.kpt_shape
+        )
+        return records, []
 
 
 def open_entry(path: str, seen: set[str]) -> YoloEntry:

@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
     p.add_argument(
         "--task", choices=[n for n, t in TASKS.items() if not t.not_yet], default=DEFAULT_TASK,
-        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); "
+        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); pose: "
+        "figures of 5 keypoints, some occluded or unlabelled (YOLO pose rows, kpt_shape and flip_idx); "
         "classify: one shape per image, in class folders (data.synthetic.classes)",
     )  # fmt: skip
     p.add_argument(

@@ -7,9 +7,11 @@ The contract::
 * ``preds``: the train-mode output of ``YOLO11(scale, nc, task="pose", kpt_shape=(K, D))``, ``(maps, keypoints)``:
   the three detection level maps (B, 4·reg_max + nc, H/s, W/s) and the raw keypoint channels (B, K·D, A).
 * ``targets``: float (N, 6) rows ``[image_index, class, cx, cy, w, h]``, box normalised to the input image.
-* ``keypoints``: float (N, K, D), one row per targets row: x, y normalised to the input image[, visibility];
-  a keypoint with visibility 0 is not labelled (it adds nothing to the keypoint term and is a negative of the
-  visibility BCE). With D = 2 every keypoint is labelled and there is no visibility term.
+* ``keypoints``: float (N, K, D) or (N, K, 3), one row per targets row: x, y normalised to the input image[,
+  visibility]; a keypoint with visibility 0 is not labelled (it adds nothing to the keypoint term and is a
+  negative of the visibility BCE). A D = 2 model has no visibility term; its keypoints are all labelled when
+  given (N, K, 2), and those of visibility != 0 when given (N, K, 3) (the batch's ``keypoints``, as the
+  reference's data gives them).
 * ``items``: detached (5,) gained terms in the reference's order ``(box, pose, kobj, cls, dfl)``; ``loss`` their
   sum. ``items == reference_items`` and ``loss == reference_loss.sum() / batch_size`` for the reference
   ``v8PoseLoss`` (8.3.x).
@@ -90,7 +92,13 @@ class PoseLoss(DetectionLoss):
         maps, raw = self._check_preds(preds)
         self._check(maps, targets)
         k, d = self.kpt_shape
-        if keypoints.ndim != 3 or tuple(keypoints.shape) != (targets.shape[0], k, d):
+        if targets.shape[0] == 0 and keypoints.numel() == 0:  # no instance: whatever K an empty batch says
+            keypoints = keypoints.new_zeros(0, k, d)
+        if (
+            keypoints.ndim != 3
+            or tuple(keypoints.shape[:2]) != (targets.shape[0], k)
+            or (keypoints.shape[2] not in (d, 3))
+        ):
             raise ValueError(
                 f"PoseLoss: keypoints have shape {tuple(keypoints.shape)}, expected (N, K, D) = "
                 f"({targets.shape[0]}, {k}, {d}), one row per targets row"
@@ -120,7 +128,7 @@ class PoseLoss(DetectionLoss):
         height, width = prep.image_size
         gt = keypoints[assign.gt_index.flatten()[rows]]  # (R, K, D)
         gt_xy = torch.stack((gt[..., 0] * width, gt[..., 1] * height), -1) / stride[:, None]
-        labelled = gt[..., 2] != 0 if d == 3 else torch.ones_like(gt[..., 0], dtype=torch.bool)
+        labelled = gt[..., 2] != 0 if gt.shape[-1] == 3 else torch.ones_like(gt[..., 0], dtype=torch.bool)
         box = (assign.target_boxes.flatten(0, 1)[rows]) / stride  # (R, 4) xyxy grid units
         # Padding rows weigh 0; their area is 1 so that no 0/0 reaches the gradient.
         area = torch.where(valid, (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1]), 1.0)

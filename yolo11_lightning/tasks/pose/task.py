@@ -1,21 +1,33 @@
 """``PoseTask``: keypoints (YOLO11-pose), what every layer asks of it (``tasks.base``).
 
-Detection plus K keypoints of D values per instance (``kpt_shape``, COCO persons: (17, 3)): the head adds K·D
-channels per anchor (``head.Pose``), the loss a keypoint term and a visibility term (``loss.PoseLoss``). The model,
-its reference files and its loss are here; the data (keypoint labels, flips), pose mAP, prediction and export are
-not yet (``not_yet``: runs are refused by ``tasks.choice``).
+Detection plus K keypoints of D values per instance (``kpt_shape``, COCO persons: (17, 3); a dataset yaml's
+``kpt_shape`` with its ``flip_idx``): the labels carry them (``data.labels.keypoints.Keypoints``, moved by every
+augmentation step), a batch its ``keypoints`` (N, K, 3) (``batch``), the head adds K·D channels per anchor
+(``head.Pose``), the loss a keypoint term and a visibility term (``loss.PoseLoss``), the metric the keypoint mAP
+by OKS (``metric.PoseMAP``), predictions their keypoints in original pixels (``drawing``: skeletons, COCO json
+keypoints), an ONNX file its ``kpt_shape`` in the metadata.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import numpy as np
+import torch
 from torch import Tensor, nn
 
+from yolo11_lightning.data.labels.keypoints import Keypoints
+from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.tasks.detect import DetectTask
+from yolo11_lightning.tasks.pose.batch import collate_pose
+from yolo11_lightning.tasks.pose.drawing import draw_keypoints, keypoints_to_original
 from yolo11_lightning.tasks.pose.head import Pose
 from yolo11_lightning.tasks.pose.loss import PoseLoss
+
+if TYPE_CHECKING:
+    from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 __all__ = ["DEFAULT_KPT_SHAPE", "PoseTask"]
 
@@ -23,6 +35,10 @@ DEFAULT_KPT_SHAPE = (
     17,
     3,
 )  # COCO persons: 17 keypoints of x, y, visibility (the reference's yolo11-pose.yaml)
+POSE_OUTPUT_DOC = (
+    "(B, 4 + nc + K*D, A): cx, cy, w, h in input pixels, class scores, then per keypoint x, y in input pixels "
+    "(and a visibility score in (0, 1) when D = 3); K, D: metadata kpt_shape; no NMS"
+)
 _KEYPOINT_OUTPUT = "head.cv4.0.2.weight"  # our key of the first level's keypoint output conv (K·D, c4, 1, 1)
 
 
@@ -37,7 +53,14 @@ class PoseTask(DetectTask):
     reference_class: ClassVar[str] = "PoseModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also OBB's: told apart by its width
     loss_items: ClassVar[tuple[str, ...]] = ("box", "pose", "kobj", "cls", "dfl")
-    not_yet: ClassVar[str] = "its data (keypoint labels and flips), pose mAP, prediction and export"
+    label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
+    checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + pose, as the reference's best.pt
+    reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50", "pose_mAP50-95", "pose_mAP50")
+    checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "pose_mAP50-95")
+    onnx_output_doc: ClassVar[str] = POSE_OUTPUT_DOC
+    # A keypoint is its raw offset times 2·stride (64 px per unit at P5), twice a box side's DFL gain: measured
+    # gaps reach 2x detection's on random reference weights (5.5e-4 at 160 px); 4 leaves a margin.
+    onnx_tolerance_gain: ClassVar[float] = 4.0
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int]:
         """(K, D): the given shape, (17, 3) when None; K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility)."""
@@ -61,6 +84,11 @@ class PoseTask(DetectTask):
         kpt_shape: tuple[int, int] | None = None,
     ) -> nn.Module:  # fmt: skip
         return Pose(num_classes, channels, strides, reg_max, kpt_shape or DEFAULT_KPT_SHAPE)
+
+    def extra_channels(self, model: Any) -> int:
+        """K·D keypoint values per anchor (the model's ``kpt_shape``)."""
+        k, d = model.kpt_shape
+        return k * d
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
         """A keypoint branch more than one channel wide (an OBB head's is one angle)."""
@@ -86,3 +114,104 @@ class PoseTask(DetectTask):
                 f"the pose task needs batches with `keypoints` (N, K, D), but the batch has only {sorted(batch)}"
             )
         return criterion(outputs, batch["targets"], batch["keypoints"])
+
+    # ------------------------------------------------------------------------------------ data
+    def sample_targets(
+        self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
+    ) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The sample's ``keypoints`` (n, K, 3): x, y normalised to the (h, w) image, and the visibility."""
+        points = instances.fields[Keypoints.name].points.copy()  # type: ignore[attr-defined]
+        points[..., 0] /= image_shape[1]
+        points[..., 1] /= image_shape[0]
+        return None, {"keypoints": torch.from_numpy(points)}
+
+    def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"keypoints": torch.zeros(0, 0, 3)}
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate_pose(samples)
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
+        from yolo11_lightning.tasks.pose.metric import PoseMAP
+
+        return PoseMAP(class_names, reference_style=reference_style)
+
+    def pose(self, module: Any, images: Tensor) -> list[Tensor]:
+        """Eval forward + NMS: per image (n, 6 + K·D) rows in input pixels: box, score, class, keypoints."""
+        return self.nms(module, module.model(module.model_input(images)))
+
+    def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+        """Box and keypoint scoring (``metric.PoseMAP``); returns the detections and their (n, K, D) keypoints."""
+        rows = self.pose(module, batch["images"])
+        k, d = module.model.kpt_shape
+        detections = [r[:, :6] for r in rows]
+        keypoints = [r[:, 6:].reshape(-1, k, d) for r in rows]
+        metric.update(detections, batch, keypoints)  # type: ignore[call-arg]
+        return {"detections": detections, "keypoints": keypoints}
+
+    def draw_evaluated(
+        self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
+        names: Sequence[str] | None,
+    ) -> np.ndarray:  # fmt: skip
+        """The predicted keypoints and skeleton under the boxes."""
+        det = outputs["detections"][index].detach().float().cpu()[keep]
+        points = outputs["keypoints"][index].detach().float().cpu()[keep]
+        image = draw_keypoints(image, points.numpy(), det[:, 5].numpy())
+        return super().draw_evaluated(image, outputs, index, keep, names)
+
+    def draw_targets(
+        self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
+        """The labelled keypoints (visibility 1 or 2) and skeleton under the boxes."""
+        targets = batch["targets"].detach().cpu()
+        own = targets[:, 0] == index
+        points = batch["keypoints"].detach().float().cpu()[own].clone()
+        points[..., 0] *= image.shape[1]
+        points[..., 1] *= image.shape[0]
+        image = draw_keypoints(image, points.numpy(), targets[own, 1].numpy())
+        return super().draw_targets(image, batch, index, names)
+
+    # ------------------------------------------------------------------------------------ prediction
+    def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
+        """Per image ``{"detections": (n, 6), "keypoints": (n, K, D)}`` in original image pixels (clipped)."""
+        rows = self.pose(module, batch["images"])
+        k, d = module.model.kpt_shape
+        detections = detections_to_original(
+            [r[:, :6] for r in rows], batch["scales"], batch["pads"], batch["orig_sizes"]
+        )
+        out = []
+        for i, (r, det) in enumerate(zip(rows, detections)):
+            points = keypoints_to_original(
+                r[:, 6:].reshape(-1, k, d), batch["scales"][i], batch["pads"][i], batch["orig_sizes"][i]
+            )
+            out.append({"detections": det, "keypoints": points})
+        return out
+
+    def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
+        return result["detections"], {"keypoints": result["keypoints"].detach().float().cpu().numpy()}
+
+    def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
+        """COCO keypoints ``[x1, y1, v1, x2, y2, v2, ...]`` in original pixels; v is the predicted visibility
+        score in (0, 1) (D = 3, as the reference's json) or 1 (D = 2)."""
+        points = extras["keypoints"][k]
+        if points.shape[-1] == 2:
+            points = np.concatenate([points, np.ones_like(points[:, :1])], 1)
+        return {"keypoints": [round(float(v), 3) for v in points.reshape(-1)]}
+
+    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+        points = extras["keypoints"]
+        return draw_keypoints(image, points, classes) if len(points) else image
+
+    # ------------------------------------------------------------------------------------ export
+    def onnx_metadata(self, model: Any) -> dict[str, str]:
+        """``kpt_shape`` as the reference's ONNX client reads it (a Python literal)."""
+        return {"kpt_shape": repr([int(v) for v in model.kpt_shape])}
+
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
+        """K·D from the file's ``kpt_shape`` metadata (required: the output's width alone cannot tell)."""
+        if kpt_shape is None:
+            raise ValueError("a pose model's file must say its kpt_shape (metadata `kpt_shape`)")
+        return int(kpt_shape[0]) * int(kpt_shape[1])

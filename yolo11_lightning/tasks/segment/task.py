@@ -64,7 +64,6 @@ class SegmentTask(DetectTask):
     reference_class: ClassVar[str] = "SegmentationModel"
     reference_key: ClassVar[str | None] = "model.23.proto.cv1.conv.weight"  # only a Segment head has it
     loss_items: ClassVar[tuple[str, ...]] = ("box", "seg", "cls", "dfl")
-    extra: ClassVar[int] = NUM_MASKS
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + mask, as the reference's best.pt
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50")
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mask_mAP50-95")
@@ -80,6 +79,10 @@ class SegmentTask(DetectTask):
         return Segment(
             num_classes, channels, strides, reg_max, NUM_MASKS, scaled_channels(scale, PROTO_CHANNELS)
         )
+
+    def extra_channels(self, model: Any) -> int:
+        """The 32 mask coefficients per anchor."""
+        return NUM_MASKS
 
     # ------------------------------------------------------------------------------------ loss
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
@@ -211,7 +214,9 @@ class SegmentTask(DetectTask):
         """Predictions (3-D) first, prototypes (4-D) second, whatever order the file lists them in."""
         return [1, 0] if len(shapes[0]) == 4 else [0, 1]
 
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
         """The mask coefficients per anchor: the prototypes' channel count."""
         proto_shape = list(shapes[1])
         if len(proto_shape) != 4 or not isinstance(proto_shape[1], int):
