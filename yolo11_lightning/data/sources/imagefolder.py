@@ -143,6 +143,7 @@ class FolderEntry:
                 "boxes": np.tile(np.array(WHOLE_IMAGE, np.float32), (n, 1)),
                 "segment_sizes": np.zeros(n, np.int64),
                 "segments": np.zeros((0, 2), np.float32),
+                "keypoints": np.zeros((n, 0, 3), np.float32),
             }
         )
         return packed, []
