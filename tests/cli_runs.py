@@ -127,12 +127,15 @@ def load(path: Path) -> dict:
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
-    """Largest ``max|a - b| / max|a|`` over the float tensors (each tensor against its own scale)."""
+    """Largest ``max|a - b| / max|a|`` over the float tensors (each tensor against its own scale, at least 1e-4:
+    a tensor still numerically zero, e.g. the BatchNorm biases of an OBB head's angle branch in its first steps
+    (1e-15 to 1e-8: the angle barely moves a near-square box's probiou), is compared at 1e-4, as its near-zero
+    gradient's float-reduction noise is large against its own scale)."""
     assert a.keys() == b.keys(), set(a) ^ set(b)
     worst, name = 0.0, ""
     for key, x in a.items():
         if torch.is_tensor(x) and x.is_floating_point():
-            rel = float((x - b[key]).abs().max() / x.abs().max().clamp(min=1e-12))
+            rel = float((x - b[key]).abs().max() / x.abs().max().clamp(min=1e-4))
             if rel > worst:
                 worst, name = rel, key
     return worst, name
@@ -164,11 +167,13 @@ CUT = (1, 2)  # runs are cut when epoch 1, batch 2 starts: after optimiser step 
 STEP_AT_CUT = 3
 
 
-def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path, *extra: str) -> dict:
+def check_resume_two_ranks_to_one(
+    dataset: Path, uninterrupted: Path, root: Path, *extra: str, rel: float = 1e-5
+) -> dict:
     """2 ranks cut at ``CUT`` (``StopAt``, exit 75), then ``fit --ckpt_path last`` on 1 rank (a new logger
     version) finishes the run; asserts the resumed start, that the global sample order was trained exactly once,
-    and that the final state is the uninterrupted run's. ``extra``: more CLI arguments for both runs. Returns
-    the resumed run's final checkpoint."""
+    and that the final state is the uninterrupted run's (within ``rel`` of each tensor's scale). ``extra``: more
+    CLI arguments for both runs. Returns the resumed run's final checkpoint."""
     cut = [
         "--trainer.callbacks+=fault_callbacks.StopAt",
         "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
@@ -189,5 +194,5 @@ def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path
     assert set(before).isdisjoint(after), "a batch was trained twice"
     assert flatten({**before, **after}) == expected_order()
     final = load(final_checkpoint(root))
-    assert_same_training_state(load(final_checkpoint(uninterrupted)), final)
+    assert_same_training_state(load(final_checkpoint(uninterrupted)), final, rel)
     return final

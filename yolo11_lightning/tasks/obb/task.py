@@ -186,7 +186,7 @@ class ObbTask(DetectTask):
         """The rotated box ``xywhr`` (original pixels, r in radians) and its four corners ``[[x, y], ...]``."""
         box = extras["rboxes"][k]
         return {
-            "xywhr": [round(float(v), 4 if j == 4 else 3) for j, v in enumerate(box)],
+            "xywhr": [round(float(v), 6 if j == 4 else 3) for j, v in enumerate(box)],
             "corners": [[round(float(x), 3), round(float(y), 3)] for x, y in corners(box).tolist()],
         }
 
