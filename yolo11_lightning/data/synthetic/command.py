@@ -29,7 +29,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
     p.add_argument(
         "--task", choices=[n for n, t in TASKS.items() if not t.not_yet], default=DEFAULT_TASK,
-        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation)",
+        help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); obb: "
+        "rotated elongated shapes labelled with their oriented boxes' corners",
     )  # fmt: skip
     p.add_argument(
         "--hard", action="store_true",

@@ -10,7 +10,9 @@ The segmentation set (``task="segment"``, ``synthetic --task segment``: any task
 ``data.labels.polygons.Polygons``) paints the same shapes as
 polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
 each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
-polygon, whose extent is the box. Its images are its own (another random stream).
+polygon, whose extent is the box. Its images are its own (another random stream). The oriented-box set
+(``task="obb"``, ``painter.oriented_sample``) paints the shapes stretched 2.5-5 times longer than wide and turned by
+any angle, each labelled with its rotated rectangle's four corners (YOLO OBB rows).
 
 Deterministic: image i of a split depends only on (seed, split, i), so changing the number of
 images does not change the others. Layout written under ``out_dir``::

@@ -53,7 +53,6 @@ class ObbTask(DetectTask):
     model_suffix: ClassVar[str] = "-obb"
     reference_class: ClassVar[str] = "OBBModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
-    not_yet: ClassVar[str] = ""
     extra: ClassVar[int] = 1  # the angle, after the class scores
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
