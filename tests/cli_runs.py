@@ -126,12 +126,14 @@ def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-NEGLIGIBLE = 1e-6  # the smallest scale a tensor is compared at (``max_relative_difference``)
+NEGLIGIBLE = 1e-4  # the smallest scale a tensor is compared at (``max_relative_difference``)
 
 
 def max_relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> tuple[float, str]:
     """Largest ``max|a - b| / max|a|`` over the float tensors (each tensor against its own scale, at least
-    ``NEGLIGIBLE``: a tensor that is all but zero, e.g. a BatchNorm bias still at 1e-12, differs by float noise)."""
+    ``NEGLIGIBLE``: a tensor still numerically zero, e.g. a BatchNorm bias at 1e-12 or the biases of an OBB head's
+    angle branch in its first steps (1e-15 to 1e-8: the angle barely moves a near-square box's probiou), differs
+    by float-reduction noise that is large against its own scale)."""
     assert a.keys() == b.keys(), set(a) ^ set(b)
     worst, name = 0.0, ""
     for key, x in a.items():
@@ -168,11 +170,13 @@ CUT = (1, 2)  # runs are cut when epoch 1, batch 2 starts: after optimiser step 
 STEP_AT_CUT = 3
 
 
-def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path, *extra: str) -> dict:
+def check_resume_two_ranks_to_one(
+    dataset: Path, uninterrupted: Path, root: Path, *extra: str, rel: float = 1e-5
+) -> dict:
     """2 ranks cut at ``CUT`` (``StopAt``, exit 75), then ``fit --ckpt_path last`` on 1 rank (a new logger
     version) finishes the run; asserts the resumed start, that the global sample order was trained exactly once,
-    and that the final state is the uninterrupted run's. ``extra``: more CLI arguments for both runs. Returns
-    the resumed run's final checkpoint."""
+    and that the final state is the uninterrupted run's (within ``rel`` of each tensor's scale). ``extra``: more
+    CLI arguments for both runs. Returns the resumed run's final checkpoint."""
     cut = [
         "--trainer.callbacks+=fault_callbacks.StopAt",
         "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
@@ -193,5 +197,5 @@ def check_resume_two_ranks_to_one(dataset: Path, uninterrupted: Path, root: Path
     assert set(before).isdisjoint(after), "a batch was trained twice"
     assert flatten({**before, **after}) == expected_order()
     final = load(final_checkpoint(root))
-    assert_same_training_state(load(final_checkpoint(uninterrupted)), final)
+    assert_same_training_state(load(final_checkpoint(uninterrupted)), final, rel)
     return final

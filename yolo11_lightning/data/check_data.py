@@ -29,6 +29,7 @@ from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import dataset_config, load_split
 from yolo11_lightning.plots.labels import box_scatter, class_histogram
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 REQUIRED_SPLITS = ("train", "val")
@@ -105,10 +106,12 @@ def check_dataset(
     seed: int,
     use_cache: bool,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    task: str = DEFAULT_TASK,
 ) -> bool:
     """Print the report of every split, write the pictures; True when the dataset is usable.
 
-    ``max_image_pixels``: larger images are refused from their headers (None or 0: no limit).
+    ``max_image_pixels``: larger images are refused from their headers (None or 0: no limit); ``task``: whose
+    label rules apply beyond the formats' own (``Task.label_problems``: an oriented box's four corners).
     """
     usable = True
     loaded: dict[str, list[ImageRecord]] = {}
@@ -126,7 +129,7 @@ def check_dataset(
             print(f"error: {e}", file=sys.stderr)
             usable = False
             continue
-        for line in report.warnings:
+        for line in report.warnings + get_task(task).label_problems(records):
             print(f"warning: {line}")
         print(report.summary() + (f"  (cache: {report.cache_path})" if report.cache_path else ""))
         loaded[split] = records
@@ -178,6 +181,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-images", action="store_true", help="only print the report")
     p.add_argument(
+        "--task", choices=list(TASKS), default=DEFAULT_TASK,
+        help="also check the rows against this task's rules (obb: four corners, no repeated ones, an area, no "
+        "crossing sides)",
+    )  # fmt: skip
+    p.add_argument(
         "--max_image_pixels",
         "--max-image-pixels",
         dest="max_image_pixels",
@@ -196,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out = None if args.no_images else Path(args.out or Path("runs") / "check-data" / Path(args.dataset).stem)
     usable = check_dataset(
-        config, out, args.imgsz, args.samples, args.seed, not args.no_cache, args.max_image_pixels
+        config, out, args.imgsz, args.samples, args.seed, not args.no_cache, args.max_image_pixels, args.task
     )
     if not usable:
         print(

@@ -17,8 +17,9 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
 * what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
   refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
-  ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``;
-  ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
+  ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``,
+  ``label_problems`` (``check-data --task``); ``whole_image`` / ``image_transform`` (one label per image:
+  whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
   ``class_results`` (the per-class results of an evaluation the metric kept),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
@@ -165,6 +166,11 @@ class Task:
     def check_records(self, records: Any, where: str) -> None:
         """Report what this task needs and a split's records lack (``where`` names the split); ``records``: a
         ``PackedRecords`` (read its arrays' counts, not record by record)."""
+
+    def label_problems(self, records: Sequence[Any]) -> list[str]:
+        """``check-data``'s lines ``<file>:<line>: <reason>`` for label rows the split's parse kept but this task
+        cannot use (``records``: the split's ``ImageRecord``s)."""
+        return []
 
     # ------------------------------------------------------------------------------------ evaluation
     def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:

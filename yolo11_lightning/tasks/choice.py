@@ -14,7 +14,8 @@ The task is set once. Its sources, strongest first:
 The data follows the model and the model follows the data. A dataset that says its task is a fact about its
 labels: any other task is refused. A weights file of another task than the one named is fine-tuning (it loads
 what fits). A task whose model and loss are here but whose data, metrics, prediction or export are not yet
-(``Task.not_yet``: OBB, classification) is refused by name, saying what it lacks (``check_available``).
+(``Task.not_yet``; every registered task runs today) is refused by name, saying what it lacks
+(``check_available``).
 
 The callers read the sources (config, files) and hand them here as ``TaskClaim``s; this module reads no file.
 """

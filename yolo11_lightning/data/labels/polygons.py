@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import ClassVar
 
 import numpy as np
 
@@ -205,7 +206,7 @@ def merge_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
 class Polygons(InstanceField):
     """One outline per instance: ``points`` (n, M, 2) float32 ``x, y`` pixels, every outline M points.
 
-    Records' outlines are resampled to ``RESAMPLE_POINTS`` (more for longer ones); an instance without one gets
+    Records' outlines are resampled to ``resample_points`` (``RESAMPLE_POINTS``; more for longer ones); an instance without one gets
     its box's rectangle. After a warp the boxes are the outlines' extent (``boxes_from_polygons``), kept when
     they keep more than 1 % of their zoomed area (the reference's rule with segments).
     """
@@ -214,6 +215,7 @@ class Polygons(InstanceField):
     reads_polygons = True
     derives_boxes = True
     min_area_ratio = 0.01
+    resample_points: ClassVar[int] = RESAMPLE_POINTS  # points per outline (a subclass may take fewer)
 
     def __init__(self, points: np.ndarray) -> None:
         self.points = points
@@ -225,11 +227,11 @@ class Polygons(InstanceField):
     def from_record(cls, record: ImageRecord, width: float, height: float) -> Polygons:
         boxes = xywhn_to_xyxy(record.boxes, width, height)
         outlines = with_box_outlines(to_pixels(record.polygons, width, height), boxes)
-        return cls(resample_all(outlines, RESAMPLE_POINTS))
+        return cls(resample_all(outlines, cls.resample_points))
 
     @classmethod
     def empty(cls) -> Polygons:
-        return cls(np.zeros((0, RESAMPLE_POINTS, 2), np.float32))
+        return cls(np.zeros((0, cls.resample_points, 2), np.float32))
 
     @classmethod
     def concat(cls, parts: Sequence[InstanceField]) -> Polygons:
@@ -245,22 +247,22 @@ class Polygons(InstanceField):
         return cls(np.concatenate(same).astype(np.float32, copy=False))
 
     def select(self, keep: np.ndarray) -> Polygons:
-        return Polygons(self.points[keep])
+        return type(self)(self.points[keep])
 
     def placed(self, scale: float, offset: tuple[float, float]) -> Polygons:
         scaled = self.points if scale == 1 else self.points * np.float32(scale)
-        return Polygons(scaled + np.array(offset, dtype=np.float32))
+        return type(self)(scaled + np.array(offset, dtype=np.float32))
 
     def clipped(self, width: float, height: float) -> Polygons:
         p = self.points
-        return Polygons(np.stack([p[..., 0].clip(0, width), p[..., 1].clip(0, height)], -1))
+        return type(self)(np.stack([p[..., 0].clip(0, width), p[..., 1].clip(0, height)], -1))
 
     def warped(self, matrix: np.ndarray, out_wh: tuple[int, int]) -> tuple[Polygons, np.ndarray]:
         boxes, clipped = boxes_from_polygons(apply_matrix(self.points, matrix), *out_wh)
-        return Polygons(clipped), boxes
+        return type(self)(clipped), boxes
 
     def flipped_lr(self, width: float) -> Polygons:
-        return Polygons(flip_horizontal(self.points, width))
+        return type(self)(flip_horizontal(self.points, width))
 
     def flipped_ud(self, height: float) -> Polygons:
-        return Polygons(flip_vertical(self.points, height))
+        return type(self)(flip_vertical(self.points, height))

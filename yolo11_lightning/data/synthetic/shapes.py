@@ -10,7 +10,9 @@ The segmentation set (``task="segment"``, ``synthetic --task segment``: any task
 ``data.labels.polygons.Polygons``) paints the same shapes as
 polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
 each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
-polygon, whose extent is the box. Its images are its own (another random stream).
+polygon, whose extent is the box. Its images are its own (another random stream). The oriented-box set
+(``task="obb"``, ``painter.oriented_sample``) paints the shapes stretched 2.5-5 times longer than wide and turned by
+any angle, each labelled with its rotated rectangle's four corners (YOLO OBB rows).
 
 Deterministic: image i of a split depends only on (seed, split, i), so changing the number of
 images does not change the others. Layout written under ``out_dir``::
@@ -25,6 +27,7 @@ This module writes the folder (labels, yamls, COCO json); ``data.synthetic.paint
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,11 +43,13 @@ from yolo11_lightning.data.synthetic.painter import (
     SYNTHETIC_CLASS_NAMES,
     ShapeParams,
     boxes_sample,
+    oriented_sample,
     outlines_sample,
     polygon_area,
 )
 from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
 from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks.obb.labels import ObbCorners
 
 SYNTHETIC_YAML = "data.yaml"
 SYNTHETIC_COCO_YAML = "coco.yaml"
@@ -61,7 +66,7 @@ def synthetic_class_names(num_classes: int = 3) -> list[str]:
 def _write_split(
     out: Path,
     params: ShapeParams,
-    outlines_set: bool,
+    outlines_set: Callable | None,
     split_index: int,
     split: str,
     count: int,
@@ -75,7 +80,7 @@ def _write_split(
     for i in range(count):
         outlines = None
         if outlines_set:
-            image, classes, outlines = outlines_sample(params, split_index, i)
+            image, classes, outlines = outlines_set(params, split_index, i)
             boxes = np.array([[*o.min(0), *o.max(0)] for o in outlines], np.float64).reshape(-1, 4)
         else:
             image, classes, boxes = boxes_sample(params, split_index, i)
@@ -115,15 +120,17 @@ def _write_split(
         (out / f"{split}.json").write_text(json.dumps(coco))
 
 
-def _labelled_with_outlines(task: str) -> bool:
-    """Whether ``task``'s set is labelled with outlines (else boxes); a clear error for a task it cannot label."""
+def _labelled_with_outlines(task: str) -> Callable | None:
+    """The painter of ``task``'s set when it is labelled with outlines (shapes and their polygons, or rotated
+    elongated shapes and their oriented boxes' corners), None for boxes; a clear error for a task it cannot label."""
     fields = get_task(task).label_fields
-    if fields not in ((), (Polygons,)):
+    samplers = {(): None, (Polygons,): outlines_sample, (ObbCorners,): oriented_sample}
+    if fields not in samplers:
         names = ", ".join(f.name for f in fields)
         raise ValueError(
             f"the synthetic shapes set has no labels for task {task!r} (instance fields {names})"
         )
-    return bool(fields)
+    return samplers[fields]
 
 
 def make_synthetic_dataset(
@@ -163,7 +170,7 @@ def make_synthetic_dataset(
         raise ValueError(f"need image_size >= 16 and 0 <= min_objects <= max_objects, got {image_size}")
     params = ShapeParams(num_train, num_val, height, width, num_classes, seed, max_objects, min_objects, coco)
     # What the folder holds; a set labelled with boxes only (any task without instance fields) names no task.
-    marker_params = {**asdict(params), "task": task} if outlines_set else asdict(params)
+    marker_params = {**asdict(params), "task": task} if outlines_set is not None else asdict(params)
     out = Path(out_dir)
     marker = out / _MARKER
     yaml_path = out / SYNTHETIC_YAML

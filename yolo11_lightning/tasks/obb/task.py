@@ -1,21 +1,44 @@
 """``ObbTask``: oriented boxes (YOLO11-obb), what every layer asks of it (``tasks.base``).
 
-Detection with a rotation per box: the head adds one angle per anchor (``head.OBB``), the loss assigns and scores
-rotated boxes with probiou (``loss.ObbLoss``). The model, its reference files and its loss are here; the data
-(corner-point labels), rotated NMS and mAP, prediction and export are not yet (``not_yet``: runs are refused by
-``tasks.choice``).
+Detection with a rotation per box: the labels carry each box's four corners (``labels.ObbCorners``, moved by every
+augmentation step), a sample its rotated boxes (``labels.rotated_boxes``, the batch's (N, 7) ``targets``:
+``batch.collate_obb``), the head adds one angle per anchor (``head.OBB``), the loss assigns and scores rotated boxes
+with probiou (``loss.ObbLoss``), evaluation and prediction use the reference's rotated NMS (``nms.rotated_nms``) and
+its OBB mAP (``metric.ObbMAP``), and predictions are rotated boxes in original pixels with their corners.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+import cv2
+import numpy as np
+import torch
 from torch import Tensor, nn
 
+from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.tasks.detect import DetectTask
+from yolo11_lightning.tasks.obb.batch import collate_obb
 from yolo11_lightning.tasks.obb.head import OBB
+from yolo11_lightning.tasks.obb.labels import ObbCorners, corner_problem, rotated_boxes
 from yolo11_lightning.tasks.obb.loss import ObbLoss
+from yolo11_lightning.tasks.obb.nms import rotated_nms
+from yolo11_lightning.tasks.obb.rotated import corners
+from yolo11_lightning.visualize import class_color
+
+if TYPE_CHECKING:
+    from yolo11_lightning.data.labels.instances import InstanceField, Instances
+    from yolo11_lightning.training.metrics.detection import DetectionMAP
+
+log = logging.getLogger(__name__)
+
+OBB_OUTPUT_DOC = (
+    "(B, 4 + nc + 1, A): the rotated box's cx, cy, w, h in input pixels, class scores, then its angle in radians "
+    "(the width's direction, clockwise on the image); no NMS"
+)
 
 __all__ = ["ObbTask"]
 
@@ -30,7 +53,9 @@ class ObbTask(DetectTask):
     model_suffix: ClassVar[str] = "-obb"
     reference_class: ClassVar[str] = "OBBModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
-    not_yet: ClassVar[str] = "its data (corner-point labels), rotated NMS and mAP, prediction and export"
+    extra: ClassVar[int] = 1  # the angle, after the class scores
+    label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
+    onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
 
     def build_head(
         self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
@@ -49,3 +74,150 @@ class ObbTask(DetectTask):
     def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
         """``criterion(outputs, targets)``, targets (N, 7) ``[image, class, cx, cy, w, h, r]``."""
         return criterion(outputs, batch["targets"])
+
+    # ------------------------------------------------------------------------------------ data
+    def sample_targets(
+        self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
+    ) -> tuple[np.ndarray | None, dict[str, Any]]:
+        """The rotated box around each instance's moved corners (``rboxes`` (n, 5): centre and size normalised
+        to the image, angle in radians), as the reference's ``Format`` turns its segments into boxes."""
+        height, width = image_shape
+        boxes = rotated_boxes(instances.fields[ObbCorners.name].points)  # type: ignore[attr-defined]
+        boxes[:, :4] /= np.array([width, height, width, height], np.float32)
+        return None, {"rboxes": torch.from_numpy(boxes)}
+
+    def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
+        return {"rboxes": torch.zeros(0, 5)}
+
+    def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return collate_obb(samples)  # type: ignore[return-value]
+
+    def check_records(self, records: Any, where: str) -> None:
+        """Log how many instances are not labelled by four corners (box rows: axis-aligned boxes; other polygons:
+        the smallest rotated rectangle around them); ``check-data --task obb`` names their rows."""
+        sizes = records.arrays()["segment_sizes"]
+        other = int(np.count_nonzero(sizes != 4))
+        if other:
+            log.warning(
+                "%s: %d of %d instances are not oriented boxes of 4 corners (box rows, other polygons or rows "
+                "dropped by the checks); `yolo11-lightning check-data --task obb` names them",
+                where, other, len(sizes),
+            )  # fmt: skip
+
+    def label_problems(self, records: Sequence[Any]) -> list[str]:
+        """Every row of the split's YOLO label files that is not an oriented box: its value count, repeated
+        corners, zero area or crossing sides (``labels.corner_problem``). COCO json has no oriented-box field."""
+        lines = []
+        for record in records:
+            label = label_path_for(record.path)
+            try:
+                with open(label, encoding="utf-8") as f:
+                    rows = f.read().splitlines()
+            except OSError:
+                continue
+            for number, row in enumerate(rows, 1):
+                values = row.split()
+                if not values:
+                    continue
+                try:
+                    why = corner_problem(np.array(values[1:], np.float64))
+                except ValueError:
+                    continue  # not a number: the parse reported the row already
+                if why is not None:
+                    lines.append(f"{label}:{number}: {why}")
+        return lines
+
+    # ------------------------------------------------------------------------------------ evaluation
+    def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
+        from yolo11_lightning.tasks.obb.metric import ObbMAP
+
+        return ObbMAP(class_names)
+
+    def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
+        """(B, 4 + nc + 1, A) -> per image (n, 7) ``[cx, cy, w, h, score, class, r]`` in input pixels."""
+        hp = module.hparams
+        return rotated_nms(
+            predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,
+            max_detections=hp.max_detections,
+        )  # fmt: skip
+
+    def draw_evaluated(
+        self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
+        names: Sequence[str] | None,
+    ) -> np.ndarray:  # fmt: skip
+        det = outputs["detections"][index].detach().float().cpu()[keep]
+        return draw_rotated(image, torch.cat((det[:, :4], det[:, 6:7]), 1).numpy(), det[:, 5].numpy())
+
+    def draw_targets(
+        self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
+    ) -> np.ndarray:
+        targets = batch["targets"].detach().float().cpu()
+        rows = targets[targets[:, 0] == index]
+        height, width = image.shape[:2]
+        boxes = rows[:, 2:7] * rows.new_tensor([width, height, width, height, 1])
+        return draw_rotated(image, boxes.numpy(), rows[:, 1].numpy())
+
+    # ------------------------------------------------------------------------------------ prediction
+    def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
+        """Per image ``{"detections": (n, 6), "rboxes": (n, 5)}`` in original image pixels: the rotated boxes
+        ``cx, cy, w, h, r`` (r in [0, π/2), w and h swapped where the angle is turned by a quarter, as the
+        reference's predictor regularises them), and ``[x1, y1, x2, y2, score, class]`` with each box's
+        axis-aligned extent clipped to the image."""
+        out = []
+        for i, det in enumerate(module.detect(batch["images"])):
+            rboxes = regularize(torch.cat((det[:, :4], det[:, 6:7]), 1).float())
+            scale = batch["scales"][i].to(rboxes)
+            scale = scale.reshape(-1).repeat(2)[:2] if scale.numel() > 1 else scale.expand(2)
+            rboxes[:, :2] = (rboxes[:, :2] - batch["pads"][i].to(rboxes)) / scale
+            rboxes[:, 2:4] /= scale
+            h0, w0 = (float(v) for v in batch["orig_sizes"][i])
+            pts = corners(rboxes)
+            extent = torch.cat((pts.amin(1), pts.amax(1)), 1)
+            extent[:, 0::2] = extent[:, 0::2].clamp(0, w0)
+            extent[:, 1::2] = extent[:, 1::2].clamp(0, h0)
+            out.append({"detections": torch.cat((extent, det[:, 4:6].float()), 1), "rboxes": rboxes})
+        return out
+
+    def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
+        return result["detections"], {"rboxes": result["rboxes"].detach().float().cpu()}
+
+    def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
+        """The rotated box ``xywhr`` (original pixels, r in radians) and its four corners ``[[x, y], ...]``."""
+        box = extras["rboxes"][k]
+        return {
+            "xywhr": [round(float(v), 6 if j == 4 else 3) for j, v in enumerate(box)],
+            "corners": [[round(float(x), 3), round(float(y), 3)] for x, y in corners(box).tolist()],
+        }
+
+    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+        """The rotated boxes in their class colours (the caller labels their axis-aligned extents)."""
+        thickness = max(1, round(sum(image.shape[:2]) / 600))
+        return draw_rotated(image, extras["rboxes"].numpy(), classes, thickness)
+
+    # ------------------------------------------------------------------------------------ export
+    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+        """One channel after the class scores: the angle."""
+        return self.extra
+
+
+def regularize(rboxes: Tensor) -> Tensor:
+    """(n, 5) xywhr -> the same boxes with r in [0, π/2): a box turned by a further quarter swaps w and h."""
+    swap = rboxes[:, 4] % math.pi >= math.pi / 2
+    out = rboxes.clone()
+    out[:, 2] = torch.where(swap, rboxes[:, 3], rboxes[:, 2])
+    out[:, 3] = torch.where(swap, rboxes[:, 2], rboxes[:, 3])
+    out[:, 4] = rboxes[:, 4] % (math.pi / 2)
+    return out
+
+
+def draw_rotated(
+    image: np.ndarray, rboxes: np.ndarray, classes: np.ndarray, thickness: int = 1
+) -> np.ndarray:
+    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, 5) xywhr pixel boxes outlined in their class colours."""
+    out = np.ascontiguousarray(image.copy())
+    pts = corners(torch.as_tensor(np.asarray(rboxes, np.float32)).reshape(-1, 5)).numpy()
+    for outline, cls in zip(pts, np.asarray(classes).reshape(-1)):
+        cv2.polylines(
+            out, [np.round(outline).astype(np.int32)], True, class_color(int(cls)), thickness, cv2.LINE_AA
+        )
+    return out
