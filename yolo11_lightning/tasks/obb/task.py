@@ -53,9 +53,12 @@ class ObbTask(DetectTask):
     model_suffix: ClassVar[str] = "-obb"
     reference_class: ClassVar[str] = "OBBModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
-    extra: ClassVar[int] = 1  # the angle, after the class scores
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
+
+    def extra_channels(self, model: Any) -> int:
+        """One channel after the class scores: the angle (radians)."""
+        return 1
 
     def build_head(
         self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
@@ -195,9 +198,11 @@ class ObbTask(DetectTask):
         return draw_rotated(image, extras["rboxes"].numpy(), classes, thickness)
 
     # ------------------------------------------------------------------------------------ export
-    def onnx_extra_channels(self, shapes: Sequence[Sequence[Any]]) -> int:
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
         """One channel after the class scores: the angle."""
-        return self.extra
+        return 1
 
 
 def regularize(rboxes: Tensor) -> Tensor:
