@@ -19,7 +19,11 @@ from torch import Tensor
 
 from yolo11_lightning.tasks.obb.nms import pairwise_probiou
 from yolo11_lightning.training.metrics.detection import DetectionMAP
-from yolo11_lightning.training.metrics.reference_ap import IOU_THRESHOLDS, interpolated_ap, match_by_iou
+from yolo11_lightning.training.metrics.reference_ap import (
+    IOU_THRESHOLDS,
+    class_average_precisions,
+    match_by_iou,
+)
 
 __all__ = ["ObbMAP", "obb_average_precision", "targets_in_input"]
 
@@ -52,21 +56,7 @@ def obb_average_precision(detections: list[Tensor], truths: list[Tensor]) -> tup
             correct.append(np.zeros((len(det), len(IOU_THRESHOLDS)), bool))
         scores.append(det[:, 5].numpy())
         classes.append(det[:, 6].numpy())
-    present, counts = np.unique(np.concatenate([*truth_classes, np.zeros(0)]), return_counts=True)
-    aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
-    if not correct or not len(present):
-        return present, aps
-    tp, conf, cls = np.concatenate(correct), np.concatenate(scores), np.concatenate(classes)
-    order = np.argsort(-conf, kind="stable")
-    tp, cls = tp[order], cls[order]
-    for i, (c, n_truth) in enumerate(zip(present, counts)):
-        hits = tp[cls == c].astype(np.float64)
-        if not len(hits):
-            continue
-        cum_tp, cum_fp = hits.cumsum(0), (1 - hits).cumsum(0)
-        recall, precision = cum_tp / (n_truth + 1e-16), cum_tp / (cum_tp + cum_fp)
-        aps[i] = [interpolated_ap(recall[:, k], precision[:, k]) for k in range(len(IOU_THRESHOLDS))]
-    return present, aps
+    return class_average_precisions(correct, scores, classes, truth_classes)
 
 
 class ObbMAP(DetectionMAP):

@@ -28,9 +28,13 @@ from torch import Tensor
 
 from yolo11_lightning.tasks.pose.loss import keypoint_sigmas
 from yolo11_lightning.training.metrics.detection import DetectionMAP
-from yolo11_lightning.training.metrics.reference_ap import IOU_THRESHOLDS, interpolated_ap, match_by_iou
+from yolo11_lightning.training.metrics.reference_ap import (
+    IOU_THRESHOLDS,
+    class_average_precisions,
+    match_by_iou,
+)
 
-__all__ = ["PoseMAP", "keypoint_oks", "reference_map"]
+__all__ = ["PoseMAP", "keypoint_oks"]
 
 AREA_FACTOR = 0.53  # the reference's keypoint area: 0.53 × the box area
 # Flat float64 states: every detection's and truth's K × (x, y, visibility), every truth's keypoint area.
@@ -46,29 +50,6 @@ def keypoint_oks(truths: Tensor, detections: Tensor, area: Tensor, sigmas: Seque
     labelled = truths[..., 2] != 0
     e = d / ((2 * sigma).square() * (area[:, None, None] + 1e-7) * 2)
     return ((-e).exp() * labelled[:, None]).sum(-1) / (labelled.sum(-1)[:, None] + 1e-7)
-
-
-def reference_map(
-    correct: list[np.ndarray], scores: list[np.ndarray], classes: list[np.ndarray], truth_classes: np.ndarray
-) -> tuple[float, float]:
-    """(mAP50, mAP50-95) of detections with (n, 10) true-positive flags per threshold, their scores and classes,
-    over the classes of ``truth_classes`` (the reference's ``ap_per_class``; a class never detected has AP 0)."""
-    present, counts = np.unique(truth_classes, return_counts=True)
-    if not len(present) or not correct:
-        return 0.0, 0.0
-    tp, conf, cls = np.concatenate(correct), np.concatenate(scores), np.concatenate(classes)
-    order = np.argsort(-conf, kind="stable")
-    tp, cls = tp[order], cls[order]
-    aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
-    for i, (c, n_truth) in enumerate(zip(present, counts)):
-        hits = tp[cls == c].astype(np.float64)
-        if not len(hits):
-            continue
-        cum_tp, cum_fp = hits.cumsum(0), (1 - hits).cumsum(0)
-        recall, precision = cum_tp / (n_truth + 1e-16), cum_tp / (cum_tp + cum_fp)
-        for k in range(len(IOU_THRESHOLDS)):
-            aps[i, k] = interpolated_ap(recall[:, k], precision[:, k])
-    return float(aps[:, 0].mean()), float(aps.mean())
 
 
 class PoseMAP(DetectionMAP):
@@ -147,9 +128,8 @@ class PoseMAP(DetectionMAP):
                 correct.append(np.zeros((len(d), len(IOU_THRESHOLDS)), bool))
             scores.append(d[:, 4].numpy())
             classes.append(d[:, 5].numpy())
-        map50, map50_95 = reference_map(
-            correct, scores, classes, np.concatenate(truth_classes) if truth_classes else np.zeros(0)
-        )
+        present, aps = class_average_precisions(correct, scores, classes, truth_classes)
+        map50, map50_95 = (float(aps[:, 0].mean()), float(aps.mean())) if len(present) else (0.0, 0.0)
         out["pose_mAP50-95"] = torch.tensor(map50_95, dtype=torch.float64)
         out["pose_mAP50"] = torch.tensor(map50, dtype=torch.float64)
         out["fitness"] = sum(0.1 * out[f"{p}mAP50"] + 0.9 * out[f"{p}mAP50-95"] for p in ("", "pose_"))

@@ -53,6 +53,29 @@ def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
     return float(((values[1:] + values[:-1]) / 2 * np.diff(grid)).sum())  # trapezoid rule
 
 
+def class_average_precisions(
+    correct: list[np.ndarray], scores: list[np.ndarray], classes: list[np.ndarray], truth_classes: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """The reference's ``ap_per_class``: from per-image detections' (n, 10) true-positive flags per IoU threshold,
+    their scores and classes, and per-image truth classes -> (classes present in the truths (C,), their AP (C, 10)
+    at IoU 0.50:0.05:0.95); a class never detected has AP 0. Ties in score keep the detections' order."""
+    present, counts = np.unique(np.concatenate([*truth_classes, np.zeros(0)]), return_counts=True)
+    aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
+    if not correct or not len(present):
+        return present, aps
+    tp, conf, cls = np.concatenate(correct), np.concatenate(scores), np.concatenate(classes)
+    order = np.argsort(-conf, kind="stable")
+    tp, cls = tp[order], cls[order]
+    for i, (c, n_truth) in enumerate(zip(present, counts)):
+        hits = tp[cls == c].astype(np.float64)
+        if not len(hits):
+            continue
+        cum_tp, cum_fp = hits.cumsum(0), (1 - hits).cumsum(0)
+        recall, precision = cum_tp / (n_truth + 1e-16), cum_tp / (cum_tp + cum_fp)
+        aps[i] = [interpolated_ap(recall[:, k], precision[:, k]) for k in range(len(IOU_THRESHOLDS))]
+    return present, aps
+
+
 def reference_style_map(detections: list[Tensor], truths: list[Tensor]) -> float:
     """mAP50-95 of per-image (n, 6) ``[x1, y1, x2, y2, score, class]`` detections against (m, 5)
     ``[x1, y1, x2, y2, class]`` truths, in the same pixels, by the reference's rules (module docstring)."""
@@ -70,27 +93,8 @@ def reference_style_map(detections: list[Tensor], truths: list[Tensor]) -> float
             correct.append(np.zeros((len(det), len(IOU_THRESHOLDS)), bool))
         scores.append(det[:, 4].numpy())
         classes.append(det[:, 5].numpy())
-    targets = np.concatenate(truth_classes) if truth_classes else np.zeros(0)
-    present, counts = np.unique(targets, return_counts=True)
-    if not len(present):
-        return 0.0
-    if not correct:
-        return 0.0
-    tp, conf, cls = np.concatenate(correct), np.concatenate(scores), np.concatenate(classes)
-    order = np.argsort(-conf, kind="stable")
-    tp, cls = tp[order], cls[order]
-    aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
-    for i, (c, n_truth) in enumerate(zip(present, counts)):
-        hits = tp[cls == c].astype(np.float64)
-        if not len(hits):
-            continue
-        cum_tp = hits.cumsum(0)
-        cum_fp = (1 - hits).cumsum(0)
-        recall = cum_tp / (n_truth + 1e-16)
-        precision = cum_tp / (cum_tp + cum_fp)
-        for k in range(len(IOU_THRESHOLDS)):
-            aps[i, k] = interpolated_ap(recall[:, k], precision[:, k])
-    return float(aps.mean())
+    present, aps = class_average_precisions(correct, scores, classes, truth_classes)
+    return float(aps.mean()) if len(present) else 0.0
 
 
 def as_tensor(value: float) -> Tensor:
