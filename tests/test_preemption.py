@@ -8,6 +8,7 @@ the uninterrupted run's state (``tests/conftest.py``) having trained exactly its
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -259,7 +260,7 @@ def _copy_run(source: Path, destination: Path) -> Path:
 
 def test_ckpt_path_last_knows_its_run(
     tiny_dataset: Path, uninterrupted: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """Another experiment in the same root is refused with the differing keys; a finished run says so and exits
     0; a changed global batch is refused before anything starts; allowed changes resume and keep the best.
@@ -267,8 +268,10 @@ def test_ckpt_path_last_knows_its_run(
     The three runs that end before training run in this process (the CLI's ``main``); the resume is a real one."""
     monkeypatch.syspath_prepend(str(SCRIPTS))  # tiny_fit.yaml names the test callbacks
     last = _copy_run(uninterrupted, tmp_path)
+    caplog.set_level(logging.INFO)  # the note goes to Lightning's logger, whose handler an earlier test may own
     assert main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last")) == 0
-    assert "this run already finished (2 epochs, global step 4" in "".join(capfd.readouterr())
+    said = caplog.text + "".join(capfd.readouterr())
+    assert "this run already finished (2 epochs, global step 4" in said, said[-3000:]
     assert not (tmp_path / "rec").exists(), "a finished run trained again"
 
     other = main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last", "--model.lr0", "0.02",
