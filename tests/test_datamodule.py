@@ -112,7 +112,7 @@ def test_mosaic_partners_modes_reach_the_dataset(synthetic):
     recent = dm.datasets["train"]
     assert dm.mosaic_partners == "recent" and recent.partner_batches == 4
     assert recent.decode_cache_size == (24 + 2) * 8  # 0 workers, 8 images per batch
-    order = epoch_order(16, 0, 1, 8)  # 16 images, global batch 8: 2 global batches, each its own pool
+    order = epoch_order(16, 0, 1, 8)  # 16 images, global batch 8: 2 global batches, one pool
     for position, index in enumerate(order.tolist()):
         expected = order[pool_positions(position, 8, 1, 4, 2)]
         assert sorted(recent.partner_pool(1, index).tolist()) == sorted(expected.tolist())

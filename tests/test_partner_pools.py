@@ -44,8 +44,13 @@ def test_pool_positions_span_the_batch_and_three_earlier_ones_eight_apart_cyclic
     assert len(early) == len(positions), "every sample's pool is as large, at the start of an epoch too"
     small = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 10)  # 1, 3 (= 1 - 8 + 10), 5, 7
     assert sorted({int(p) // batch for p in small}) == [1, 3, 5, 7]
-    tiny = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 4)  # every earlier batch is batch 1
-    np.testing.assert_array_equal(tiny, np.arange(batch, 2 * batch, stride))
+    # 16 batches: 8 apart they would be only 2 (b - 16 is b), so 4 apart: a pool still spans 4 batches
+    short = pool_positions(9 * batch + 4, batch, stride, RECENT_BATCHES, 16)
+    assert sorted({int(p) // batch for p in short}) == [1, 5, 9, 13] and len(short) == len(positions)
+    tiny = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 4)  # 4 batches: the epoch is one pool
+    assert sorted({int(p) // batch for p in tiny}) == [0, 1, 2, 3] and len(tiny) == len(positions)
+    pair = pool_positions(1 * batch, batch, stride, RECENT_BATCHES, 2)  # fewer batches than a pool spans
+    assert sorted({int(p) // batch for p in pair}) == [0, 1] and len(pair) == 2 * batch // stride
     np.testing.assert_array_equal(
         pool_positions(late, batch, stride, 1, epoch), np.arange(30 * batch + 1, 31 * batch, 2)
     )

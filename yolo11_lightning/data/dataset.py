@@ -96,7 +96,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
         global_batch_size: the sampler's global batch B. Mosaic/mixup partners are then drawn from the
             sample's partner pool (``partner_pool``, ``data.sampling.partner_pools``): the samples of its global
             batch at positions congruent to its own modulo ``partner_stride(B)``, and with
-            ``partner_batches`` > 1 those of as many earlier global batches, ``RECENT_SPACING`` apart. On
+            ``partner_batches`` > 1 those of as many earlier global batches, ``recent_spacing`` apart. On
             any world size dividing that stride the pool lies on the sample's own rank, in per-device
             batches its worker decodes anyway: about 1 decode per sample instead of 4. None draws
             partners from the whole dataset. Either way they are a function of (seed, epoch, index) only.

@@ -15,7 +15,10 @@ Where the pool lies decides how many images a DataLoader worker decodes per samp
 * ``"recent"`` (``YOLODataModule``'s default): the ``batch`` pool of the sample's global batch b and of the ``RECENT_BATCHES - 1``
   earlier global batches b - V, b - 2V, ... with V = ``RECENT_SPACING``, counted cyclically in the epoch
   (the first batches of an epoch take their earlier ones from its end), so every sample's partners come
-  from 4 x 16 = 64 images or more, like the reference's buffer of recent images. A DataLoader hands
+  from 4 x 16 = 64 images or more, like the reference's buffer of recent images. Where batches V apart
+  would meet themselves in a short epoch (16 batches: b - 16 is b), V shrinks to the largest power of two
+  that keeps them distinct (``recent_spacing``); an epoch of ``RECENT_BATCHES`` batches or fewer is one
+  pool. A DataLoader hands
   per-device batch j to worker j mod W, so for any worker count W dividing V those batches went through
   the same worker before: its decode cache holds them (``recent_decode_cache_size``) and it decodes 1
   image per sample, like ``"batch"``, except in the first (``RECENT_BATCHES`` - 1) x V batches of an
@@ -35,6 +38,18 @@ RECENT_SPACING = 8  # a multiple of the usual worker counts (1, 2, 4, 8): their 
 MAX_RECENT_DECODE_CACHE = 1024
 
 
+def recent_spacing(batches: int, num_batches: int) -> int:
+    """Global batches between the batches of a pool: ``RECENT_SPACING``, or where ``batches`` batches that far
+    apart would meet themselves in an epoch of ``num_batches`` (16 batches: b - 16 is b), the largest power of
+    two below it that keeps them distinct (1 at least: an epoch of ``batches`` batches or fewer is one pool).
+    A power of two, so worker counts dividing it still find the pool in their own decode cache."""
+    wanted = min(batches, num_batches)
+    spacing = RECENT_SPACING
+    while spacing > 1 and len({k * spacing % num_batches for k in range(batches)}) < wanted:
+        spacing //= 2
+    return spacing
+
+
 def pool_positions(
     position: int, global_batch: int, stride: int, batches: int, num_batches: int
 ) -> np.ndarray:
@@ -52,8 +67,8 @@ def pool_positions(
     """
     batch = position // global_batch
     offset = (position - batch * global_batch) % stride
-    earlier = (batch - np.arange(batches) * RECENT_SPACING) % num_batches
-    distinct = dict.fromkeys(earlier.tolist())  # an epoch of fewer than batches x V batches meets itself
+    earlier = (batch - np.arange(batches) * recent_spacing(batches, num_batches)) % num_batches
+    distinct = dict.fromkeys(earlier.tolist())  # an epoch of fewer than `batches` batches meets itself
     return np.concatenate(
         [np.arange(b * global_batch + offset, (b + 1) * global_batch, stride) for b in distinct]
     )
