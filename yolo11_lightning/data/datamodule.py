@@ -419,7 +419,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             else {}
         )
         aug = self.aug
-        if config.kpt_shape is not None and config.flip_idx is None and (aug.fliplr or aug.flipud):
+        keypoints = config.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is not None
+        if keypoints and config.flip_idx is None and (aug.fliplr or aug.flipud):
             # A mirrored image's keypoints need their permutation: without one the reference drops the flips.
             rank_zero_warn(f"{config.source}: no `flip_idx` for its keypoints: fliplr and flipud are off")
             aug = dataclasses.replace(aug, fliplr=0.0, flipud=0.0)
