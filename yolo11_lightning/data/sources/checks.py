@@ -253,10 +253,13 @@ class DataReport:
             elif f.type == "int" and value:
                 setattr(self, f.name, getattr(self, f.name) + value)
 
-    def summary(self) -> str:
-        """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``."""
+    def summary(self, labels: str = "boxes", background: bool = True) -> str:
+        """One line, e.g. ``train: 62 images (3 background), 180 boxes; skipped 2 images, 5 rows``; ``labels``: what
+        the labels are called (a task's ``label_noun``), ``background``: whether images without one are counted
+        (False for one label per image)."""
         head = f"{self.split}: " if self.split else ""
-        text = f"{head}{self.num_images} images ({self.num_background} background), {self.num_boxes} boxes"
+        empty = f" ({self.num_background} background)" if background else ""
+        text = f"{head}{self.num_images} images{empty}, {self.num_boxes} {labels}"
         if self.num_polygons:
             text += f" ({self.num_polygons} with polygons)"
         extras = []
