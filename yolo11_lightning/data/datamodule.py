@@ -448,9 +448,14 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if self.task_spec.check_kpt_shape(None) is None or model_shape is None:
             return
         if config.kpt_shape is None or tuple(config.kpt_shape) != tuple(model_shape):
+            found = (
+                f"kpt_shape {list(config.kpt_shape)}"
+                if config.kpt_shape is not None
+                else "no kpt_shape (no key `kpt_shape`, no keypoint names in a COCO json's categories)"
+            )
             raise DatasetError(
-                f"{config.source}: key `kpt_shape` is {list(config.kpt_shape or []) or 'missing'} but the "
-                f"model's kpt_shape is {list(model_shape)}: train a model of the dataset's kpt_shape"
+                f"{config.source}: the dataset has {found} but the model's kpt_shape is {list(model_shape)}: "
+                "train a model of the dataset's kpt_shape"
             )
 
     def setup(self, stage: str | None = None) -> None:
