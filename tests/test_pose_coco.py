@@ -242,7 +242,11 @@ def test_a_pose_model_trains_on_a_coco_keypoints_json(synthetic_pose_coco: Path,
     data = YOLODataModule(dataset, batch_size=4, image_size=64, num_workers=0, pin_memory=False)
     with pytest.raises(DatasetError) as info:
         L.Trainer(
-            accelerator="cpu", max_epochs=1, logger=False, enable_checkpointing=False, default_root_dir=tmp_path
+            accelerator="cpu",
+            max_epochs=1,
+            logger=False,
+            enable_checkpointing=False,
+            default_root_dir=tmp_path,
         ).fit(other, datamodule=data)
     message = str(info.value)
     assert "has kpt_shape [5, 3] but the model's kpt_shape is [17, 3]" in message and "\n" not in message
