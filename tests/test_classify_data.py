@@ -66,6 +66,24 @@ def test_image_folder_records_classes_and_reports(folder: Path) -> None:
     assert [int(r.classes[0]) for r in again] == [0, 1] == [int(r.classes[0]) for r in val]
 
 
+def test_check_data_reports_an_image_folder_in_class_labels(
+    folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """``check-data`` on an ImageFolder root speaks of class labels (the task's ``label_noun``), not of boxes or
+    background images; its pictures are the class histogram without a box scatter."""
+    from yolo11_lightning.data import check_data
+
+    args = ["--dataset", str(folder), "--no-cache", "--out", str(tmp_path), "--imgsz", "64", "--samples", "2"]
+    assert check_data.main(args) == 0
+    printed = capsys.readouterr().out
+    assert "train: 5 images, 5 class labels; skipped 1 images" in printed, printed
+    assert "box" not in printed and "background" not in printed, printed
+    assert {"train_classes.png", "val_classes.png"} <= {p.name for p in tmp_path.iterdir()}
+    assert not list(tmp_path.glob("*_boxes.png"))
+    assert check_data.main(["--dataset", str(folder), "--no-images", "--no-cache", "--task", "detect"]) == 0
+    assert "train: 5 images (0 background), 5 boxes" in capsys.readouterr().out  # a named task's words
+
+
 def test_a_val_class_missing_from_train_is_an_error(folder: Path, tmp_path: Path) -> None:
     import shutil
 

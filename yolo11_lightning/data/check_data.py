@@ -1,7 +1,9 @@
 """``yolo11-lightning check-data --dataset PATH [--out DIR]``: check a dataset before training on it.
 
 Prints every warning (skipped images and label rows, with file, line and reason) and a summary
-per split, writes label statistics (``<split>_classes.png``, ``<split>_boxes.png``) and a preview
+per split in the task's words (``--task``, else the task the dataset's files say, else detection: a
+classification dataset counts class labels, not boxes), writes label statistics (``<split>_classes.png``, and
+``<split>_boxes.png`` for a task of boxes) and a preview
 of augmented training samples with their boxes (``train_preview.png``, the training pipeline's
 own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``, with the polygons
 of a segmentation dataset outlined in white). Bad polygons are reported like bad rows: file and line
@@ -28,6 +30,7 @@ from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import dataset_config, load_split
+from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.plots.labels import box_scatter, class_histogram
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
@@ -36,15 +39,21 @@ REQUIRED_SPLITS = ("train", "val")
 PREVIEW_TILE = 320  # preview tiles are shrunk to this side so a 16-image grid stays small
 
 
-def _write_statistics(records: list[ImageRecord], names: list[str], split: str, out: Path) -> list[Path]:
+def _write_statistics(
+    records: list[ImageRecord], names: list[str], split: str, out: Path, task: str = DEFAULT_TASK
+) -> list[Path]:
+    """The class histogram of a split (in the words of ``task``) and, for a task of boxes, their sizes and
+    centres (a whole-image label's box is the image)."""
+    spec = get_task(task)
     classes = np.concatenate([r.classes for r in records] + [np.zeros(0, np.int64)])
     boxes = np.concatenate([r.boxes for r in records] + [np.zeros((0, 4), np.float32)])
     counts = np.bincount(classes, minlength=len(names))
-    paths = [out / f"{split}_classes.png", out / f"{split}_boxes.png"]
-    save_rgb(
-        str(paths[0]), class_histogram(counts, names, f"{split}: boxes per class ({len(records)} images)")
-    )
-    save_rgb(str(paths[1]), box_scatter(boxes, classes, f"{split}: {len(boxes)} boxes, size and centre"))
+    paths = [out / f"{split}_classes.png"]
+    title = f"{split}: {spec.label_noun} per class ({len(records)} images)"
+    save_rgb(str(paths[0]), class_histogram(counts, names, title))
+    if not spec.whole_image:
+        paths.append(out / f"{split}_boxes.png")
+        save_rgb(str(paths[1]), box_scatter(boxes, classes, f"{split}: {len(boxes)} boxes, size and centre"))
     return paths
 
 
@@ -129,16 +138,18 @@ def check_dataset(
             print(f"error: {e}", file=sys.stderr)
             usable = False
             continue
-        for line in report.warnings + get_task(task).label_problems(records):
+        spec = get_task(task)
+        for line in report.warnings + spec.label_problems(records):
             print(f"warning: {line}")
-        print(report.summary() + (f"  (cache: {report.cache_path})" if report.cache_path else ""))
+        summary = report.summary(spec.label_noun, background=not spec.whole_image)
+        print(summary + (f"  (cache: {report.cache_path})" if report.cache_path else ""))
         loaded[split] = records
     if out is None:
         return usable
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
     for split, records in loaded.items():
-        written += _write_statistics(records, config.names, split, out)
+        written += _write_statistics(records, config.names, split, out, task)
     if "train" in loaded:
         written.append(
             _preview(
@@ -181,9 +192,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-images", action="store_true", help="only print the report")
     p.add_argument(
-        "--task", choices=list(TASKS), default=DEFAULT_TASK,
+        "--task", choices=list(TASKS), default=None,
         help="also check the rows against this task's rules (obb: four corners, no repeated ones, an area, no "
-        "crossing sides)",
+        "crossing sides) and report in its words; default: the task the dataset's files say (an ImageFolder "
+        "root: classify; a kpt_shape yaml: pose), else detect",
     )  # fmt: skip
     p.add_argument(
         "--max_image_pixels",
@@ -203,8 +215,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     out = None if args.no_images else Path(args.out or Path("runs") / "check-data" / Path(args.dataset).stem)
+    hint = dataset_task(args.dataset) if args.task is None else None
+    task = args.task or (hint.task if hint is not None else DEFAULT_TASK)
     usable = check_dataset(
-        config, out, args.imgsz, args.samples, args.seed, not args.no_cache, args.max_image_pixels, args.task
+        config, out, args.imgsz, args.samples, args.seed, not args.no_cache, args.max_image_pixels, task
     )
     if not usable:
         print(

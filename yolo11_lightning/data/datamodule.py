@@ -419,7 +419,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             else {}
         )
         aug = self.aug
-        if config.kpt_shape is not None and config.flip_idx is None and (aug.fliplr or aug.flipud):
+        keypoints = config.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is not None
+        if keypoints and config.flip_idx is None and (aug.fliplr or aug.flipud):
             # A mirrored image's keypoints need their permutation: without one the reference drops the flips.
             rank_zero_warn(f"{config.source}: no `flip_idx` for its keypoints: fliplr and flipud are off")
             aug = dataclasses.replace(aug, fliplr=0.0, flipud=0.0)
@@ -447,9 +448,14 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if self.task_spec.check_kpt_shape(None) is None or model_shape is None:
             return
         if config.kpt_shape is None or tuple(config.kpt_shape) != tuple(model_shape):
+            found = (
+                f"kpt_shape {list(config.kpt_shape)}"
+                if config.kpt_shape is not None
+                else "no kpt_shape (no key `kpt_shape`, no keypoint names in a COCO json's categories)"
+            )
             raise DatasetError(
-                f"{config.source}: key `kpt_shape` is {list(config.kpt_shape or []) or 'missing'} but the "
-                f"model's kpt_shape is {list(model_shape)}: train a model of the dataset's kpt_shape"
+                f"{config.source}: the dataset has {found} but the model's kpt_shape is {list(model_shape)}: "
+                "train a model of the dataset's kpt_shape"
             )
 
     def setup(self, stage: str | None = None) -> None:

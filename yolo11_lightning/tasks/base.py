@@ -18,8 +18,8 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``,
-  ``label_problems`` (``check-data --task``); ``whole_image`` / ``image_transform`` (one label per image:
-  whole-image samples instead of the box pipeline);
+  ``label_problems`` (``check-data --task``), ``label_noun`` (what ``check-data`` calls the labels it counts);
+  ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
   ``class_results`` (the per-class results of an evaluation the metric kept),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
@@ -87,6 +87,8 @@ class Task:
     ] = ()  # instance fields of the labels (``data.labels``)
     # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
     whole_image: ClassVar[bool] = False
+    # what ``check-data`` calls the labels it counts: "180 boxes", "boxes per class"
+    label_noun: ClassVar[str] = "boxes"
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
     # The export check's tolerance (``export.onnx.onnx_tolerance``) times this: a task whose decode amplifies

@@ -15,12 +15,16 @@ A COCO entry may also be a mapping that names the folder its ``file_name``s are 
     val: {json: annotations/instances_val2017.json, images: val2017}
 
 Without ``images`` the folder is found as described in ``sources.coco``. When ``names`` is absent
-the class names are the categories of the (smallest) COCO json, sorted by category id.
+the class names are the categories of the (smallest) COCO json, sorted by category id. When its categories
+declare ``keypoints`` (COCO keypoints json: K names, values x, y, visibility), the dataset is a keypoint dataset
+of ``kpt_shape`` [K, 3] without the key (a ``kpt_shape`` key that differs is refused), and without a ``flip_idx``
+key the names give it when they pair ``left_<x>`` with ``right_<x>`` (``flip_from_names``).
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,17 +132,100 @@ def keypoint_spec(raw: dict[str, Any], where: str) -> tuple[tuple[int, int] | No
     return (k, int(shape[1])), tuple(int(i) for i in flip)
 
 
-def coco_category_names(json_path: str | Path) -> list[str]:
-    """Category names of a COCO json, ordered by category id (the contiguous class order)."""
+def read_categories(json_path: str | Path) -> list:
+    """The ``categories`` list of a COCO json ([] without one; DatasetError naming the file when it cannot be
+    read)."""
     try:
         with open(json_path, encoding="utf-8") as f:
-            cats = json.load(f).get("categories")
+            cats = json.load(f).get("categories", [])
+    except (OSError, ValueError, AttributeError) as e:
+        raise DatasetError(f"{json_path}: cannot read COCO `categories` ({type(e).__name__}: {e})") from e
+    if not isinstance(cats, list):
+        raise DatasetError(f"{json_path}: COCO `categories` must be a list, got {type(cats).__name__}")
+    return cats
+
+
+def coco_category_names(json_path: str | Path, categories: list | None = None) -> list[str]:
+    """Category names of a COCO json (its ``categories`` when already read), ordered by category id (the
+    contiguous class order)."""
+    cats = read_categories(json_path) if categories is None else categories
+    try:
         pairs = sorted((int(c["id"]), str(c["name"])) for c in cats)
-    except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
+    except (ValueError, TypeError, KeyError) as e:
         raise DatasetError(f"{json_path}: cannot read COCO `categories` ({type(e).__name__}: {e})") from e
     if not pairs:
         raise DatasetError(f"{json_path}: COCO json has no `categories`")
     return [name for _, name in pairs]
+
+
+def category_keypoints(categories: list, json_path: str | Path) -> list[str] | None:
+    """The keypoint names the categories of a COCO json declare (their ``keypoints`` lists, one list shared by
+    every category that has one: a dataset has one ``kpt_shape`` and one ``flip_idx``), or None when none does."""
+    lists = []
+    for cat in categories:
+        names = cat.get("keypoints") if isinstance(cat, dict) else None
+        if names is None:
+            continue
+        if not (isinstance(names, list) and names and all(isinstance(n, str) for n in names)):
+            raise DatasetError(
+                f"{json_path}: category {cat.get('name')!r}: `keypoints` must be a non-empty list of keypoint names"
+            )
+        if lists and names != lists[0]:
+            raise DatasetError(
+                f"{json_path}: categories declare different `keypoints` ({lists[0]} and {names}); a dataset has one "
+                "list of keypoints"
+            )
+        lists.append(names)
+    return lists[0] if lists else None
+
+
+def flip_from_names(names: list[str]) -> tuple[int, ...] | None:
+    """A ``flip_idx`` from keypoint names: ``left_<x>`` and ``right_<x>`` swap (case aside), the others stay (COCO's
+    17 names give the reference's coco-pose ``flip_idx``); None when no name is left or right, a left or right
+    one has no partner, or names repeat."""
+    index = {n.lower(): i for i, n in enumerate(names)}
+    if len(index) != len(names):
+        return None
+    flip, paired = [], False
+    for name in (n.lower() for n in names):
+        side = next((s for s in ("left_", "right_") if name.startswith(s)), None)
+        if side is None:
+            flip.append(index[name])
+            continue
+        partner = index.get(("right_" if side == "left_" else "left_") + name[len(side) :])
+        if partner is None:
+            return None
+        flip.append(partner)
+        paired = True
+    return tuple(flip) if paired else None
+
+
+def _mentions_keypoints(json_path: str) -> bool:
+    """Whether a json file holds the key ``"keypoints"`` anywhere (a byte search: a detection json of gigabytes is
+    not parsed to learn that its categories declare no keypoints); True when the file cannot be searched."""
+    try:
+        with open(json_path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return m.find(b'"keypoints"') >= 0
+    except (OSError, ValueError):  # ValueError: an empty file (the parse reports it)
+        return True
+
+
+def _keypoints_from_json(config: DatasetConfig, categories: list, json_path: str) -> None:
+    """Complete ``config``'s ``kpt_shape`` and ``flip_idx`` from the keypoints a COCO json's categories declare
+    (K names, D = 3: COCO keypoints are x, y, visibility); a yaml ``kpt_shape`` that differs is refused."""
+    names = category_keypoints(categories, json_path)
+    if names is None:
+        return
+    shape = (len(names), 3)
+    if config.kpt_shape is None:
+        config.kpt_shape = shape
+    elif config.kpt_shape != shape:
+        raise DatasetError(
+            f"{config.source}: key `kpt_shape` is {list(config.kpt_shape)} but the categories of {json_path} declare "
+            f"{len(names)} keypoints of x, y, visibility: kpt_shape {list(shape)}"
+        )
+    if config.flip_idx is None:
+        config.flip_idx = flip_from_names(names)
 
 
 def load_dataset_config(path: str | Path) -> DatasetConfig:
@@ -186,15 +273,18 @@ def load_dataset_config(path: str | Path) -> DatasetConfig:
     if not config.splits:
         raise DatasetError(f"{yaml_path}: no split defined (keys `train`, `val`, `test`)")
 
+    jsons = [e for entries in config.splits.values() for e in entries if e.lower().endswith(".json")]
+    smallest = min(jsons, key=os.path.getsize) if jsons else None  # the json whose categories are read
+    categories = None
     if raw.get("names") is not None:
         config.names = _names_from(raw["names"], f"{yaml_path}: key `names`")
     else:
-        jsons = [e for entries in config.splits.values() for e in entries if e.lower().endswith(".json")]
-        if not jsons:
+        if smallest is None:
             raise DatasetError(
                 f"{yaml_path}: key `names` is missing (needed unless a COCO json gives categories)"
             )
-        config.names = coco_category_names(min(jsons, key=os.path.getsize))  # the smallest parses fastest
+        categories = read_categories(smallest)
+        config.names = coco_category_names(smallest, categories)
     if not config.names:
         raise DatasetError(f"{yaml_path}: key `names` is empty")
     if "nc" in raw and raw["nc"] is not None and int(raw["nc"]) != len(config.names):
@@ -202,4 +292,8 @@ def load_dataset_config(path: str | Path) -> DatasetConfig:
             f"{yaml_path}: key `nc` is {raw['nc']} but `names` has {len(config.names)} entries"
         )
     config.kpt_shape, config.flip_idx = keypoint_spec(raw, str(yaml_path))
+    if smallest is not None and (config.kpt_shape is None or config.flip_idx is None):
+        if categories is None and _mentions_keypoints(smallest):
+            categories = read_categories(smallest)
+        _keypoints_from_json(config, categories or [], smallest)
     return config

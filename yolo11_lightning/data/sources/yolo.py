@@ -32,6 +32,7 @@ from yolo11_lightning.data.sources.checks import (
     CLIP_TOLERANCE,
     CheckedRows,
     DataReport,
+    check_keypoints,
     check_polygon,
     check_rows,
 )
@@ -104,26 +105,6 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
     return parse_label_rows(text, label_path, num_classes).checked
 
 
-def _keypoint_problem(values: list[float], kpt_shape: tuple[int, int]) -> tuple[np.ndarray, str | None]:
-    """(K, 3) keypoints of a pose row's values after the box, and why the row is bad (None: it is not)."""
-    k, d = kpt_shape
-    raw = np.asarray(values, np.float64).reshape(k, d)
-    if d == 3:
-        bad = np.flatnonzero(~np.isin(raw[:, 2], (0.0, 1.0, 2.0)))
-        if len(bad):
-            return raw, f"keypoint {bad[0]} has visibility {raw[bad[0], 2]:g}, not 0, 1 or 2"
-        points = raw
-    else:  # the reference's visibility of an (x, y) keypoint: 0 where x or y is negative
-        points = np.concatenate([raw, ((raw[:, :1] >= 0) & (raw[:, 1:2] >= 0)).astype(np.float64)], 1)
-    labelled = points[:, 2] > 0
-    xy = points[labelled, :2]
-    outside = np.flatnonzero(((xy < -CLIP_TOLERANCE) | (xy > 1 + CLIP_TOLERANCE)).any(1))
-    if len(outside):
-        i = np.flatnonzero(labelled)[outside[0]]
-        return points, f"keypoint {i} at ({points[i, 0]:g}, {points[i, 1]:g}) is outside the image [0, 1]"
-    return points, None
-
-
 def parse_label_rows(
     text: str, label_path: str, num_classes: int, kpt_shape: tuple[int, int] | None = None
 ) -> LabelRows:
@@ -165,7 +146,7 @@ def parse_label_rows(
             continue
         coords = values[1:]
         if kpt_shape:
-            points, why = _keypoint_problem(coords[4:], kpt_shape)
+            points, why = check_keypoints(coords[4:], kpt_shape)
             if why is not None:
                 early.append((line_no, why))
                 continue

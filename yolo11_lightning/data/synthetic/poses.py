@@ -10,8 +10,12 @@ and right: [0, 2, 1, 4, 3].
 Deterministic: image i of a split depends only on (seed, split, i). Layout written under ``out_dir``::
 
     images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml (names, kpt_shape, flip_idx)
+    {train,val}.json  coco.yaml     (with coco=True: the same labels as COCO keypoints json)
 
-Rows are the reference's pose rows: ``class cx cy w h`` then ``x y v`` per keypoint, normalised.
+Rows are the reference's pose rows: ``class cx cy w h`` then ``x y v`` per keypoint, normalised. The COCO json
+has them in pixels (``bbox`` [x, y, w, h], ``keypoints`` [x, y, v, ...], ``num_keypoints``), its categories the
+keypoint names (``KEYPOINT_NAMES``) and the limbs (``skeleton``, 1-based); ``coco.yaml`` names no ``kpt_shape``
+and no ``flip_idx``: both follow from the names.
 """
 
 from __future__ import annotations
@@ -27,10 +31,14 @@ import yaml
 from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
 from yolo11_lightning.data.synthetic.painter import SYNTHETIC_CLASS_NAMES
 
-__all__ = ["FLIP_IDX", "SKELETON", "SYNTHETIC_KPT_SHAPE", "make_synthetic_pose_dataset", "pose_sample"]
+__all__ = [
+    "FLIP_IDX", "KEYPOINT_NAMES", "SKELETON", "SYNTHETIC_KPT_SHAPE", "make_synthetic_pose_dataset", "pose_sample",
+]  # fmt: skip
 
 SYNTHETIC_KPT_SHAPE = (5, 3)  # head, left hand, right hand, left foot, right foot; x, y, visibility
 FLIP_IDX = (0, 2, 1, 4, 3)
+# The COCO json's keypoint names; they give FLIP_IDX (``sources.config.flip_from_names``).
+KEYPOINT_NAMES = ("head", "left_hand", "right_hand", "left_foot", "right_foot")
 SKELETON = ((0, 1), (0, 2), (0, 3), (0, 4))  # limbs: head to each hand and foot
 OCCLUDED = 0.12  # chance a keypoint is covered by a dark patch (visibility 1)
 UNLABELLED = 0.08  # chance a keypoint is left unlabelled (visibility 0)
@@ -131,9 +139,11 @@ def make_synthetic_pose_dataset(
     seed: int = 0,
     max_objects: int = 4,
     min_objects: int = 1,
+    coco: bool = False,
 ) -> Path:
     """Write the pose set (module docstring) and return its dataset yaml; a folder already written with the
-    same parameters is reused as is."""
+    same parameters is reused as is. ``coco``: also ``{train,val}.json`` and ``coco.yaml`` (category ids 1, 3, 5,
+    ...)."""
     if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
         raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
     height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)
@@ -142,6 +152,7 @@ def make_synthetic_pose_dataset(
     params = {
         "task": "pose", "num_train": num_train, "num_val": num_val, "height": height, "width": width,
         "num_classes": num_classes, "seed": seed, "max_objects": max_objects, "min_objects": min_objects,
+        **({"coco": True} if coco else {}),
     }  # fmt: skip
     out = Path(out_dir)
     marker, yaml_path = out / _MARKER, out / "data.yaml"
@@ -149,7 +160,19 @@ def make_synthetic_pose_dataset(
         return yaml_path
     out.mkdir(parents=True, exist_ok=True)
     marker.unlink(missing_ok=True)
+    names = list(SYNTHETIC_CLASS_NAMES[:num_classes])
+    category_ids = [2 * c + 1 for c in range(num_classes)]
+    categories = [
+        {
+            "id": i,
+            "name": n,
+            "keypoints": list(KEYPOINT_NAMES),
+            "skeleton": [[a + 1, b + 1] for a, b in SKELETON],
+        }
+        for i, n in zip(category_ids, names)
+    ]
     for split_index, (split, count) in enumerate(zip(SPLITS, (num_train, num_val))):
+        described: dict[str, list] = {"images": [], "annotations": [], "categories": categories}
         for kind, ext in (("images", "png"), ("labels", "txt")):
             (out / kind / split).mkdir(parents=True, exist_ok=True)
             for stale in (out / kind / split).glob(f"{split}_*.{ext}"):
@@ -166,7 +189,22 @@ def make_synthetic_pose_dataset(
                 kp = " ".join(f"{x / width:.8f} {y / height:.8f} {int(v)}" for x, y, v in kpts)
                 rows.append(f"{c} {box} {kp}\n")
             (out / "labels" / split / f"{name}.txt").write_text("".join(rows))
-    names = list(SYNTHETIC_CLASS_NAMES[:num_classes])
+            described["images"].append(
+                {"id": i + 1, "file_name": f"images/{split}/{name}.png", "width": width, "height": height}
+            )
+            for c, (x1, y1, x2, y2), kpts in zip(classes, boxes, points):
+                described["annotations"].append(
+                    {
+                        "id": len(described["annotations"]) + 1, "image_id": i + 1,
+                        "category_id": category_ids[c], "iscrowd": 0,
+                        "bbox": [float(x1), float(y1), float(x2 - x1), float(y2 - y1)],
+                        "area": float((x2 - x1) * (y2 - y1)),
+                        "keypoints": [float(v) for v in kpts.reshape(-1)],
+                        "num_keypoints": int((kpts[:, 2] > 0).sum()),
+                    }
+                )  # fmt: skip
+        if coco:
+            (out / f"{split}.json").write_text(json.dumps(described))
     yaml_path.write_text(
         yaml.safe_dump(
             {
@@ -179,5 +217,9 @@ def make_synthetic_pose_dataset(
             sort_keys=False,
         )
     )
+    if coco:  # names, kpt_shape and flip_idx from the json's categories
+        (out / "coco.yaml").write_text(  # shapes.SYNTHETIC_COCO_YAML (shapes imports this module)
+            yaml.safe_dump({"train": "train.json", "val": "val.json"})
+        )
     marker.write_text(json.dumps(params))
     return yaml_path

@@ -152,16 +152,15 @@ def make_synthetic_dataset(
     contiguous) and ``coco.yaml``. ``task="segment"`` writes the segmentation set instead: rotated
     shapes labelled with their exact outlines (YOLO-seg rows, COCO ``segmentation`` polygons). A folder
     already generated with the same parameters is reused as is (its files, hence label caches, stay
-    untouched). A task whose labels carry keypoints gets the pose set (``data.synthetic.poses``, no COCO json).
+    untouched). A task whose labels carry keypoints gets the pose set (``data.synthetic.poses``; its COCO
+    json is a COCO keypoints json).
     """
     if get_task(task).whole_image:  # one label per image: the classification set (``classes``)
         size = int(image_size) if np.ndim(image_size) == 0 else int(min(image_size))
         return make_classes_dataset(out_dir, num_train, num_val, size, num_classes, seed)
     if Keypoints in get_task(task).label_fields:
-        if coco:
-            raise ValueError("the synthetic pose set is written as YOLO pose rows only (no COCO json)")
         return make_synthetic_pose_dataset(
-            out_dir, num_train, num_val, image_size, num_classes, seed, max_objects, min_objects
+            out_dir, num_train, num_val, image_size, num_classes, seed, max_objects, min_objects, coco
         )
     outlines_set = _labelled_with_outlines(task)
     names = synthetic_class_names(num_classes)

@@ -49,6 +49,7 @@ class ClassifyTask(Task):
     class_key: ClassVar[str] = "head.linear.weight"
     loss_items: ClassVar[tuple[str, ...]] = ("cls",)
     whole_image: ClassVar[bool] = True
+    label_noun: ClassVar[str] = "class labels"
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
     reported_metrics: ClassVar[tuple[str, ...]] = ("top1", "top5")
     checked_metrics: ClassVar[tuple[str, ...]] = ("top1",)
