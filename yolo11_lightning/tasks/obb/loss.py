@@ -24,13 +24,12 @@ World-size invariance: as ``DetectionLoss`` (summary ``[Σ target scores, Σ box
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolo11_lightning.loss.assigner import TaskAlignedAssigner
 from yolo11_lightning.loss.detection import DetectionLoss, Prepared, compact_rows, distribution_focal_loss
 from yolo11_lightning.ops.anchors import box_to_dist
 from yolo11_lightning.ops.boxes import cxcywh_to_xyxy
@@ -48,21 +47,7 @@ class ObbLoss(DetectionLoss):
     Args: as ``DetectionLoss``; the default assigner is ``RotatedTaskAlignedAssigner`` (top 10, alpha 0.5, beta 6).
     """
 
-    def __init__(
-        self,
-        num_classes: int,
-        strides: Sequence[int] = (8, 16, 32),
-        reg_max: int = 16,
-        box: float = 7.5,
-        cls: float = 0.5,
-        dfl: float = 1.5,
-        sum_over_ranks: Callable[[Tensor], Tensor] | None = None,
-        assigner: TaskAlignedAssigner | None = None,
-    ) -> None:
-        super().__init__(
-            num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks,
-            assigner if assigner is not None else RotatedTaskAlignedAssigner(),
-        )  # fmt: skip
+    default_assigner = RotatedTaskAlignedAssigner
 
     def forward(self, preds: Sequence, targets: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         maps, angles = self._check_preds(preds)
