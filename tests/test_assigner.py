@@ -112,6 +112,36 @@ def test_chunking_and_sparse_evaluation_change_nothing(sparse: bool) -> None:
     assert torch.equal(whole.target_boxes, chunked.target_boxes)
 
 
+@pytest.mark.parametrize("sparse", [True, False])
+def test_rows_outside_gt_valid_are_as_if_left_out(sparse: bool) -> None:
+    """Invalid rows (whole-image boxes: they contain every anchor) first, among and after the valid ones, and an
+    image of invalid rows only; predictions so poor that most contests are all-zero (the image's first valid box
+    wins those): the same assignment as without the rows, their indices mapped."""
+    scores, pd_boxes, anchors, boxes, labels, image = _problem(5, [12, 0, 9], 128, 160, reach=0.3)
+    whole = torch.tensor([[0.0, 0.0, 160.0, 128.0]], dtype=torch.float64)
+    parts, valid = [], []
+    for img in range(3):
+        own = (image == img).nonzero().flatten()
+        spots = [0, len(own) // 2, len(own)] if len(own) else [0, 0]
+        rows = [(boxes[i], labels[i], True) for i in own]
+        for at in reversed(spots):
+            rows.insert(at, (whole[0], torch.tensor(img % 6), False))
+        parts += [(b, lab, img) for b, lab, _ in rows]
+        valid += [v for _, _, v in rows]
+    all_boxes = torch.stack([b for b, _, _ in parts])
+    all_labels = torch.stack([lab for _, lab, _ in parts])
+    all_image = torch.tensor([i for _, _, i in parts])
+    valid_t = torch.tensor(valid)
+    assigner = TaskAlignedAssigner(sparse=sparse)
+    out = assigner(scores, pd_boxes, anchors, all_boxes, all_labels, all_image, valid_t)
+    ref = assigner(scores, pd_boxes, anchors, all_boxes[valid_t], all_labels[valid_t], all_image[valid_t])
+    assert ref.fg_mask.any() and torch.equal(out.fg_mask, ref.fg_mask)
+    kept = valid_t.nonzero().flatten()
+    assert torch.equal(out.gt_index[out.fg_mask], kept[ref.gt_index[ref.fg_mask]])
+    assert torch.equal(out.target_scores, ref.target_scores)
+    assert torch.equal(out.target_boxes, ref.target_boxes)
+
+
 def test_contested_anchor_goes_to_box_of_highest_overlap() -> None:
     """Box 0 holds all 16 anchors, box 1 the left 12; every prediction is box 1, so box 1 wins the shared ones."""
     points, stride = make_anchors([(4, 4)], [8], dtype=torch.float64)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_runs import SCRIPTS, TESTS, TINY_FIT, run_cli, tail
+from cli_runs import REPO, SCRIPTS, TESTS, TINY_FIT, run, run_cli, tail
 
 EMU = '{"class_path": "emulated_gpu.EmuAccelerator"}'
 EMU_DDP = '{"class_path": "emulated_gpu.EmuDDPStrategy"}'
@@ -32,7 +32,8 @@ EXCHANGED = 4 + 4
 
 
 def _emu_env() -> dict[str, str]:
-    return {"PYTHONPATH": f"{TESTS}:{SCRIPTS}"}
+    # The package of this checkout, before any installed copy (the script runs outside the repository).
+    return {"PYTHONPATH": f"{TESTS}:{SCRIPTS}:{REPO}"}
 
 
 def _fit(dataset: Path, root: Path, devices: int, strategy: str, *extra: str) -> subprocess.CompletedProcess:
@@ -145,6 +146,38 @@ def test_single_device_step_reads_nothing_back_and_needs_no_collective(one_devic
     assert any(b["logs"] for b in steady)  # the log steps are among them: the rule above was exercised
 
 
+TASK_STEPS = ("pose", "obb", "classify")
+
+
+@pytest.fixture(scope="module")
+def task_steps(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tests/scripts/emulated_task_steps.py``: 7 steps of each of ``TASK_STEPS`` on one emu device, audited."""
+    root = tmp_path_factory.mktemp("emu_task_steps")
+    script = SCRIPTS / "emulated_task_steps.py"
+    proc = run([sys.executable, str(script), str(root), *TASK_STEPS], cwd=root, timeout=400, **_emu_env())
+    assert proc.returncode == 0, tail(proc)
+    return root
+
+
+@pytest.mark.parametrize("task", TASK_STEPS)
+def test_task_step_reads_nothing_back_to_the_host(task_steps: Path, task: str) -> None:
+    """The detection tasks' step rule for pose, oriented boxes and classification (their batches, heads, losses):
+    after the first three batches (the EMA's one-off read; the pictures of the first batches, drawn on the host
+    by design), a step reads nothing back unless the loggers write after it (or it is the run's last step: the
+    module logs there too)."""
+    batches = _audit(task_steps / task)
+    assert all(b["device"] == "emu:0" for b in batches)
+    steady = [b for b in batches if b["batch_idx"] >= 3]
+    assert len([b for b in steady[:-1] if not b["logs"]]) >= 3, batches
+    for batch in steady:
+        if batch["logs"] or batch is batches[-1]:
+            assert {where.split(":")[0] for _, where in batch["host_syncs"]} <= {
+                "yolo11_lightning/training/module.py"
+            }
+        else:
+            assert not batch["host_syncs"], batch
+
+
 def test_validate_on_one_device_under_ddp(one_device, tiny_dataset: Path, tmp_path: Path) -> None:
     """A one-GPU run with --trainer.strategy ddp crashed the same way: a process group of one."""
     root, proc = one_device
@@ -191,6 +224,9 @@ def rules():
 def loss():
     import torch, emulated_gpu as emu
     from yolo11_lightning.loss import DetectionLoss
+    from yolo11_lightning.tasks.classify.loss import ClassificationLoss
+    from yolo11_lightning.tasks.obb.loss import ObbLoss
+    from yolo11_lightning.tasks.pose.loss import PoseLoss
     from yolo11_lightning.tasks.segment.loss import SegmentationLoss
     g = torch.Generator().manual_seed(0)
     nc, bs, counts = 3, 3, [2, 0, 3]
@@ -202,13 +238,29 @@ def loss():
     protos = torch.randn(bs, 32, 16, 16, generator=g, requires_grad=True)
     masks = torch.zeros(bs, 16, 16)
     masks[0, 2:8, 2:8], masks[0, 8:12, 8:12], masks[2, 1:15, 3:9] = 1, 2, 1
+    # Pose (5 keypoints, one unlabelled), oriented boxes (the second box of image 0 under 2 px wide: left out
+    # without a boolean mask), classification (one label per image).
+    raw = torch.randn(bs, 15, 84, generator=g, requires_grad=True)
+    keypoints = torch.rand(len(rows), 5, 3, generator=g)
+    keypoints[:, 0, 2] = 0
+    angles = torch.randn(bs, 1, 84, generator=g, requires_grad=True)
+    rotated = torch.cat((targets, torch.rand(len(rows), 1, generator=g)), 1)
+    rotated[1, 4] = 1.0 / 64
+    logits = torch.randn(bs, nc, generator=g, requires_grad=True)
+    labels = torch.tensor([0, 2, 1])
     dev = lambda t: t.detach().to("emu").requires_grad_(t.requires_grad)
+    dfeats = [dev(f) for f in feats]
     for loss_fn, args, dargs in (
-        (DetectionLoss(nc), (feats, targets), ([dev(f) for f in feats], dev(targets))),
+        (DetectionLoss(nc), (feats, targets), (dfeats, dev(targets))),
         (SegmentationLoss(nc), ((feats, coef, protos), targets, masks, counts),
-         (([dev(f) for f in feats], dev(coef), dev(protos)), dev(targets), dev(masks), counts)),
+         ((dfeats, dev(coef), dev(protos)), dev(targets), dev(masks), counts)),
+        (PoseLoss(nc, (5, 3)), ((feats, raw), targets, keypoints),
+         ((dfeats, dev(raw)), dev(targets), dev(keypoints))),
+        (ObbLoss(nc), ((feats, angles), rotated), ((dfeats, dev(angles)), dev(rotated))),
+        (ClassificationLoss(), (logits, labels), (dev(logits), dev(labels))),
     ):
         loss, items = loss_fn(*args)
+        loss_fn.to("emu")  # its buffers (the pose sigmas), as the module's move does
         with emu.sync_mode("error"):
             dloss, ditems = loss_fn(*dargs)
             dloss.backward()
@@ -248,8 +300,9 @@ def _env() -> dict[str, str]:
 
 
 def test_loss_makes_no_host_sync_on_a_device_and_equals_the_cpu_loss(mechanism: dict[str, str]) -> None:
-    """Detection and segmentation losses on the emu device: no host read (the segmentation mask term sizes its
-    per-image work from the batch's host-side counts), and the same values as on the CPU."""
+    """The losses of every task on the emu device, forward and backward: no host read (the segmentation mask term
+    sizes its per-image work from the batch's host-side counts; the OBB loss leaves its tiny boxes out through
+    the assigner's ``gt_valid``), and the same values as on the CPU."""
     assert mechanism.get("loss") == "ok", mechanism
 
 

@@ -2,9 +2,10 @@
 
 ``torch.cuda.set_sync_debug_mode("error")`` turns every synchronising call (``.item()``, a blocking copy, a
 data-dependent shape) into an error for the steps audited here, with the real defaults of a CLI run (its
-callbacks, the EMA, the loss, the fused optimiser, clipping). The loggers write every 1000 steps, so no step
-audited here is a log step (those read the loss items once, by design). Skipped without CUDA; the lent-GPU
-run (``benchmarks/gpu.py``) runs this file. ``tests/test_gpu_path.py`` checks the same on the CPU's emu device.
+callbacks, the EMA, the loss, the fused optimiser, clipping); detection in every precision, pose, oriented boxes
+and classification in bf16. The loggers write every 1000 steps, so no step audited here is a log step (those
+read the loss items once, by design). Skipped without CUDA; the lent-GPU run (``benchmarks/gpu.py``) runs this
+file. ``tests/test_gpu_path.py`` checks the same on the CPU's emu device.
 """
 
 from __future__ import annotations
@@ -52,17 +53,20 @@ def _sync_errors_after_warmup():  # type: ignore[no-untyped-def]
     return SyncErrors()
 
 
-def _fit(tmp_path: Path, precision: str, strategy: str) -> int:
+def _fit(tmp_path: Path, precision: str, strategy: str, task: str = "detect") -> int:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
+    from yolo11_lightning.data.datamodule import dataset_kpt_shape
     from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
     from yolo11_lightning.training.lightning_cli import default_callbacks
 
-    dataset = make_synthetic_dataset(tmp_path / "data", num_train=96, num_val=8, image_size=96)
-    data = YOLODataModule(dataset=dataset, batch_size=8, image_size=96, num_workers=2, close_mosaic=0)
-    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names,
-                          optimizer="SGD", warmup_epochs=0.0, nominal_batch=8)  # fmt: skip
+    dataset = make_synthetic_dataset(tmp_path / "data", num_train=96, num_val=8, image_size=96, task=task)
+    data = YOLODataModule(dataset=str(dataset), batch_size=8, image_size=96, num_workers=2, close_mosaic=0)
+    kpt_shape = dataset_kpt_shape(str(dataset), task)
+    module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, task=task,
+                          optimizer="SGD", warmup_epochs=0.0, nominal_batch=8,
+                          kpt_shape=list(kpt_shape) if kpt_shape else None)  # fmt: skip
     audit = _sync_errors_after_warmup()
     trainer = L.Trainer(
         accelerator="gpu", devices=1, strategy=strategy, precision=precision,
@@ -76,6 +80,12 @@ def _fit(tmp_path: Path, precision: str, strategy: str) -> int:
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed", "32-true"])
 def test_single_gpu_step_makes_no_host_sync(tmp_path: Path, precision: str) -> None:
     assert _fit(tmp_path, precision, "auto") >= AUDITED
+
+
+@pytest.mark.parametrize("task", ["pose", "obb", "classify"])
+def test_single_gpu_task_step_makes_no_host_sync(tmp_path: Path, task: str) -> None:
+    """The other tasks' batches, heads and losses (the OBB loss leaves tiny boxes out without a boolean mask)."""
+    assert _fit(tmp_path, "bf16-mixed", "auto", task) >= AUDITED
 
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])

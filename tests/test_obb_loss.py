@@ -164,3 +164,30 @@ def test_bad_inputs_are_named() -> None:
         ObbLoss(2)(preds, torch.zeros(3, 6))
     with pytest.raises(ValueError, match=r"angles have shape \(2, 2, 84\), expected \(B, 1, A\)"):
         ObbLoss(2)((preds[0], preds[1].repeat(1, 2, 1)), torch.zeros(0, 7))
+
+
+@pytest.mark.parametrize("sparse", [True, False], ids=["sparse", "dense"])
+def test_tiny_boxes_among_real_ones_are_ignored_as_the_reference_drops_them(sparse: bool) -> None:
+    """Tiny boxes kept as rows (no host sync) but absent to the assigner: first, middle and last of an image, and
+    an image with tiny boxes only, on both assigner paths (dense is the accelerator's)."""
+    from yolo11_lightning.tasks.obb.assigner import RotatedTaskAlignedAssigner
+
+    g = torch.Generator().manual_seed(3)
+    counts, height, width, nc = [5, 2, 3], 64, 96, 3
+    preds = _obb_preds(g, len(counts), height, width, nc)
+    targets = _rotated_targets(g, counts, height, width, nc)
+    tiny = [0, 2, 4, 5, 6, 7]  # image 0: rows 0, 2, 4 of 5; image 1: both; image 2: its first
+    targets[tiny[:3], 4] = 1.0 / width  # 1 pixel wide
+    targets[tiny[3:], 5] = 1.5 / height  # 1.5 pixels high
+    ref_loss, ref_items, ref_grads = _reference(preds, targets, nc)
+    loss, items, grads = _ours(preds, targets, nc, assigner=RotatedTaskAlignedAssigner(sparse=sparse))
+    torch.testing.assert_close(items, ref_items, rtol=1e-6, atol=0)
+    torch.testing.assert_close(loss, ref_loss.sum() / len(counts), rtol=1e-6, atol=0)
+    for ours, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6 * max(ref.abs().max().item(), 1e-30))
+    assert (items > 0).all()
+    # Without the tiny rows: the same loss, to the last bits the row count can change.
+    kept = torch.ones(len(targets), dtype=torch.bool)
+    kept[tiny] = False
+    _, items_kept, _ = _ours(preds, targets[kept], nc, assigner=RotatedTaskAlignedAssigner(sparse=sparse))
+    torch.testing.assert_close(items, items_kept, rtol=1e-12, atol=0)

@@ -36,13 +36,25 @@ def draw_boxes(
         x1, y1, x2, y2 = (round(float(v)) for v in box)
         box_color = color or class_color(int(cls))
         cv2.rectangle(out, (x1, y1), (x2, y2), box_color, thickness, cv2.LINE_AA)
-        label = names[int(cls)] if names is not None and int(cls) < len(names) else str(int(cls))
-        if scores is not None:
-            label = f"{label} {float(scores[i]):.2f}"
-        cv2.putText(
-            out, label, (x1, max(y1 - 2, 8)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, box_color, 1, cv2.LINE_AA
-        )
+        write_label(out, (x1, y1), int(cls), None if scores is None else float(scores[i]), names, box_color)
     return out
+
+
+def write_label(
+    image: np.ndarray,
+    corner: tuple[int, int],
+    class_id: int,
+    score: float | None,
+    names: Sequence[str] | None,
+    color: tuple[int, int, int],
+) -> None:
+    """Write a box's label (its class name, else its id, and its score) just above ``corner`` (x, y pixels),
+    in place on ``image`` ((H, W, 3) uint8 RGB, contiguous)."""
+    label = names[class_id] if names is not None and class_id < len(names) else str(class_id)
+    if score is not None:
+        label = f"{label} {score:.2f}"
+    x, y = corner
+    cv2.putText(image, label, (x, max(y - 2, 8)), cv2.FONT_HERSHEY_SIMPLEX, 0.3, color, 1, cv2.LINE_AA)
 
 
 def draw_masks(image: np.ndarray, masks: np.ndarray, classes: np.ndarray, alpha: float = 0.4) -> np.ndarray:

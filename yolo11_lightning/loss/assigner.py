@@ -77,6 +77,7 @@ class TaskAlignedAssigner(nn.Module):
         gt_boxes: Tensor,
         gt_labels: Tensor,
         gt_image: Tensor,
+        gt_valid: Tensor | None = None,
     ) -> Assignment:
         """Assign a batch.
 
@@ -88,6 +89,8 @@ class TaskAlignedAssigner(nn.Module):
             gt_labels: (N,) integer class of each box, in [0, C).
             gt_image: (N,) integer image index of each box, in [0, B); rows of one image keep their order
                 (it breaks ties, as in the reference).
+            gt_valid: (N,) bool or None (all valid): rows to treat as absent (picked by no anchor, no image's
+                first box), as if filtered out beforehand but without a data-dependent shape (no host sync).
         """
         bs, na, nc = pd_scores.shape
         n = gt_boxes.shape[0]
@@ -102,7 +105,7 @@ class TaskAlignedAssigner(nn.Module):
         gt_labels, gt_image = gt_labels.long(), gt_image.long()
         k = min(self.topk, na)
         top_idx, top_valid, top_ov, top_align, best_ov, best_gt = self._scan(
-            pd_scores, pd_boxes, anchor_points, gt_boxes, gt_labels, gt_image, k
+            pd_scores, pd_boxes, anchor_points, gt_boxes, gt_labels, gt_image, k, gt_valid
         )
 
         # How many boxes picked each (image, anchor) cell; flat cell = image * A + anchor.
@@ -154,12 +157,14 @@ class TaskAlignedAssigner(nn.Module):
         gt_labels: Tensor,
         gt_image: Tensor,
         k: int,
+        gt_valid: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """Boxes x anchors pass, chunk by chunk of boxes.
 
         Returns the top-k anchors of each box (N, k): index, inside-the-box flag, CIoU, alignment; and per
         flat (image, anchor) cell (B·A,): the highest CIoU over the image's boxes and the first box row
-        reaching it, as the reference's argmax over its padded box axis would pick it.
+        reaching it, as the reference's argmax over its padded box axis would pick it. Rows not in ``gt_valid``
+        contain no anchor.
         """
         bs, na, _ = pd_scores.shape
         n = gt_boxes.shape[0]
@@ -172,8 +177,9 @@ class TaskAlignedAssigner(nn.Module):
         for start in range(0, n, chunk):
             img = gt_image[start : start + chunk]
             box, cls = gt_boxes[start : start + chunk], gt_labels[start : start + chunk]
+            valid = gt_valid[start : start + chunk] if gt_valid is not None else None
             ov, align, inside, pairs = self._pair_metrics(
-                pd_scores, pd_boxes, anchor_points, box, cls, img, sparse
+                pd_scores, pd_boxes, anchor_points, box, cls, img, sparse, valid
             )
             top_align, idx = align.topk(k, dim=-1)
             tops.append((idx, inside.gather(1, idx), ov.gather(1, idx), top_align))
@@ -188,8 +194,11 @@ class TaskAlignedAssigner(nn.Module):
             best_ov = torch.maximum(best_ov, chunk_max)
 
         # Where no box overlaps a cell (pairs outside boxes count as 0), the argmax is the image's first box.
+        rows = torch.arange(n, device=device)
+        if gt_valid is not None:
+            rows = rows.masked_fill(~gt_valid, n)
         first_row = torch.full((bs,), n, dtype=torch.long, device=device)
-        first_row.scatter_reduce_(0, gt_image, torch.arange(n, device=device), "amin")
+        first_row.scatter_reduce_(0, gt_image, rows, "amin")
         best_gt = torch.where(best_ov > 0, best_gt, first_row.repeat_interleave(na))
         top_idx, top_valid, top_ov, top_align = (torch.cat(t) for t in zip(*tops))
         return top_idx, top_valid, top_ov, top_align, best_ov.clamp(min=0), best_gt
@@ -199,7 +208,9 @@ class TaskAlignedAssigner(nn.Module):
         """(c, A) bool: anchor centres (A, 2) strictly inside (by ``INSIDE_EPS``) each xyxy box of (c, 4)."""
         ax, ay = anchor_points[:, 0], anchor_points[:, 1]
         x1, y1, x2, y2 = (v[:, None] for v in boxes.unbind(-1))
-        return (ax - x1 > INSIDE_EPS) & (ay - y1 > INSIDE_EPS) & (x2 - ax > INSIDE_EPS) & (y2 - ay > INSIDE_EPS)
+        return (
+            (ax - x1 > INSIDE_EPS) & (ay - y1 > INSIDE_EPS) & (x2 - ax > INSIDE_EPS) & (y2 - ay > INSIDE_EPS)
+        )
 
     @staticmethod
     def overlap(gt_boxes: Tensor, pd_boxes: Tensor) -> Tensor:
@@ -215,15 +226,18 @@ class TaskAlignedAssigner(nn.Module):
         cls: Tensor,
         img: Tensor,
         sparse: bool,
+        valid: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
         """CIoU (clamped at 0) and alignment of c boxes with all A anchors, zero unless the anchor is inside.
 
         Returns ov (c, A), align (c, A), inside (c, A) bool and the evaluated pairs (box row in the chunk,
         anchor, CIoU), each (P,). ``sparse`` evaluates only the inside pairs (found with ``nonzero``, a host
         sync that costs nothing on CPU); dense evaluates all c·A pairs and masks them (no sync: the choice
-        for accelerators, where the extra arithmetic is cheap).
+        for accelerators, where the extra arithmetic is cheap). Rows outside ``valid`` (c,) contain no anchor.
         """
         inside = self.inside(anchor_points, box)
+        if valid is not None:
+            inside &= valid[:, None]
         if not sparse:
             ov = self.overlap(box[:, None], pd_boxes[img]).clamp_(min=0).masked_fill_(~inside, 0)
             score = pd_scores[img, :, cls].masked_fill_(~inside, 0)

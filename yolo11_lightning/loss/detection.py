@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +62,9 @@ class DetectionLoss(nn.Module):
     Computed in float32 at least, with autocast off: the assigner's ranking needs the precision.
     """
 
+    # The assigner made when none is given (a subclass for other box kinds: the rotated boxes' assigner).
+    default_assigner: ClassVar[type[TaskAlignedAssigner]] = TaskAlignedAssigner
+
     def __init__(
         self,
         num_classes: int,
@@ -82,7 +85,7 @@ class DetectionLoss(nn.Module):
         self.strides = tuple(int(s) for s in strides)
         self.gains = (float(box), float(cls), float(dfl))
         self.sum_over_ranks = sum_over_ranks
-        self.assigner = assigner if assigner is not None else TaskAlignedAssigner()
+        self.assigner = assigner if assigner is not None else self.default_assigner()
         self._grid: tuple[tuple, Tensor, Tensor, Tensor] | None = None
 
     def _anchor_grid(

@@ -8,7 +8,43 @@ from torchvision.ops import box_convert, nms
 
 from yolo11_lightning.ops.letterbox import letterbox_to_original
 
-__all__ = ["letterbox_to_original", "non_max_suppression"]  # the letterbox inverse lives in ops.letterbox
+__all__ = [
+    "letterbox_to_original",  # the letterbox inverse lives in ops.letterbox
+    "nms_candidates",
+    "non_max_suppression",
+]
+
+
+def nms_candidates(
+    scores: Tensor,
+    conf_threshold: float,
+    multi_label: bool,
+    max_candidates: int,
+    class_agnostic: bool,
+    class_offset: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """One image's NMS candidates from its (A, nc) class scores, as the reference's NMS picks them (axis-aligned and
+    rotated boxes alike).
+
+    The (anchor, class) pairs scoring above ``conf_threshold`` (every class of an anchor with ``multi_label`` and
+    nc > 1, else its best class), in that order, at most ``max_candidates`` of the highest scores.
+
+    Returns (anchor index (n,) long, score (n,) in the scores' dtype, class (n,) long, shift (n, 1) float32: ``class
+    · class_offset`` pixels, 0 with ``class_agnostic``, added to the box positions so that one NMS pass over all
+    candidates suppresses within a class only).
+    """
+    if multi_label and scores.shape[1] > 1:
+        anchor_idx, classes = (scores > conf_threshold).nonzero(as_tuple=True)
+        scores = scores[anchor_idx, classes]
+    else:
+        scores, classes = scores.max(1)
+        anchor_idx = (scores > conf_threshold).nonzero(as_tuple=True)[0]
+        scores, classes = scores[anchor_idx], classes[anchor_idx]
+    if scores.numel() > max_candidates:
+        top = scores.argsort(descending=True)[:max_candidates]
+        anchor_idx, scores, classes = anchor_idx[top], scores[top], classes[top]
+    shift = classes[:, None].float() * (0.0 if class_agnostic else class_offset)
+    return anchor_idx, scores, classes, shift
 
 
 def non_max_suppression(
@@ -25,9 +61,9 @@ def non_max_suppression(
     """Score filter + class-aware NMS, image by image, step for step the reference validator's.
 
     Per image: candidates are (box, class) pairs scoring above ``conf_threshold`` (every class of a box
-    with ``multi_label``, else its best class), at most ``max_candidates`` of the highest scores; boxes are shifted by ``class * class_offset`` pixels so that
-    one NMS over all of them only suppresses within a class; the ``max_detections`` best survivors are
-    kept. Deliberate differences: the NMS runs in float32 even on a half-precision model (the reference
+    with ``multi_label``, else its best class), at most ``max_candidates`` of the highest scores; boxes are
+    shifted by ``class * class_offset`` pixels so that one NMS over all of them only suppresses within a class
+    (``nms_candidates``); the ``max_detections`` best survivors are kept. Deliberate differences: the NMS runs in float32 even on a half-precision model (the reference
     runs it in the model's dtype, where an offset of 7680 px leaves a few pixels of resolution), and there
     is no wall-clock limit (the reference stops NMS after 2 s + 50 ms per image, which would make results
     depend on the machine's speed).
@@ -60,21 +96,12 @@ def non_max_suppression(
     preds = predictions.transpose(1, 2)  # (B, A, 4 + nc + extra)
     outputs = []
     for image_preds in preds:
-        boxes = box_convert(image_preds[:, :4], "cxcywh", "xyxy")
-        scores = image_preds[:, 4 : 4 + num_classes]
-        if multi_label and num_classes > 1:
-            anchor_idx, classes = (scores > conf_threshold).nonzero(as_tuple=True)
-            boxes, scores = boxes[anchor_idx], scores[anchor_idx, classes]
-        else:
-            scores, classes = scores.max(1)
-            keep = scores > conf_threshold
-            anchor_idx = keep.nonzero(as_tuple=True)[0]
-            boxes, scores, classes = boxes[keep], scores[keep], classes[keep]
-        if scores.numel() > max_candidates:
-            top = scores.argsort(descending=True)[:max_candidates]
-            boxes, scores, classes, anchor_idx = boxes[top], scores[top], classes[top], anchor_idx[top]
-        boxes, scores = boxes.float(), scores.float()
-        shift = classes[:, None].float() * (0.0 if class_agnostic else class_offset)
+        anchor_idx, scores, classes, shift = nms_candidates(
+            image_preds[:, 4 : 4 + num_classes], conf_threshold, multi_label, max_candidates, class_agnostic,
+            class_offset,
+        )  # fmt: skip
+        boxes = box_convert(image_preds[anchor_idx, :4], "cxcywh", "xyxy").float()
+        scores = scores.float()
         keep = nms(boxes + shift, scores, iou_threshold)[:max_detections]
         kept = [boxes[keep], scores[keep, None], classes[keep, None].float()]
         if extra:

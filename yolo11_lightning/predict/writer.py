@@ -25,7 +25,7 @@ from yolo11_lightning.predict.sources import (
     SkippedSourceWarning,
     Source,
 )
-from yolo11_lightning.visualize import draw_boxes, save_rgb
+from yolo11_lightning.visualize import save_rgb
 
 RESULTS_JSON = "predictions.json"
 RESULTS_JSONL = "predictions.jsonl"
@@ -151,8 +151,7 @@ class PredictionWriter(BasePredictionWriter):
 
     def _draw(self, original: np.ndarray, det: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         thickness = max(1, round(sum(original.shape[:2]) / 600))
-        original = self.task.draw(original, det[:, 5], extras)
-        return draw_boxes(original, det[:, :4], det[:, 5], det[:, 4], self.names, thickness=thickness)
+        return self.task.draw_prediction(original, det, extras, self.names, thickness)
 
     def _write_video_frame(self, path: str, fps: float, frame: np.ndarray) -> None:
         writer = self._videos.get(path)

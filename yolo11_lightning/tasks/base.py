@@ -24,9 +24,9 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   ``class_results`` (the per-class results of an evaluation the metric kept),
   ``checkpoint_monitor`` (what ``best.ckpt`` follows), ``reported_metrics`` / ``checked_metrics``
   (``export --check-data``);
-* prediction: ``predict`` (one batch, original pixels), ``draw`` and ``result_fields`` (what the annotated
-  copies show and the json rows hold; ``image_fields``: a row per image), ``draw_evaluated`` (the validation images), ``draw_targets`` (the
-  training batches of the result pictures);
+* prediction: ``predict`` (one batch, original pixels), ``draw_prediction`` / ``draw`` and ``result_fields`` (what
+  the annotated copies show and the json rows hold; ``image_fields``: a row per image), ``draw_evaluated`` and
+  ``draw_ground_truth`` (the validation images), ``draw_targets`` (the training batches of the result pictures);
 * export: ``onnx_outputs``, ``onnx_output_doc``, ``onnx_output_dims``, ``onnx_metadata``, ``onnx_extra_channels``
   and ``onnx_num_classes`` (reading an ONNX file back).
 
@@ -222,12 +222,14 @@ class Task:
     ) -> np.ndarray:
         """The labels of image ``index`` of a training batch drawn on ``image`` ((H, W, 3) uint8 RGB, the
         batch's pixels): boxes in their class colours."""
-        targets = batch["targets"].detach().float().cpu()
-        rows = targets[targets[:, 0] == index]
-        height, width = image.shape[:2]
-        centre, size = rows[:, 2:4] * rows.new_tensor([width, height]), rows[:, 4:6] * rows.new_tensor([width, height])
-        boxes = torch.cat((centre - size / 2, centre + size / 2), 1)
-        return draw_boxes(image, boxes.numpy(), rows[:, 1].numpy(), names=names)
+        boxes, classes = _target_boxes(image, batch, index)
+        return draw_boxes(image, boxes, classes, names=names)
+
+    def draw_ground_truth(self, image: np.ndarray, batch: dict[str, Any], index: int) -> np.ndarray:
+        """The labels of image ``index`` of an evaluation batch drawn in white on ``image`` ((H, W, 3) uint8 RGB,
+        the batch's pixels), under the predictions of the validation images: boxes with their class ids."""
+        boxes, classes = _target_boxes(image, batch, index)
+        return draw_boxes(image, boxes, classes, color=(255, 255, 255))
 
     # ------------------------------------------------------------------------------------ prediction
     def predict(self, module: Any, batch: dict[str, Any]) -> list[Any]:
@@ -250,8 +252,18 @@ class Task:
         return {}
 
     def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
-        """What an annotated copy shows under the boxes (the boxes are drawn by the caller)."""
+        """What an annotated copy shows under the boxes (``draw_prediction`` draws the boxes over it)."""
         return image
+
+    def draw_prediction(
+        self, image: np.ndarray, detections: np.ndarray, extras: dict[str, Any], names: Sequence[str] | None,
+        thickness: int,
+    ) -> np.ndarray:  # fmt: skip
+        """The annotated copy of one predicted image: ``draw``'s picture under the (n, 6) ``detections``' boxes
+        ``[x1, y1, x2, y2, score, class]``, labelled with their names and scores."""
+        image = self.draw(image, detections[:, 5], extras)
+        boxes, classes, scores = detections[:, :4], detections[:, 5], detections[:, 4]
+        return draw_boxes(image, boxes, classes, scores, names, thickness=thickness)
 
     # ------------------------------------------------------------------------------------ export
     def onnx_output_axes(self, dynamic: bool) -> list[dict[int, str]]:
@@ -291,3 +303,14 @@ class Task:
         (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
         they are not this task's."""
         return 0
+
+
+def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Image ``index``'s rows of the batch's ``targets`` as ((n, 4) xyxy boxes in ``image``'s pixels, (n,)
+    classes)."""
+    targets = batch["targets"].detach().float().cpu()
+    rows = targets[targets[:, 0] == index]
+    height, width = image.shape[:2]
+    scale = rows.new_tensor([width, height])
+    centre, size = rows[:, 2:4] * scale, rows[:, 4:6] * scale
+    return torch.cat((centre - size / 2, centre + size / 2), 1).numpy(), rows[:, 1].numpy()

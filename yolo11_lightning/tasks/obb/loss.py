@@ -8,7 +8,8 @@ The contract::
   (B, 4·reg_max + nc, H/s, W/s) and the angles (B, 1, A) in radians.
 * ``targets``: float (N, 7) rows ``[image_index, class, cx, cy, w, h, r]``: the rotated box's centre and size
   normalised to the input image (x and w by its width, y and h by its height), r in radians. Boxes under 2 pixels
-  wide or high are left out, as the reference does.
+  wide or high are left out, as the reference does: they stay in the rows but the assigner treats them as absent
+  (no data-dependent shape, so no host sync on an accelerator).
 * ``items``: detached (3,) gained terms ``(box, cls, dfl)``; ``loss`` their sum. ``items == reference_items`` and
   ``loss == reference_loss.sum() / batch_size`` for the reference ``v8OBBLoss`` (8.3.x).
 
@@ -19,18 +20,16 @@ rectangle of the same centre and size (the reference's target: the angle is left
 the anchor's target score; every term is divided by max(Σ target scores, 1).
 
 World-size invariance: as ``DetectionLoss`` (summary ``[Σ target scores, Σ box, Σ cls, Σ dfl]``).
-Dropping the tiny boxes selects rows by a mask: on an accelerator that reads the row count back (one host sync).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from yolo11_lightning.loss.assigner import TaskAlignedAssigner
 from yolo11_lightning.loss.detection import DetectionLoss, Prepared, compact_rows, distribution_focal_loss
 from yolo11_lightning.ops.anchors import box_to_dist
 from yolo11_lightning.ops.boxes import cxcywh_to_xyxy
@@ -48,21 +47,7 @@ class ObbLoss(DetectionLoss):
     Args: as ``DetectionLoss``; the default assigner is ``RotatedTaskAlignedAssigner`` (top 10, alpha 0.5, beta 6).
     """
 
-    def __init__(
-        self,
-        num_classes: int,
-        strides: Sequence[int] = (8, 16, 32),
-        reg_max: int = 16,
-        box: float = 7.5,
-        cls: float = 0.5,
-        dfl: float = 1.5,
-        sum_over_ranks: Callable[[Tensor], Tensor] | None = None,
-        assigner: TaskAlignedAssigner | None = None,
-    ) -> None:
-        super().__init__(
-            num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks,
-            assigner if assigner is not None else RotatedTaskAlignedAssigner(),
-        )  # fmt: skip
+    default_assigner = RotatedTaskAlignedAssigner
 
     def forward(self, preds: Sequence, targets: Tensor) -> tuple[Tensor, Tensor]:  # type: ignore[override]
         maps, angles = self._check_preds(preds)
@@ -96,7 +81,6 @@ class ObbLoss(DetectionLoss):
             (targets[:, 2] * width, targets[:, 3] * height, targets[:, 4] * width, targets[:, 5] * height), 1
         )
         keep = (pixels[:, 2] >= MIN_SIZE) & (pixels[:, 3] >= MIN_SIZE)
-        targets, pixels = targets[keep], pixels[keep]
         scaled = pred_boxes.detach().clone()
         scaled[..., :4] *= stride
         assign = self.assigner(
@@ -106,6 +90,7 @@ class ObbLoss(DetectionLoss):
             torch.cat((pixels, targets[:, 6:7]), 1),
             targets[:, 1].long(),
             targets[:, 0].long(),
+            keep,
         )
         return Prepared(pred_dist, pred_logits, pred_boxes, anchors, stride, targets, assign, (height, width))
 

@@ -1,8 +1,9 @@
 """Rotated NMS: the reference's post-processing of oriented boxes (probiou, class offset, fast NMS).
 
-Per image, as ``ops.postprocess.non_max_suppression`` for axis-aligned boxes: candidates above the score threshold
-(every class of a box with ``multi_label``), at most ``max_candidates`` of the best, centres shifted by
-``class · class_offset`` pixels so that one pass suppresses within a class only. The pass is the reference's *fast*
+Per image, as ``ops.postprocess.non_max_suppression`` for axis-aligned boxes, the candidates of
+``ops.postprocess.nms_candidates``: above the score threshold (every class of a box with ``multi_label``), at most
+``max_candidates`` of the best, centres shifted by ``class · class_offset`` pixels so that one pass suppresses within
+a class only. The pass is the reference's *fast*
 NMS: boxes sorted by score, a box is dropped when its probiou with any better-scoring box (dropped or not) reaches
 the threshold; the ``max_detections`` best survivors are kept. It runs in float32.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from yolo11_lightning.ops.postprocess import nms_candidates
 from yolo11_lightning.tasks.obb.rotated import probiou
 
 __all__ = ["pairwise_probiou", "rotated_nms"]
@@ -39,23 +41,15 @@ def rotated_nms(
         raise ValueError(f"OBB predictions need 4 + nc + 1 channels with nc >= 1, got {predictions.shape[1]}")
     outputs = []
     for image_preds in predictions.transpose(1, 2).float():
-        boxes = torch.cat((image_preds[:, :4], image_preds[:, -1:]), 1)
-        scores = image_preds[:, 4 : 4 + num_classes]
-        if multi_label and num_classes > 1:
-            anchor_idx, classes = (scores > conf_threshold).nonzero(as_tuple=True)
-            scores = scores[anchor_idx, classes]
-        else:
-            scores, classes = scores.max(1)
-            anchor_idx = (scores > conf_threshold).nonzero(as_tuple=True)[0]
-            scores, classes = scores[anchor_idx], classes[anchor_idx]
-        boxes = boxes[anchor_idx]
-        if scores.numel() > max_candidates:
-            top = scores.argsort(descending=True)[:max_candidates]
-            boxes, scores, classes = boxes[top], scores[top], classes[top]
+        anchor_idx, scores, classes, shift = nms_candidates(
+            image_preds[:, 4 : 4 + num_classes], conf_threshold, multi_label, max_candidates, class_agnostic,
+            class_offset,
+        )  # fmt: skip
         order = scores.argsort(descending=True, stable=True)
-        boxes, scores, classes = boxes[order], scores[order], classes[order]
+        anchor_idx, scores, classes, shift = anchor_idx[order], scores[order], classes[order], shift[order]
+        boxes = torch.cat((image_preds[anchor_idx, :4], image_preds[anchor_idx, -1:]), 1)
         shifted = boxes.clone()
-        shifted[:, :2] += classes[:, None].float() * (0.0 if class_agnostic else class_offset)
+        shifted[:, :2] += shift
         overlaps = pairwise_probiou(shifted, shifted).triu_(diagonal=1)
         keep = ((overlaps >= iou_threshold).sum(0) == 0).nonzero(as_tuple=True)[0][:max_detections]
         outputs.append(

@@ -27,7 +27,7 @@ from yolo11_lightning.tasks.obb.labels import ObbCorners, corner_problem, rotate
 from yolo11_lightning.tasks.obb.loss import ObbLoss
 from yolo11_lightning.tasks.obb.nms import rotated_nms
 from yolo11_lightning.tasks.obb.rotated import corners
-from yolo11_lightning.visualize import class_color
+from yolo11_lightning.visualize import class_color, write_label
 
 if TYPE_CHECKING:
     from yolo11_lightning.data.labels.instances import InstanceField, Instances
@@ -154,11 +154,13 @@ class ObbTask(DetectTask):
     def draw_targets(
         self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
     ) -> np.ndarray:
-        targets = batch["targets"].detach().float().cpu()
-        rows = targets[targets[:, 0] == index]
-        height, width = image.shape[:2]
-        boxes = rows[:, 2:7] * rows.new_tensor([width, height, width, height, 1])
-        return draw_rotated(image, boxes.numpy(), rows[:, 1].numpy())
+        boxes, classes = _target_boxes(image, batch, index)
+        return draw_rotated(image, boxes, classes)
+
+    def draw_ground_truth(self, image: np.ndarray, batch: dict[str, Any], index: int) -> np.ndarray:
+        """The rotated boxes of image ``index`` outlined in white, labelled with their class ids."""
+        boxes, classes = _target_boxes(image, batch, index)
+        return draw_rotated(image, boxes, classes, color=(255, 255, 255), labels=True)
 
     # ------------------------------------------------------------------------------------ prediction
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
@@ -192,10 +194,14 @@ class ObbTask(DetectTask):
             "corners": [[round(float(x), 3), round(float(y), 3)] for x, y in corners(box).tolist()],
         }
 
-    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
-        """The rotated boxes in their class colours (the caller labels their axis-aligned extents)."""
-        thickness = max(1, round(sum(image.shape[:2]) / 600))
-        return draw_rotated(image, extras["rboxes"].numpy(), classes, thickness)
+    def draw_prediction(
+        self, image: np.ndarray, detections: np.ndarray, extras: dict[str, Any], names: Sequence[str] | None,
+        thickness: int,
+    ) -> np.ndarray:  # fmt: skip
+        """The rotated boxes in their class colours, each labelled at its topmost corner (not their axis-aligned
+        extents, which only the json's ``bbox`` holds)."""
+        rboxes, classes, scores = extras["rboxes"].numpy(), detections[:, 5], detections[:, 4]
+        return draw_rotated(image, rboxes, classes, thickness, scores, names, labels=True)
 
     # ------------------------------------------------------------------------------------ export
     def onnx_extra_channels(
@@ -203,6 +209,16 @@ class ObbTask(DetectTask):
     ) -> int:
         """One channel after the class scores: the angle."""
         return 1
+
+
+def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple[np.ndarray, np.ndarray]:
+    """Image ``index``'s rows of the batch's (N, 7) ``targets`` as ((n, 5) xywhr in ``image``'s pixels, (n,)
+    classes)."""
+    targets = batch["targets"].detach().float().cpu()
+    rows = targets[targets[:, 0] == index]
+    height, width = image.shape[:2]
+    boxes = rows[:, 2:7] * rows.new_tensor([width, height, width, height, 1])
+    return boxes.numpy(), rows[:, 1].numpy()
 
 
 def regularize(rboxes: Tensor) -> Tensor:
@@ -216,13 +232,26 @@ def regularize(rboxes: Tensor) -> Tensor:
 
 
 def draw_rotated(
-    image: np.ndarray, rboxes: np.ndarray, classes: np.ndarray, thickness: int = 1
+    image: np.ndarray,
+    rboxes: np.ndarray,
+    classes: np.ndarray,
+    thickness: int = 1,
+    scores: np.ndarray | None = None,
+    names: Sequence[str] | None = None,
+    color: tuple[int, int, int] | None = None,
+    labels: bool = False,
 ) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, 5) xywhr pixel boxes outlined in their class colours."""
+    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, 5) xywhr pixel boxes outlined in ``color`` (None: their
+    class colours); with ``labels``, each box's label (``visualize.write_label``: name or id, score) above its
+    topmost corner."""
     out = np.ascontiguousarray(image.copy())
     pts = corners(torch.as_tensor(np.asarray(rboxes, np.float32)).reshape(-1, 5)).numpy()
-    for outline, cls in zip(pts, np.asarray(classes).reshape(-1)):
-        cv2.polylines(
-            out, [np.round(outline).astype(np.int32)], True, class_color(int(cls)), thickness, cv2.LINE_AA
-        )
+    for i, (outline, cls) in enumerate(zip(pts, np.asarray(classes).reshape(-1))):
+        box_color = color or class_color(int(cls))
+        polygon = np.round(outline).astype(np.int32)
+        cv2.polylines(out, [polygon], True, box_color, thickness, cv2.LINE_AA)
+        if labels:
+            x, y = min(polygon.tolist(), key=lambda p: (p[1], p[0]))
+            score = None if scores is None else float(np.asarray(scores).reshape(-1)[i])
+            write_label(out, (x, y), int(cls), score, names, box_color)
     return out

@@ -9,10 +9,9 @@ from typing import Any
 import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
-from torchvision.ops import box_convert
 
 from yolo11_lightning.training.callbacks._pictures import save_and_log
-from yolo11_lightning.visualize import draw_boxes, image_grid
+from yolo11_lightning.visualize import image_grid
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +19,9 @@ log = logging.getLogger(__name__)
 class ValidationImages(Callback):
     """Each validation epoch, draw predictions (coloured) and ground truth (white) on the first images.
 
-    The module's task draws its evaluation outputs (``Task.draw_evaluated``: a segmenter's masks as a light
-    colour overlay under the predicted boxes).
+    The module's task draws the ground truth (``Task.draw_ground_truth``: boxes, or rotated outlines) and its
+    evaluation outputs (``Task.draw_evaluated``: a segmenter's masks as a light colour overlay under the predicted
+    boxes).
 
     Rank 0 only. The picture is saved as ``<log_dir>/val_images/epoch_XXX.png`` and sent to the logger when it
     takes images (TensorBoard ``add_image``, W&B ``log_image``).
@@ -67,16 +67,10 @@ class ValidationImages(Callback):
         self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: dict, batch: dict[str, Any]
     ) -> None:
         images = batch["images"][: self.num_images].permute(0, 2, 3, 1).cpu().numpy()
-        height, width = images.shape[1:3]
-        targets = batch["targets"].detach().cpu()
         names = getattr(pl_module.hparams, "class_names", None)
         drawn = []
         for i, image in enumerate(images):
-            gt = targets[targets[:, 0] == i]
-            gt_boxes = box_convert(
-                gt[:, 2:6] * gt.new_tensor([width, height, width, height]), "cxcywh", "xyxy"
-            )
-            image = draw_boxes(image, gt_boxes.numpy(), gt[:, 1].numpy(), color=(255, 255, 255))
+            image = pl_module.task.draw_ground_truth(image, batch, i)
             keep = outputs["detections"][i].detach().float().cpu()[:, 4] >= self.min_score
             drawn.append(pl_module.task.draw_evaluated(image, outputs, i, keep, names))
         grid = image_grid(drawn)
