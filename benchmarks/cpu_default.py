@@ -50,7 +50,10 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "threads2_unset": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": ""}),
     "threads2_spin1k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "1000"}),
     "threads2_spin10k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "10000"}),
-    "threads2_spin100k": (["--machine.cpu_threads", "2"], {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000"}),
+    "threads2_spin100k": (
+        ["--machine.cpu_threads", "2"],
+        {"OMP_WAIT_POLICY": "", "GOMP_SPINCOUNT": "100000"},
+    ),
     "threads2_passive_1worker": (
         ["--machine.cpu_threads", "2", "--data.num_workers", "1"],
         {"OMP_WAIT_POLICY": "PASSIVE"},
@@ -145,7 +148,10 @@ def main() -> None:
                     wall, cpu = run_variant(name, args, yaml, workdir)
                     walls[name].append(wall)
                     cpus[name].append(cpu)
-                    print(f"{condition} {name}: {wall:.1f} s wall, {cpu:.1f} s CPU ({load_average()})", flush=True)
+                    print(
+                        f"{condition} {name}: {wall:.1f} s wall, {cpu:.1f} s CPU ({load_average()})",
+                        flush=True,
+                    )
         reference = median(walls["reference"]) if "reference" in walls else float("nan")
         for name in args.variants:
             wall = median(walls[name])

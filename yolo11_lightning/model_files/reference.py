@@ -250,7 +250,9 @@ def infer_and_map(
     cls_key, stem_key = _reference_key(spec.class_key, spec), "model.0.conv.weight"
     for key, ndim in ((cls_key, 4 if spec.neck else 2), (stem_key, 4)):
         if key not in state or state[key].ndim != ndim:
-            raise CheckpointError(f"{label}: not a YOLO11 {spec.words} checkpoint: no {ndim}-d tensor {key!r}")
+            raise CheckpointError(
+                f"{label}: not a YOLO11 {spec.words} checkpoint: no {ndim}-d tensor {key!r}"
+            )
     nc = int(state[cls_key].shape[0])
     ours = {rename_key(k, spec.head_index): v for k, v in state.items()}
     kpt_shape = kpt_shape or spec.kpt_shape_from_state(ours)

@@ -131,7 +131,9 @@ def load_weights(path: str | os.PathLike) -> YOLO11:
 def _expected_state(
     model_class: type[YOLO11],
 ) -> Callable[[str, int, str, tuple[int, int] | None], Mapping[str, Tensor]]:
-    def expected(scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None) -> Mapping[str, Tensor]:
+    def expected(
+        scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None
+    ) -> Mapping[str, Tensor]:
         with torch.device("meta"):  # shapes only: no memory, no initialisation
             return model_class(scale, num_classes, task=task, kpt_shape=kpt_shape).state_dict()
 
@@ -179,7 +181,9 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     scale, num_classes, task = hparams.get("scale"), hparams.get("num_classes"), hparams.get("task")
     if scale is None or num_classes is None or task is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`/`task`")
-    model = YOLO11(scale, int(num_classes), hparams.get("class_names"), task=task, kpt_shape=hparams.get("kpt_shape"))
+    model = YOLO11(
+        scale, int(num_classes), hparams.get("class_names"), task=task, kpt_shape=hparams.get("kpt_shape")
+    )
     model.load_state_dict(ours, strict=True)
     return model
 

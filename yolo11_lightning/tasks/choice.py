@@ -84,5 +84,7 @@ def check_available(task: str, source: str, hint: str = "") -> None:
     if spec is not None and not spec.not_yet:
         return
     supported = ", ".join(name for name, t in TASKS.items() if not t.not_yet)
-    lacking = f"; its model, model files and loss are in place, not yet {spec.not_yet}" if spec is not None else ""
+    lacking = (
+        f"; its model, model files and loss are in place, not yet {spec.not_yet}" if spec is not None else ""
+    )
     raise TaskError(f"{source}: the {task} task is not supported yet (supported: {supported}){lacking}{hint}")

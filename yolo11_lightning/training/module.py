@@ -199,7 +199,9 @@ class YOLO11Module(L.LightningModule):
         if class_names is not None and len(class_names) != num_classes:
             raise UserInputError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
         if scale not in SCALES:
-            raise UserInputError(f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}")
+            raise UserInputError(
+                f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}"
+            )
         self.task = get_task(task)
         try:
             self.model = YOLO11(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)

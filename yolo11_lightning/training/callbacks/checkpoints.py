@@ -101,10 +101,14 @@ class BestCheckpoint(ModelCheckpoint):
         super().__init__(monitor=monitor or self.DEFAULT_MONITOR, mode=mode, filename=filename, **kwargs)
         self.best_epoch: int | None = None  # the epoch whose score is ``best_model_score`` (closing summary)
 
-    def _update_best_and_save(self, current: Any, trainer: L.Trainer, monitor_candidates: dict[str, Any]) -> None:
+    def _update_best_and_save(
+        self, current: Any, trainer: L.Trainer, monitor_candidates: dict[str, Any]
+    ) -> None:
         # Set before the save, which writes this callback's state into the checkpoint.
         best, previous = self.best_model_score, self.best_epoch
-        if best is None or (float(current) > float(best) if self.mode == "max" else float(current) < float(best)):
+        if best is None or (
+            float(current) > float(best) if self.mode == "max" else float(current) < float(best)
+        ):
             self.best_epoch = int(monitor_candidates.get("epoch", trainer.current_epoch))
         try:
             super()._update_best_and_save(current, trainer, monitor_candidates)

@@ -54,7 +54,10 @@ def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
 
 
 def class_average_precisions(
-    correct: list[np.ndarray], scores: list[np.ndarray], classes: list[np.ndarray], truth_classes: list[np.ndarray]
+    correct: list[np.ndarray],
+    scores: list[np.ndarray],
+    classes: list[np.ndarray],
+    truth_classes: list[np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray]:
     """The reference's ``ap_per_class``: from per-image detections' (n, 10) true-positive flags per IoU threshold,
     their scores and classes, and per-image truth classes -> (classes present in the truths (C,), their AP (C, 10)
