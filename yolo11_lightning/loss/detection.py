@@ -158,7 +158,7 @@ class DetectionLoss(nn.Module):
 
     def _box_cls_dfl_sums(self, prep: Prepared) -> Tensor:
         """The gained (box, cls, dfl) terms (3,), each summed over the batch, not yet normalised."""
-        assign, anchors, stride = prep.assign, prep.anchors, prep.stride
+        assign, anchors = prep.assign, prep.anchors
         bs, na = assign.fg_mask.shape
         target_scores = assign.target_scores
         loss_cls = F.binary_cross_entropy_with_logits(prep.pred_logits, target_scores, reduction="sum")
@@ -168,16 +168,23 @@ class DetectionLoss(nn.Module):
         bound = min(prep.targets.shape[0] * self.assigner.topk, bs * na)
         rows, row_valid = compact_rows(assign.fg_mask.flatten(), bound)
         weight = target_scores.sum(-1).flatten()[rows] * row_valid
-        anchor = anchors[rows % na]
-        target_box = (assign.target_boxes / stride).flatten(0, 1)[rows]  # grid units
-        ciou = complete_iou(prep.pred_boxes.flatten(0, 1)[rows], target_box)
-        loss_box = ((1.0 - ciou) * weight).sum()
+        loss_box, dfl_box = self._box_term(prep, rows, row_valid, weight)
 
-        target_dist = box_to_dist(anchor, target_box, self.reg_max - 1 - 0.01)
+        target_dist = box_to_dist(anchors[rows % na], dfl_box, self.reg_max - 1 - 0.01)
         log_probs = prep.pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
         loss_dfl = (distribution_focal_loss(log_probs, target_dist) * weight).sum()
         # Gains as Python floats: a tensor built from a list would be a host-to-device copy (a stream sync).
         return torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
+
+    def _box_term(
+        self, prep: Prepared, rows: Tensor, row_valid: Tensor, weight: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """The box term summed over the foreground ``rows`` (R,) (``row_valid`` (R,) false on padding rows,
+        ``weight`` (R,) their target scores), and the (R, 4) xyxy boxes in grid units the DFL term reads its
+        target distances from: 1 − CIoU with the assigned box, and that box."""
+        target_box = (prep.assign.target_boxes / prep.stride).flatten(0, 1)[rows]  # grid units
+        ciou = complete_iou(prep.pred_boxes.flatten(0, 1)[rows], target_box)
+        return ((1.0 - ciou) * weight).sum(), target_box
 
     def _check(self, feats: Sequence[Tensor], targets: Tensor) -> None:
         channels = 4 * self.reg_max + self.num_classes

@@ -27,11 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from yolo11_lightning.loss.detection import DetectionLoss, Prepared, compact_rows, distribution_focal_loss
-from yolo11_lightning.ops.anchors import box_to_dist
+from yolo11_lightning.loss.detection import DetectionLoss, Prepared
 from yolo11_lightning.ops.boxes import cxcywh_to_xyxy
 from yolo11_lightning.tasks.obb.assigner import RotatedTaskAlignedAssigner
 from yolo11_lightning.tasks.obb.rotated import dist_to_rotated_box, probiou
@@ -59,7 +57,7 @@ class ObbLoss(DetectionLoss):
         self._check(maps, targets[:, :6])
         with torch.autocast(maps[0].device.type, enabled=False):
             prep = self._assign_rotated(maps, angles, targets)
-            sums = self._rotated_sums(prep, angles)
+            sums = self._box_cls_dfl_sums(prep)
             return self._normalise(sums, prep.assign.target_scores.sum()[None], (0, 0, 0))
 
     def _assign_rotated(self, feats: Sequence[Tensor], angles: Tensor, targets: Tensor) -> Prepared:
@@ -94,30 +92,21 @@ class ObbLoss(DetectionLoss):
         )
         return Prepared(pred_dist, pred_logits, pred_boxes, anchors, stride, targets, assign, (height, width))
 
-    def _rotated_sums(self, prep: Prepared, angles: Tensor) -> Tensor:
-        """The gained (box, cls, dfl) terms (3,), each summed over the batch, not yet normalised."""
-        assign, anchors, stride = prep.assign, prep.anchors, prep.stride
-        bs, na = assign.fg_mask.shape
-        target_scores = assign.target_scores
-        loss_cls = F.binary_cross_entropy_with_logits(prep.pred_logits, target_scores, reduction="sum")
-
-        bound = min(prep.targets.shape[0] * self.assigner.topk, bs * na)
-        rows, row_valid = compact_rows(assign.fg_mask.flatten(), bound)
-        weight = target_scores.sum(-1).flatten()[rows] * row_valid
-        target = assign.target_boxes.flatten(0, 1)[rows]  # (R, 5) xywhr pixels
-        scale = stride[rows % na]
+    def _box_term(
+        self, prep: Prepared, rows: Tensor, row_valid: Tensor, weight: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """1 − probiou with the assigned rotated box, summed over the foreground ``rows``, and the DFL's boxes:
+        the assigned boxes' axis-aligned rectangles of the same centre and size (R, 4) xyxy in grid units."""
+        target = prep.assign.target_boxes.flatten(0, 1)[rows]  # (R, 5) xywhr pixels
+        scale = prep.stride[rows % prep.assign.fg_mask.shape[1]]
         target = torch.cat((target[:, :4] / scale, target[:, 4:]), 1)  # grid units, radians
         predicted = prep.pred_boxes.flatten(0, 1)[rows]
         # Padding rows weigh 0; a zero-size target would make probiou's square root send 0 · inf = NaN back, so
         # they are scored against their own prediction (a clamped, zero-gradient distance).
         iou = probiou(predicted, torch.where(row_valid[:, None], target, predicted.detach()))
-        # Angles stay in the graph when no anchor is foreground (DDP), with exactly zero gradient.
-        loss_box = ((1.0 - iou) * weight).sum() + angles.flatten()[:0].sum()
-
-        target_dist = box_to_dist(anchors[rows % na], cxcywh_to_xyxy(target[:, :4]), self.reg_max - 1 - 0.01)
-        log_probs = prep.pred_dist.flatten(0, 1)[rows].unflatten(-1, (4, self.reg_max)).log_softmax(-1)
-        loss_dfl = (distribution_focal_loss(log_probs, target_dist) * weight).sum()
-        return torch.stack([term * gain for term, gain in zip((loss_box, loss_cls, loss_dfl), self.gains)])
+        # The angles (in pred_boxes) stay in the graph when no anchor is foreground (DDP), with zero gradient.
+        loss_box = ((1.0 - iou) * weight).sum() + prep.pred_boxes.flatten()[:0].sum()
+        return loss_box, cxcywh_to_xyxy(target[:, :4])
 
     def _check_preds(self, preds: Sequence) -> tuple[Sequence[Tensor], Tensor]:
         if not isinstance(preds, (tuple, list)) or len(preds) != 2 or not isinstance(preds[1], Tensor):
