@@ -121,13 +121,15 @@ def assert_resumes_to_the_uninterrupted_run(
     assert_same_training_state(load(final_checkpoint(uninterrupted)), load(final_checkpoint(root)))
 
 
-def test_last_checkpoint_is_current_while_the_metric_stays_flat(tiny_dataset: Path, tmp_path: Path) -> None:
+def test_last_checkpoint_is_current_while_the_metric_stays_flat(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """val mAP stuck at 0 for 3 epochs: best.ckpt stays at epoch 0, last.ckpt holds epoch 2 (Lightning 2.6's
-    save_last alone would leave it at epoch 0)."""
+    save_last alone would leave it at epoch 0). No signal here: in this process."""
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # tiny_fit.yaml names the test callbacks
     args = fit_args(tiny_dataset, tmp_path, "rec", *NO_STEP_SAVES, "--trainer.max_epochs", "3",
                     "--trainer.callbacks+=fault_callbacks.FlatMetric")  # fmt: skip
-    proc = run_cli(args, cwd=tmp_path)
-    assert proc.returncode == 0, tail(proc)
+    assert main(args) == 0
     folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     best, last = load(folder / "best.ckpt"), load(folder / "last.ckpt")
     assert (best["epoch"], best["global_step"]) == (0, 2)
@@ -265,10 +267,11 @@ def test_ckpt_path_last_knows_its_run(
     """Another experiment in the same root is refused with the differing keys; a finished run says so and exits
     0; a changed global batch is refused before anything starts; allowed changes resume and keep the best.
 
-    The three runs that end before training run in this process (the CLI's ``main``); the resume is a real one."""
+    Every run is in this process (the CLI's ``main``): none is signalled."""
     monkeypatch.syspath_prepend(str(SCRIPTS))  # tiny_fit.yaml names the test callbacks
     last = _copy_run(uninterrupted, tmp_path)
-    caplog.set_level(logging.INFO)  # the note goes to Lightning's logger, whose handler an earlier test may own
+    # the note goes to Lightning's logger, whose handler an earlier test may own
+    caplog.set_level(logging.INFO)
     assert main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last")) == 0
     said = caplog.text + "".join(capfd.readouterr())
     assert "this run already finished (2 epochs, global step 4" in said, said[-3000:]
@@ -285,9 +288,9 @@ def test_ckpt_path_last_knows_its_run(
     assert batch != 0 and "was trained with data.batch_size=4" in err, err[-3000:]
 
     best_before = load(last)["callbacks"]
-    longer = run_cli(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last", "--trainer.max_epochs", "3",
-                              "--data.num_workers", "1", "--last_checkpoint.every_n_minutes", "5"), cwd=tmp_path)  # fmt: skip
-    assert longer.returncode == 0, tail(longer)
+    longer = main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last", "--trainer.max_epochs", "3",
+                           "--data.num_workers", "1", "--last_checkpoint.every_n_minutes", "5"))  # fmt: skip
+    assert longer == 0, capfd.readouterr()
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"], (
         "a restart opened a new folder"
     )
