@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from cli_runs import SCRIPTS, check_resume_two_ranks_to_one, fit_args, load, run_cli, tail
+from cli_runs import SCRIPTS, check_resume_two_ranks_to_one, fit_args, fit_here, load
 from data_files import pattern, write_image
 
 from yolo11_lightning.data.augment.transforms import letterbox
@@ -47,8 +47,7 @@ def pose_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pose_uninterrupted(pose_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pose_uninterrupted")
-    proc = run_cli(fit_args(pose_dataset, root, "rec", "--ckpt_path", "last", *POSE), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    fit_here(fit_args(pose_dataset, root, "rec", "--ckpt_path", "last", *POSE))
     return root
 
 
