@@ -1,7 +1,8 @@
 """No training work is lost: an always-current last.ckpt, real stop signals, kills and resumes that know their run.
 
 Every run is the real CLI on ``tests/scripts/tiny_fit.yaml`` (4 batches per epoch, 2 per optimiser step, 2
-epochs) in a subprocess; signals are sent from this process to the training processes while they train, at
+epochs); each run that is signalled is a subprocess (those nothing is sent to run in this process,
+``cli_runs.fit_here``): signals are sent from this process to the training processes while they train, at
 batches drawn at random (the seed is printed), and every run ends within a timeout. Resumed runs must end in
 the uninterrupted run's state (``tests/conftest.py``) having trained exactly its global sample order.
 """
@@ -32,6 +33,7 @@ from cli_runs import (
     expected_order,
     final_checkpoint,
     fit_args,
+    fit_here,
     flatten,
     global_batches,
     load,
@@ -113,8 +115,8 @@ def assert_resumes_to_the_uninterrupted_run(
 ) -> None:
     """``--ckpt_path last`` in ``root`` finishes the run: same state as the uninterrupted one, each sample once."""
     before = global_batches(records(root / "rec"))
-    proc = run_cli(fit_args(dataset, root, "rec-resumed", "--ckpt_path", "last", *extra), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    # not signalled: in this process
+    fit_here(fit_args(dataset, root, "rec-resumed", "--ckpt_path", "last", *extra))
     after = global_batches(records(root / "rec-resumed"))
     assert set(before).isdisjoint(after), f"trained twice: {sorted(set(before) & set(after))}"
     assert flatten({**before, **after}) == expected_order()
@@ -236,8 +238,8 @@ def test_chaos_sigterm_sigkill_sigterm_alternating_world_sizes(
         assert set(kept).isdisjoint(seen)
         seen.update(kept)
         start = saved
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec-final", "--ckpt_path", "last"), cwd=tmp_path)
-    assert proc.returncode == 0, tail(proc)
+    # not signalled: in this process
+    fit_here(fit_args(tiny_dataset, tmp_path, "rec-final", "--ckpt_path", "last"))
     final = global_batches(records(tmp_path / "rec-final"))
     assert set(final).isdisjoint(seen) and flatten({**seen, **final}) == expected_order()
     for epoch in range(2):  # the set of samples per epoch, as the uninterrupted run saw them
