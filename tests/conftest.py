@@ -28,11 +28,12 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def uninterrupted(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``tests/scripts/tiny_fit.yaml`` on 1 rank, start to end (4 optimiser steps over 2 epochs), through the CLI
-    with ``--ckpt_path last`` and nothing to resume; keeps its step-3 checkpoint (``at-step=3.ckpt``) too.
+    (in this process, on 1 thread: ``cli_runs.fit_here``) with ``--ckpt_path last`` and nothing to resume; keeps
+    its step-3 checkpoint (``at-step=3.ckpt``) too.
 
     The reference every resume, preemption and fault test compares its final state with.
     """
-    from cli_runs import fit_args, run_cli, tail
+    from cli_runs import fit_args, fit_here
 
     root = tmp_path_factory.mktemp("uninterrupted")
     keep_step = [
@@ -40,7 +41,6 @@ def uninterrupted(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) 
         "--trainer.callbacks.every_n_train_steps", "3", "--trainer.callbacks.save_top_k", "-1",
         "--trainer.callbacks.filename", "at-{step}",
     ]  # fmt: skip
-    proc = run_cli(fit_args(tiny_dataset, root, "rec", "--ckpt_path", "last", *keep_step), cwd=root)
-    assert proc.returncode == 0, tail(proc)
-    assert "--ckpt_path last: no checkpoint yet, starting fresh" in proc.stdout + proc.stderr
+    said = fit_here(fit_args(tiny_dataset, root, "rec", "--ckpt_path", "last", *keep_step))
+    assert "--ckpt_path last: no checkpoint yet, starting fresh" in said
     return root

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from cli_runs import check_resume_two_ranks_to_one, fit_args, load, run_cli, tail
+from cli_runs import check_resume_two_ranks_to_one, fit_args, fit_here, load
 from torch import nn
 
 from yolo11_lightning.nn.yolo11 import YOLO11
@@ -135,8 +135,7 @@ def cls_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cls_uninterrupted(cls_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cls_uninterrupted")
-    proc = run_cli(fit_args(cls_dataset, root, "rec", "--ckpt_path", "last", *CLASSIFY), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    fit_here(fit_args(cls_dataset, root, "rec", "--ckpt_path", "last", *CLASSIFY))
     return root
 
 

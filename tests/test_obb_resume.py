@@ -21,10 +21,9 @@ from cli_runs import (
     check_resume_two_ranks_to_one,
     final_checkpoint,
     fit_args,
+    fit_here,
     load,
     max_relative_difference,
-    run_cli,
-    tail,
 )
 
 OBB = ["--model.task", "obb"]
@@ -41,8 +40,7 @@ def obb_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def obb_uninterrupted(obb_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("obb_uninterrupted")
-    proc = run_cli(fit_args(obb_dataset, root, "rec", "--ckpt_path", "last", *OBB), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    fit_here(fit_args(obb_dataset, root, "rec", "--ckpt_path", "last", *OBB))
     return root
 
 

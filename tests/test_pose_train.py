@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from cli_runs import check_resume_two_ranks_to_one, fit_args, load, run_cli, tail
+from cli_runs import SCRIPTS, check_resume_two_ranks_to_one, fit_args, fit_here, load
 from data_files import pattern, write_image
 
 from yolo11_lightning.data.augment.transforms import letterbox
@@ -47,8 +47,7 @@ def pose_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def pose_uninterrupted(pose_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("pose_uninterrupted")
-    proc = run_cli(fit_args(pose_dataset, root, "rec", "--ckpt_path", "last", *POSE), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    fit_here(fit_args(pose_dataset, root, "rec", "--ckpt_path", "last", *POSE))
     return root
 
 
@@ -76,24 +75,30 @@ def test_pose_best_checkpoint_follows_box_plus_pose_fitness(pose_uninterrupted: 
 
 
 def test_predict_writes_coco_keypoints_and_a_model_of_another_kpt_shape_is_refused(
-    pose_dataset: Path, pose_uninterrupted: Path, tmp_path: Path
-) -> None:
+    pose_dataset: Path, pose_uninterrupted: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """In this process (the CLI's ``main``): what a subprocess would add, the interpreter's start, is the
+    resume test's and test_cli's."""
+    from yolo11_lightning.cli import main
+
     (last,) = [p for p in pose_uninterrupted.rglob("last.ckpt") if "version_0" in str(p)]
     out = tmp_path / "pred"
     args = ["predict", "--ckpt_path", str(last), "--source", str(pose_dataset.parent / "images" / "val")]
-    proc = run_cli(
-        [*args, "--out", str(out), "--image-size", "64", "--conf", "0.0001", "--max-det", "2"], tmp_path
-    )
-    assert proc.returncode == 0, tail(proc)
+    code = main([*args, "--out", str(out), "--image-size", "64", "--conf", "0.0001", "--max-det", "2"])
+    assert code == 0, capfd.readouterr()
     rows = json.loads((out / "predictions.json").read_text())
     assert rows and all(len(r["keypoints"]) == 15 for r in rows)
     for r in rows:  # x, y in original pixels (64 x 64), the visibility score in (0, 1)
         values = np.array(r["keypoints"]).reshape(5, 3)
         assert (values[:, :2] >= 0).all() and (values[:, :2] <= 64).all() and (values[:, 2] <= 1).all()
     assert len(list(out.glob("*.png"))) == 7
-    fit = fit_args(pose_dataset, tmp_path, "rec", *POSE, "--model.kpt_shape", "[17, 3]")
-    line = run_cli(fit, tmp_path, timeout=120).stderr.strip().splitlines()[-1]
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # tiny_fit.yaml names the test callbacks
+    capfd.readouterr()
+    assert main(fit_args(pose_dataset, tmp_path, "rec", *POSE, "--model.kpt_shape", "[17, 3]")) == 2
+    line = capfd.readouterr().err.strip().splitlines()[-1]
     assert line.startswith("error: model.kpt_shape=[17, 3] but the dataset") and "kpt_shape [5, 3]" in line
+    assert not list(tmp_path.rglob("*.ckpt"))
 
 
 # ------------------------------------------------------------------------------------------ ONNX

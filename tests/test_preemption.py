@@ -1,7 +1,8 @@
 """No training work is lost: an always-current last.ckpt, real stop signals, kills and resumes that know their run.
 
 Every run is the real CLI on ``tests/scripts/tiny_fit.yaml`` (4 batches per epoch, 2 per optimiser step, 2
-epochs) in a subprocess; signals are sent from this process to the training processes while they train, at
+epochs); each run that is signalled is a subprocess (those nothing is sent to run in this process,
+``cli_runs.fit_here``): signals are sent from this process to the training processes while they train, at
 batches drawn at random (the seed is printed), and every run ends within a timeout. Resumed runs must end in
 the uninterrupted run's state (``tests/conftest.py``) having trained exactly its global sample order.
 """
@@ -32,6 +33,7 @@ from cli_runs import (
     expected_order,
     final_checkpoint,
     fit_args,
+    fit_here,
     flatten,
     global_batches,
     load,
@@ -113,8 +115,8 @@ def assert_resumes_to_the_uninterrupted_run(
 ) -> None:
     """``--ckpt_path last`` in ``root`` finishes the run: same state as the uninterrupted one, each sample once."""
     before = global_batches(records(root / "rec"))
-    proc = run_cli(fit_args(dataset, root, "rec-resumed", "--ckpt_path", "last", *extra), cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    # not signalled: in this process
+    fit_here(fit_args(dataset, root, "rec-resumed", "--ckpt_path", "last", *extra))
     after = global_batches(records(root / "rec-resumed"))
     assert set(before).isdisjoint(after), f"trained twice: {sorted(set(before) & set(after))}"
     assert flatten({**before, **after}) == expected_order()
@@ -123,11 +125,9 @@ def assert_resumes_to_the_uninterrupted_run(
 
 def test_last_checkpoint_is_current_while_the_metric_stays_flat(tiny_dataset: Path, tmp_path: Path) -> None:
     """val mAP stuck at 0 for 3 epochs: best.ckpt stays at epoch 0, last.ckpt holds epoch 2 (Lightning 2.6's
-    save_last alone would leave it at epoch 0)."""
-    args = fit_args(tiny_dataset, tmp_path, "rec", *NO_STEP_SAVES, "--trainer.max_epochs", "3",
-                    "--trainer.callbacks+=fault_callbacks.FlatMetric")  # fmt: skip
-    proc = run_cli(args, cwd=tmp_path)
-    assert proc.returncode == 0, tail(proc)
+    save_last alone would leave it at epoch 0). No signal here: in this process."""
+    fit_here(fit_args(tiny_dataset, tmp_path, "rec", *NO_STEP_SAVES, "--trainer.max_epochs", "3",
+                      "--trainer.callbacks+=fault_callbacks.FlatMetric"))  # fmt: skip
     folder = tmp_path / "lightning_logs" / "version_0" / "checkpoints"
     best, last = load(folder / "best.ckpt"), load(folder / "last.ckpt")
     assert (best["epoch"], best["global_step"]) == (0, 2)
@@ -234,8 +234,8 @@ def test_chaos_sigterm_sigkill_sigterm_alternating_world_sizes(
         assert set(kept).isdisjoint(seen)
         seen.update(kept)
         start = saved
-    proc = run_cli(fit_args(tiny_dataset, tmp_path, "rec-final", "--ckpt_path", "last"), cwd=tmp_path)
-    assert proc.returncode == 0, tail(proc)
+    # not signalled: in this process
+    fit_here(fit_args(tiny_dataset, tmp_path, "rec-final", "--ckpt_path", "last"))
     final = global_batches(records(tmp_path / "rec-final"))
     assert set(final).isdisjoint(seen) and flatten({**seen, **final}) == expected_order()
     for epoch in range(2):  # the set of samples per epoch, as the uninterrupted run saw them
@@ -265,10 +265,11 @@ def test_ckpt_path_last_knows_its_run(
     """Another experiment in the same root is refused with the differing keys; a finished run says so and exits
     0; a changed global batch is refused before anything starts; allowed changes resume and keep the best.
 
-    The three runs that end before training run in this process (the CLI's ``main``); the resume is a real one."""
+    Every run is in this process (the CLI's ``main``): none is signalled."""
     monkeypatch.syspath_prepend(str(SCRIPTS))  # tiny_fit.yaml names the test callbacks
     last = _copy_run(uninterrupted, tmp_path)
-    caplog.set_level(logging.INFO)  # the note goes to Lightning's logger, whose handler an earlier test may own
+    # the note goes to Lightning's logger, whose handler an earlier test may own
+    caplog.set_level(logging.INFO)
     assert main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last")) == 0
     said = caplog.text + "".join(capfd.readouterr())
     assert "this run already finished (2 epochs, global step 4" in said, said[-3000:]
@@ -285,9 +286,9 @@ def test_ckpt_path_last_knows_its_run(
     assert batch != 0 and "was trained with data.batch_size=4" in err, err[-3000:]
 
     best_before = load(last)["callbacks"]
-    longer = run_cli(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last", "--trainer.max_epochs", "3",
-                              "--data.num_workers", "1", "--last_checkpoint.every_n_minutes", "5"), cwd=tmp_path)  # fmt: skip
-    assert longer.returncode == 0, tail(longer)
+    longer = main(fit_args(tiny_dataset, tmp_path, "rec", "--ckpt_path", "last", "--trainer.max_epochs", "3",
+                           "--data.num_workers", "1", "--last_checkpoint.every_n_minutes", "5"))  # fmt: skip
+    assert longer == 0, capfd.readouterr()
     assert [p.name for p in (tmp_path / "lightning_logs").iterdir()] == ["version_0"], (
         "a restart opened a new folder"
     )

@@ -2,7 +2,8 @@
 the data follows; or the dataset's files say it and the model follows. Contradictions, and a command on a split
 the dataset lacks, are one line on stderr (``errors.UserInputError``), the same error in Python.
 
-Cheap: 64 px synthetic polygons, a couple of steps, in-process CLI runs where no exit code or stderr is checked.
+Cheap: 64 px synthetic polygons, a couple of steps, every CLI run in this process (the CLI's ``main``; the one-line
+error of a real subprocess, exit code and no traceback, is tests/test_user_errors.py's).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ import lightning as L
 import pytest
 import torch
 import yaml
-from cli_runs import REPO, run_cli, tail
+from cli_runs import REPO
 
+from yolo11_lightning.cli import main
 from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.sources.config import MissingSplitError
 from yolo11_lightning.errors import UserInputError
@@ -55,18 +57,20 @@ def seg_checkpoint(polygons: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     root = tmp_path_factory.mktemp("seg_fit")
     args = ["fit", "--model.task", "segment", "--data.dataset", str(polygons), *SMALL, *FIT,
             "--trainer.default_root_dir", str(root)]  # fmt: skip
-    proc = run_cli(args, cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    assert main(args) == 0
     (last,) = root.rglob("last.ckpt")
     return last
 
 
-def one_line_error(proc) -> str:
-    """The error line of a refused command: exit != 0, no traceback, ``error: ...`` last on stderr."""
-    assert proc.returncode != 0, tail(proc)
-    assert "Traceback" not in proc.stderr, tail(proc)
-    last = [line for line in proc.stderr.splitlines() if line.strip()][-1]
-    assert last.startswith("error: "), tail(proc)
+def one_line_error(args: list[str], capfd: pytest.CaptureFixture[str]) -> str:
+    """The error line of the refused command ``args``: exit code 2, ``error: ...`` last on stderr (an exception
+    would reach the test instead)."""
+    capfd.readouterr()
+    code = main(args)
+    err = capfd.readouterr().err
+    assert code == 2, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert last.startswith("error: "), err[-3000:]
     return last.removeprefix("error: ")
 
 
@@ -158,11 +162,11 @@ def test_reference_files_name_their_task(tmp_path: Path) -> None:
     ids=["model-task-vs-pose-dataset", "model-task-vs-data-task"],
 )  # fmt: skip
 def test_contradictions_are_one_line(
-    polygons: Path, tmp_path: Path, options: list[str], expected: str
+    polygons: Path, tmp_path: Path, options: list[str], expected: str, capfd: pytest.CaptureFixture[str]
 ) -> None:
     where = {"pose": str(polygons.parent / "pose.yaml"), "polygons": str(polygons)}
     args = ["fit", *(o.format(**where) for o in options), *SMALL, "--trainer.default_root_dir", str(tmp_path)]
-    line = one_line_error(run_cli(args, cwd=tmp_path, timeout=120))
+    line = one_line_error(args, capfd)
     assert line.startswith(expected.format(**where)), line
     assert not list(tmp_path.rglob("*.ckpt"))
 
@@ -231,9 +235,9 @@ def test_datamodule_without_task_follows_the_model(polygons: Path, tmp_path: Pat
 
 
 # -- a command on a split the dataset does not have -----------------------------------------------------------
-def test_test_without_a_test_split(polygons: Path, tmp_path: Path) -> None:
+def test_test_without_a_test_split(polygons: Path, tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     args = ["test", "--data.dataset", str(polygons), *SMALL, "--trainer.default_root_dir", str(tmp_path)]
-    line = one_line_error(run_cli(args, cwd=tmp_path, timeout=120))
+    line = one_line_error(args, capfd)
     assert line == (
         f"{polygons} has no `test` split (defined: train, val); use `validate` to evaluate on val, or add "
         "`test:` to the yaml"
