@@ -186,9 +186,7 @@ def test_truncated_file_gets_clear_error(tmp_path):
 def test_other_architectures_get_clear_errors(tmp_path):
     torchvision = pytest.importorskip("torchvision")
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
-    with pytest.raises(
-        CheckpointError, match=r"resnet18\.pt: not a reference YOLO state dict.*conv1"
-    ):
+    with pytest.raises(CheckpointError, match=r"resnet18\.pt: not a reference YOLO state dict.*conv1"):
         from_reference(tmp_path / "resnet18.pt")
     # Right key names and shapes but one: the error names that key as the file spells it.
     with torch.device("meta"):

@@ -48,7 +48,9 @@ def test_print_config_round_trip(tmp_path: Path) -> None:
 
 
 def test_fit_one_device_writes_checkpoints_and_one_logger_run(tiny_dataset: Path, tmp_path: Path) -> None:
-    proc = _cli(*_tiny_fit_args(tiny_dataset, tmp_path / "run"), "--pictures.train_batches", "1", cwd=tmp_path)
+    proc = _cli(
+        *_tiny_fit_args(tiny_dataset, tmp_path / "run"), "--pictures.train_batches", "1", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stderr[-5000:]
     versions = list((tmp_path / "run" / "lightning_logs").iterdir())
     assert [v.name for v in versions] == ["version_0"]
@@ -92,7 +94,9 @@ def test_fit_two_ranks_ddp_rank_zero_writes_once(tiny_dataset: Path, tmp_path: P
     # Rank 0 alone draws and prints: one summary, one set of pictures, and they reached W&B.
     printed = proc.stdout + proc.stderr
     assert printed.count("fit finished in") == 1 and "could not" not in printed, printed[-3000:]
-    assert len(list(root.rglob("confusion_matrix.png"))) == 1 and len(list(root.rglob("summary_fit.csv"))) == 1
+    assert (
+        len(list(root.rglob("confusion_matrix.png"))) == 1 and len(list(root.rglob("summary_fit.csv"))) == 1
+    )
     assert list(wandb_runs[0].rglob("*confusion_matrix*.png")), "the pictures did not reach W&B"
 
 

@@ -48,7 +48,9 @@ def test_tensorboard_beside_metrics_csv(tiny_dataset: Path, tmp_path: Path) -> N
     pictures = {"results", "labels_per_class", "labels_boxes", "train_batch0", "train_batch1",
                 *(f"val/{n}" for n in ("confusion_matrix", "confusion_matrix_normalized", "box_PR_curve",
                                        "box_F1_curve", "box_P_curve", "box_R_curve"))}  # fmt: skip
-    assert sorted(events.Tags()["images"]) == sorted(["val/predictions", *(f"pictures/{p}" for p in pictures)])
+    assert sorted(events.Tags()["images"]) == sorted(
+        ["val/predictions", *(f"pictures/{p}" for p in pictures)]
+    )
     height, width = events.Images("val/predictions")[0].height, events.Images("val/predictions")[0].width
     assert height >= 64 and width >= 64
     start = events.PluginTagToContent("hparams")["_hparams_/session_start_info"]

@@ -85,9 +85,7 @@ def test_scripts_pass_the_launch_shape_last_and_ckpt_path_first() -> None:
     assert "#SBATCH --ntasks-per-node=8" in slurm and "#SBATCH --gpus-per-node=8" in slurm
 
 
-def test_multinode_commands_parse(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
+def test_multinode_commands_parse(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     monkeypatch.chdir(REPO)
     commands = console_commands()
     assert any("torchrun_node.sh" in c for c in commands) and any("sbatch" in c for c in commands)
@@ -122,7 +120,9 @@ def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
     for quoted in ("Not answering: rank 1 (node1, pid", "(rank 0's host) did not answer", "Fell behind: rank 5",
                    "torchrun is blocked: its exited workers stayed unreaped", "network interface docker0"):  # fmt: skip
         assert quoted in text, quoted
-    (option,) = re.findall(r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.callbacks\.hang_watchdog[^`]*)`", text)
+    (option,) = re.findall(
+        r"`(--trainer\.callbacks\+=yolo11_lightning\.training\.callbacks\.hang_watchdog[^`]*)`", text
+    )
     monkeypatch.chdir(REPO)
     with pytest.raises(SystemExit):
         run_lightning_cli(
