@@ -83,7 +83,7 @@ class Inspect(Callback):
         plain = DetectionDataset(
             [cached.records[i] for i in range(len(cached))], cached.image_size, augment=cached.augment,
             aug=cached.aug, seed=cached.seed, mosaic_until_epoch=cached.mosaic_until_epoch,
-            global_batch_size=cached.global_batch_size,
+            global_batch_size=cached.global_batch_size, partner_batches=cached.partner_batches,
         )  # fmt: skip
         plain.batch_shapes = cached.batch_shapes  # rectangular validation: the same letterbox shapes
         items = [(epoch, i) if cached.augment else i for i in batch["indices"].tolist()]
