@@ -72,14 +72,15 @@ def _validate(module: YOLO11Module, data: YOLODataModule, precision: str) -> flo
 
 
 def test_bf16_validation_gives_the_fp32_map(trained: tuple[YOLO11Module, YOLODataModule]) -> None:
-    """End to end, bf16 validation gives the fp32 mAP within 0.005: the backbone's bf16 rounding alone moved it
-    by +0.003 on this checkpoint (0.5029 vs 0.4998). The float32 outputs and decode that
-    keep it there are asserted exactly by the test above (a bf16 decode cost 0.003 on an earlier checkpoint)."""
+    """End to end, bf16 validation gives the fp32 mAP within 0.01: the backbone's bf16 rounding alone moved it by
+    +0.0031 and +0.0047 on two machines' checkpoints (0.5029 / 0.4998, 0.5669 / 0.5622). The float32 outputs and
+    decode that keep it there are asserted exactly by the test above (a bf16 decode cost 0.003 on an earlier
+    checkpoint: too little for this end-to-end check to tell apart)."""
     module, data = trained
     fp32 = _validate(module, data, "32-true")
     bf16 = _validate(module, data, "bf16-mixed")
     assert fp32 > 0.3, fp32  # a trained model: the comparison means something
-    assert bf16 == pytest.approx(fp32, abs=0.005), (bf16, fp32)
+    assert bf16 == pytest.approx(fp32, abs=0.01), (bf16, fp32)
 
 
 # ------------------------------------------------------------------------------------------ fp16
