@@ -71,9 +71,8 @@ class Task:
     model_suffix: ClassVar[str]  # the reference's file names: yolo11n<suffix>.pt
     reference_class: ClassVar[str]  # the reference's model class of the task
     reference_key: ClassVar[str | None] = None  # a state-dict key only this task's reference files have
-    neck: ClassVar[bool] = (
-        True  # backbone and neck (head at reference layer 23); False: backbone only (layer 10)
-    )
+    # backbone and neck (head at reference layer 23); False: backbone only (layer 10)
+    neck: ClassVar[bool] = True
     # (eps, momentum) of every BatchNorm: the reference's detection models set (1e-3, 0.03); its classifier keeps
     # PyTorch's defaults (its ClassificationModel never calls the reference's initialize_weights)
     batch_norm: ClassVar[tuple[float, float]] = (BN_EPS, BN_MOMENTUM)
