@@ -141,3 +141,20 @@ def test_rotated_nms_equals_the_oracle(multi_label: bool) -> None:
     for a, b in zip(ours, oracle):
         assert 20 < len(a) <= 60
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
+def test_validation_score_threshold_follows_the_task_as_the_oracles_validator_does() -> None:
+    """Unset, ``conf_threshold`` is the oracle validator's for the task: 0.01 for OBB, 0.001 otherwise; a value
+    given is kept (and stored as given)."""
+    from ultralytics.cfg import get_cfg
+    from ultralytics.models.yolo.detect import DetectionValidator
+    from ultralytics.models.yolo.obb import OBBValidator
+
+    from yolo11_lightning import YOLO11Module
+
+    for task, validator_class in (("obb", OBBValidator), ("detect", DetectionValidator)):
+        validator = validator_class(args=get_cfg(overrides={"task": task}))
+        module = YOLO11Module(scale="n", num_classes=NUM_CLASSES, task=task, log_images=0)
+        assert module.hparams.conf_threshold == validator.args.conf, task
+    given = YOLO11Module(scale="n", num_classes=NUM_CLASSES, task="obb", log_images=0, conf_threshold=0.2)
+    assert given.hparams.conf_threshold == 0.2

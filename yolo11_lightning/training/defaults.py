@@ -86,7 +86,8 @@ ROWS: tuple[DefaultRow, ...] = (
     DefaultRow("fliplr", "data.fliplr", ""),
     DefaultRow("mosaic", "data.mosaic", ""),
     DefaultRow("mixup", "data.mixup", ""),
-    DefaultRow("val_conf", "model.conf_threshold", ""),
+    DefaultRow("val_conf", "model.conf_threshold", "unset (null): the task's, 0.001, or 0.01 for OBB, the rule of "
+               "the reference's validator, which keys on the task the same way"),
     DefaultRow("iou", "model.iou_threshold", ""),
     DefaultRow("max_det", "model.max_detections", ""),
     DefaultRow("ema_decay", "model.ema_decay", ""),

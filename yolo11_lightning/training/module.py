@@ -119,7 +119,9 @@ class YOLO11Module(L.LightningModule):
         nominal_batch: images per optimiser step the recipe is tuned for (accumulation and decay follow it).
         box, cls, dfl: loss gains.
         ema, ema_decay, ema_tau: exponential moving average of the weights (used for validation and saving).
-        conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction.
+        conf_threshold, iou_threshold, max_detections: post-processing for validation and prediction;
+            ``conf_threshold=None`` takes the task's (``Task.validation_conf``: 0.001, OBB 0.01, as the reference's
+            validator picks) and is stored resolved in the hyper-parameters.
         reference_style_map: also log ``val/mAP50-95_reference_style`` (and ``test/``), the mAP by the
             reference validator's rules, beside the COCO one (``training.metrics.reference_ap``).
         grad_clip_norm: gradient norm clip (0 disables).
@@ -165,7 +167,7 @@ class YOLO11Module(L.LightningModule):
         ema: bool = True,
         ema_decay: float = 0.9999,
         ema_tau: float = 2000.0,
-        conf_threshold: float = 0.001,
+        conf_threshold: float | None = None,
         iou_threshold: float = 0.7,
         max_detections: int = 300,
         grad_clip_norm: float = 10.0,
@@ -203,6 +205,10 @@ class YOLO11Module(L.LightningModule):
                 f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}"
             )
         self.task = get_task(task)
+        if conf_threshold is None:
+            self.hparams["conf_threshold"] = self.task.validation_conf
+            if initial is not None:
+                initial["conf_threshold"] = self.task.validation_conf
         try:
             self.model = YOLO11(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
         except ValueError as e:  # a kpt_shape for a task without keypoints, or not [K, D]

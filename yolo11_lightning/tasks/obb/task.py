@@ -55,6 +55,7 @@ class ObbTask(DetectTask):
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
+    validation_conf: ClassVar[float] = 0.01  # the reference's validator keeps fewer rotated candidates
 
     def extra_channels(self, model: Any) -> int:
         """One channel after the class scores: the angle (radians)."""
