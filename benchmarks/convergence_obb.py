@@ -12,11 +12,15 @@ Results are saved as JSON under ``--workdir/results``; a job whose JSON exists i
     nice -n 10 python benchmarks/convergence_obb.py --epochs 30 --train 256 --val 32 --image-size 128 --seeds 0 1 2
 
 ``--mosaic-partners dataset --sides ours`` reruns our side with mosaic partners drawn from the whole set (the
-oracle's rule) instead of our default pool, into its own results folder.
+oracle's rule) instead of our default pool, into its own results folder. ``--init oracle --sides ours`` starts
+our side from the oracle's initial weights for the same seed (its trainer is built and stopped before its first
+batch), so that a seed's two runs differ only in data pipeline and loop: the outcome here depends on the initial
+weights as much as on anything else, and this pairs the seeds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -43,12 +47,41 @@ def _score(module: Any, yaml: str, image_size: int, workdir: Path) -> float:
     return float(trainer.validate(module, data, verbose=False)[0]["val/mAP50-95"])
 
 
+def _oracle_initial_weights(args: Any) -> dict[str, torch.Tensor]:
+    """The oracle trainer's initial weights for ``args.seed`` (under our keys), taken at its train start."""
+    import ultralytics.engine.trainer as oracle_engine
+    from ultralytics.models.yolo.obb import OBBTrainer
+
+    from yolo11_lightning.model_files.reference import rename_key
+
+    class Started(Exception):
+        pass
+
+    def take(tr: Any) -> None:
+        weights.update({rename_key(k): v.clone() for k, v in tr.model.state_dict().items()})
+        raise Started
+
+    weights: dict[str, torch.Tensor] = {}
+    oracle_engine.check_amp = lambda *a, **k: True
+    trainer = OBBTrainer(overrides={
+        "model": "yolo11n-obb.yaml", "data": args.yaml, "epochs": int(args.epochs), "imgsz": int(args.image_size),
+        "batch": BATCH, "workers": 0, "seed": int(args.seed), "project": str(Path(args.workdir) / "runs"),
+        "name": f"oracle_init_s{args.seed}", "exist_ok": True, "plots": False, "verbose": False, "device": "cpu",
+    })  # fmt: skip
+    trainer.add_callback("on_train_start", take)
+    with contextlib.suppress(Started):
+        trainer.train()
+    return weights
+
+
 def worker_ours(args: Any) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
     from yolo11_lightning.training.lightning_cli import default_callbacks
 
+    # Before our seeding: the oracle's trainer seeds the global generators too.
+    initial = _oracle_initial_weights(args) if args.init == "oracle" else None
     torch.set_num_threads(int(args.threads))
     L.seed_everything(int(args.seed))
     partners = {"mosaic_partners": args.mosaic_partners} if args.mosaic_partners else {}
@@ -56,6 +89,8 @@ def worker_ours(args: Any) -> dict:
                           num_workers=int(args.workers), task="obb", **partners)  # fmt: skip
     module = YOLO11Module(scale="n", num_classes=3, class_names=["rectangle", "ellipse", "triangle"], log_images=0,
                           task="obb")  # fmt: skip
+    if initial is not None:
+        module.model.load_state_dict(initial)
     workdir = Path(args.workdir) / "runs" / f"ours_s{args.seed}"
     trainer = L.Trainer(accelerator="auto", devices=1, max_epochs=int(args.epochs), enable_progress_bar=False,
                         callbacks=default_callbacks(), default_root_dir=str(workdir), num_sanity_val_steps=0,
@@ -107,6 +142,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=0)
     ap.add_argument("--workdir", default=str(C.default_workdir() / "convergence_obb"))
     ap.add_argument("--mosaic-partners", default="", help="ours only: --data.mosaic_partners (default: ours)")
+    ap.add_argument("--init", default="ours", choices=("ours", "oracle"), help="ours only: initial weights")
     ap.add_argument("--sides", nargs="+", default=["ours", "oracle"], choices=("ours", "oracle"))
     args = ap.parse_args()
     if C.run_as_worker(args, {"ours": worker_ours, "oracle": worker_oracle}):
@@ -116,6 +152,7 @@ def main() -> None:
     root = C.default_workdir() / f"obb_{args.train}_{args.val}_{args.image_size}"
     yaml = make_synthetic_dataset(root, args.train, args.val, args.image_size, num_classes=3, task="obb")
     variant = f"_{args.mosaic_partners}" if args.mosaic_partners else ""
+    variant += "_oracle_init" if args.init == "oracle" else ""
     results_dir = Path(args.workdir) / f"results_e{args.epochs}_t{args.train}_s{args.image_size}{variant}"
     results_dir.mkdir(parents=True, exist_ok=True)
     C.print_machine_info(args.threads)
@@ -128,7 +165,7 @@ def main() -> None:
                 common = ["--yaml", str(yaml), "--seed", str(seed), "--epochs", str(args.epochs), "--train",
                           str(args.train), "--image-size", str(args.image_size), "--threads", str(args.threads),
                           "--workers", str(args.workers), "--workdir", args.workdir,
-                          "--mosaic-partners", args.mosaic_partners]  # fmt: skip
+                          "--mosaic-partners", args.mosaic_partners, "--init", args.init]  # fmt: skip
                 result = C.run_worker(__file__, [side, *common], args.threads, timeout=6 * 3600)
                 out.write_text(json.dumps(result))
             result = json.loads(out.read_text())
