@@ -11,6 +11,7 @@ Tolerance of the comparison with the converter: 1e-6 absolute on normalised coor
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -250,3 +251,21 @@ def test_a_pose_model_trains_on_a_coco_keypoints_json(synthetic_pose_coco: Path,
         ).fit(other, datamodule=data)
     message = str(info.value)
     assert "has kpt_shape [5, 3] but the model's kpt_shape is [17, 3]" in message and "\n" not in message
+
+
+def test_a_box_run_on_a_coco_keypoints_json_says_that_pose_would_train_them(
+    synthetic_pose_coco: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The json is a box dataset too, so detection trains on it; the log says what is left out, once."""
+    data = YOLODataModule(str(synthetic_pose_coco / "coco.yaml"), batch_size=4, image_size=64, num_workers=0,
+                          pin_memory=False, task="detect")  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        data.setup("fit")
+    hints = [r.getMessage() for r in caplog.records if "--model.task pose" in r.getMessage()]
+    assert len(hints) == 1 and "kpt_shape [5, 3]" in hints[0] and "coco.yaml" in hints[0], hints
+    caplog.clear()
+    pose = YOLODataModule(str(synthetic_pose_coco / "coco.yaml"), batch_size=4, image_size=64, num_workers=0,
+                          pin_memory=False, task="pose")  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        pose.setup("fit")
+    assert not [r for r in caplog.records if "--model.task pose" in r.getMessage()]

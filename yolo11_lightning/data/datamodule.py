@@ -411,6 +411,8 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self._check_kpt_shape(config)
         if self.global_rank == 0:
             self.task_spec.check_records(records, f"{config.source} `{split}`")
+            if augment:
+                self._hint_keypoints(config)
         partners = (
             partner_options(
                 self.mosaic_partners, self.batch_size, self.per_device_batch_size, self.num_workers
@@ -440,6 +442,15 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             **whole,
         )
         return dataset
+
+    def _hint_keypoints(self, config: DatasetConfig) -> None:
+        """Say so when the labels carry keypoints this task leaves out (a COCO keypoints json trained as boxes:
+        its categories declare keypoints, which makes it a box dataset too, so the task stays the user's)."""
+        if config.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is None:
+            rank_zero_info(
+                f"{config.source}: its labels carry keypoints (kpt_shape {list(config.kpt_shape)}), which a "
+                f"{task_words(self.task)} run leaves out; --model.task pose trains them"
+            )
 
     def _check_kpt_shape(self, config: DatasetConfig) -> None:
         """A model with keypoints trains on a dataset of the same ``kpt_shape`` (DatasetError, one line)."""
