@@ -34,14 +34,32 @@ os.environ["YOLO_OFFLINE"] = "1"  # before any import of the reference package
 NAMES = ["rectangle", "ellipse", "triangle"]
 
 
+SIZE = 1000  # the images' side in pixels: no box of these tests reaches it (nothing is clipped)
+
+
 def _evaluation(truths: torch.Tensor, detections: torch.Tensor, num_images: int) -> Evaluation:
-    """Score ``detections`` against ``truths`` with ``DetectionMAP`` and return what it kept."""
+    """Score ``detections`` (n, 7) ``[image, x1, y1, x2, y2, score, class]`` against ``truths`` (m, 6)
+    ``[image, x1, y1, x2, y2, class]`` with ``DetectionMAP``, one batch of 4 images at a time, and return what it
+    kept."""
     metric = DetectionMAP(NAMES)
     metric.keep_evaluation = True
-    metric.truths.append(truths.double())
-    metric.detections.append(detections.double())
-    metric.images.append(torch.arange(num_images, dtype=torch.float64)[:, None])
-    metric._update_count = 1  # states filled by hand: as after one update
+    for start in range(0, num_images, 4):
+        images = range(start, min(start + 4, num_images))
+        det = [detections[detections[:, 0] == i][:, 1:].float() for i in images]
+        rows = []
+        for local, i in enumerate(images):
+            t = truths[truths[:, 0] == i]
+            cxcywh = torch.cat(((t[:, 1:3] + t[:, 3:5]) / 2, t[:, 3:5] - t[:, 1:3]), 1) / SIZE
+            rows.append(torch.cat((torch.full((len(t), 1), float(local)), t[:, 5:6], cxcywh), 1))
+        batch = {
+            "images": torch.zeros(1, 1, 1, 1, dtype=torch.uint8).expand(len(images), 3, SIZE, SIZE),
+            "targets": torch.cat(rows).float(),
+            "indices": torch.tensor(list(images)),
+            "scales": torch.ones(len(images)),
+            "pads": torch.zeros(len(images), 2),
+            "orig_sizes": torch.full((len(images), 2), SIZE),
+        }
+        metric.update(det, batch)
     metric.compute()
     assert metric.evaluation is not None
     return metric.evaluation
@@ -158,7 +176,8 @@ def test_the_confusion_matrix_and_p_r_equal_the_oracles() -> None:
     truths = truths[truths[:, 0] != 7]  # an image with detections only
     detections = _noisy_detections(truths, generator)
     detections = detections[detections[:, 0] != 9]  # an image with truths only
-    results = class_results(_evaluation(truths, detections, 30), NAMES)
+    evaluation = _evaluation(truths, detections, 30)
+    results = class_results(evaluation, NAMES)
 
     oracle = ConfusionMatrix(names=dict(enumerate(NAMES)))
     for image in range(30):
@@ -167,10 +186,9 @@ def test_the_confusion_matrix_and_p_r_equal_the_oracles() -> None:
                              {"bboxes": t[:, 1:5].float(), "cls": t[:, 5].float()})  # fmt: skip
     np.testing.assert_array_equal(results.confusion, oracle.matrix.astype(np.int64))
 
-    ordered = detections[torch.argsort(detections[:, 0], stable=True)]
-    from yolo11_lightning.training.metrics.class_results import _box_matches
-
-    matched = _box_matches(ordered, truths[torch.argsort(truths[:, 0], stable=True)])
+    ordered = detections[torch.argsort(detections[:, 0], stable=True)]  # the evaluation's order
+    ordered[:, 5] = ordered[:, 5].float().double()  # the scores the metric saw: float32, as detections are
+    matched = evaluation.kinds["box"].matched
     out = ap_per_class(
         matched[:, None].astype(float), ordered[:, 5].numpy(), ordered[:, 6].numpy(), truths[:, 5].numpy()
     )

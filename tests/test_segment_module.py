@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.tasks.segment.batch import collate_segmentation
-from yolo11_lightning.tasks.segment.metric import SegmentationMAP, decode_runs, mask_runs
+from yolo11_lightning.tasks.segment.metric import SegmentationMAP, mask_iou
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
 from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
@@ -286,16 +286,19 @@ def test_distributed_mask_map_equals_single_process_with_unpadded_shards() -> No
         assert gathered[key] == expected[key], key
 
 
-def test_mask_runs_round_trip() -> None:
+def test_mask_iou_is_cocos_on_empty_and_overlapping_masks() -> None:
+    """The IoU the mask matching reads equals pycocotools' RLE IoU, bit for bit: random, full, empty (0 against
+    anything, also against an empty mask) and identical masks."""
+    from pycocotools import mask as mask_utils
+
     g = torch.Generator().manual_seed(0)
-    masks = torch.rand(5, 7, 9, generator=g) > 0.5
-    masks[0] = True
-    masks[1] = False
-    assert mask_runs(masks[:0]) == []  # an image without masks
-    runs = mask_runs(masks)
-    flat = torch.from_numpy(np.concatenate(runs))
-    counts = torch.tensor([len(r) for r in runs])
-    assert torch.equal(decode_runs(flat, counts, 7, 9), masks)
+    masks = torch.rand(6, 7, 9, generator=g) > 0.5
+    masks[0], masks[1], masks[2] = True, False, masks[3]
+    truths = torch.cat((masks[[1, 3]], torch.rand(2, 7, 9, generator=g) > 0.3))
+    encode = lambda m: mask_utils.encode(np.asfortranarray(m.numpy().transpose(1, 2, 0).astype(np.uint8)))  # noqa: E731
+    expected = mask_utils.iou(encode(masks), encode(truths), [0] * len(truths)).T  # (truths, detections)
+    np.testing.assert_array_equal(mask_iou(truths, masks), expected)
+    assert mask_iou(truths[:0], masks).shape == (0, 6)
 
 
 def test_predict_step_masks_in_original_image_size() -> None:

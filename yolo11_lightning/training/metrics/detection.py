@@ -1,42 +1,103 @@
-"""Detection mAP on torchmetrics, fed with the DataModule's batches and the post-processed detections."""
+"""Detection mAP: each batch matched where it is scored, the matches of every rank accumulated once per epoch.
+
+COCO splits its evaluation in two: ``evaluateImg`` matches the detections of one image to its truths, and
+``accumulate`` turns every image's matches into precision per class. ``DetectionMAP`` does the first in ``update``,
+for a whole batch at once (``metrics.coco.coco_match``), so each rank matches only its own shard of the
+validation set while it validates; it keeps one row per detection (its image, place, score, class and match
+flags) and one per truth. ``compute`` gathers those rows (a few numbers per detection, no boxes) and accumulates
+them in dataset-index order (``metrics.coco.coco_precision``): the values equal faster-coco-eval's and
+pycocotools' on the same detections, and equal on any number of ranks.
+
+A metric scores one or more kinds of prediction, each with its IoU and its rules: ``box`` here (COCO's, in
+original image pixels); ``mask`` for segmentation (COCO's); ``pose`` (OKS) and OBB's ``box`` (probiou) by the
+reference validator's rules (``metrics.reference_ap``). A kind logs ``<prefix>mAP50-95``, ``<prefix>mAP50``,
+``<prefix>mAP75`` and ``<prefix>AP/<class>`` for every class with truths.
+
+``reference_style=True`` adds ``mAP50-95_reference_style``: the same detections scored by the reference
+validator's rules, for comparison with Ultralytics logs. Like the reference, it matches in letterboxed-input
+pixels and does not clip the detections to the image (COCO scores them clipped, in original pixels).
+
+With ``keep_evaluation`` set (the result pictures and the closing summary set it on rank 0), each compute also
+keeps what it scored as ``evaluation`` (``class_results.Evaluation``), for the per-class results.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+import numpy as np
 import torch
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.detection import MeanAveragePrecision
 from torchvision.ops import box_convert
 
 from yolo11_lightning.ops.letterbox import detections_to_original, letterbox_to_original
-from yolo11_lightning.training.metrics.class_results import Evaluation
-from yolo11_lightning.training.metrics.reference_ap import as_tensor, reference_style_map
+from yolo11_lightning.training.metrics.class_results import (
+    CONFUSION_MIN_SCORE,
+    Evaluation,
+    KindEvaluation,
+    confusion_pairs,
+)
+from yolo11_lightning.training.metrics.coco import (
+    coco_box_iou,
+    coco_boxes,
+    coco_match,
+    coco_precision,
+    coco_summary,
+    group_ranks,
+)
+from yolo11_lightning.training.metrics.reference_ap import (
+    IOU_THRESHOLDS,
+    as_tensor,
+    match_pairs,
+    precision_curves,
+)
 
-# Row layouts of the flat states: detections [image, x1, y1, x2, y2, score, class], truths [image, x1, y1, x2, y2, class].
-_STATE_WIDTHS = {"detections": 7, "truths": 6, "images": 1}
+# Columns of a detection row; each kind adds one column of match flags (bit t: a match at IoU threshold t,
+# bit 10: a match at IoU 0.5 by the reference's rule, what the per-class P/R/F1 curves count).
+_IMAGE, _PLACE, _SCORE, _CLASS, _COUNTED = range(5)
+_HALF_BIT = len(IOU_THRESHOLDS)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of prediction a metric scores: its rules (``"coco"`` or ``"reference"``), the prefix of its logged
+    keys, and whether the per-class results (summary, pictures) show it."""
+
+    rules: str
+    prefix: str
+    shown: bool = True
+
+
+PairIoU = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (p,) detection and truth indices -> (p,) IoU
+
+
+@dataclass
+class ScoredBatch:
+    """What ``update`` scores of one batch, flat over its images (image by image, each in its own order): n
+    detections, m truths, and per kind the IoU (or OKS) of any (detection, truth) pairs of the same image."""
+
+    det_images: np.ndarray  # (n,) the image of each detection, 0..B-1
+    scores: np.ndarray  # (n,) float64
+    classes: np.ndarray  # (n,) int64
+    truth_images: np.ndarray  # (m,)
+    truth_classes: np.ndarray  # (m,) int64
+    pair_iou: dict[str, PairIoU]
 
 
 class DetectionMAP(Metric):
-    """COCO-style mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels.
+    """COCO box mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels (module docstring).
 
-    The COCO evaluation is ``torchmetrics.detection.MeanAveragePrecision`` (faster-coco-eval backend).
-    Its own distributed sync gathers one tensor per image and so needs the same image count on every
-    rank; evaluation sharding here is unpadded (ranks may differ by one image), so this metric keeps flat
-    ``cat`` states keyed by dataset index instead, gathers those, and evaluates them in index order on
-    each rank: the distributed value equals the single-process value exactly.
-
-    ``reference_style=True`` adds ``mAP50-95_reference_style``: the same detections scored by the
-    reference validator's rules (``training.metrics.reference_ap``), for comparison with Ultralytics logs. Like
-    the reference, it matches in letterboxed-input pixels and does not clip the detections to the image
-    (COCO scores them clipped, in original pixels), so two more states keep them as they come out of NMS.
-
-    With ``keep_evaluation`` set (the result pictures and the closing summary set it on rank 0), each compute
-    also keeps what it scored as ``evaluation`` (``class_results.Evaluation``), for the per-class results.
+    ``update(detections, batch)``: per image (n, 6) ``[x1, y1, x2, y2, score, class]`` detections in
+    letterboxed-input pixels and the batch they came from. ``compute()`` -> ``{"mAP50-95", "mAP50", "mAP75",
+    "AP/<class name>", ...}`` as float64 scalars on the metric's device, the same on every rank.
     """
 
     full_state_update = False
+    KINDS: ClassVar[dict[str, Kind]] = {"box": Kind("coco", "")}
+    CONFUSION_KIND = "box"  # the IoU the confusion matrix matches by
 
     def __init__(
         self,
@@ -47,16 +108,20 @@ class DetectionMAP(Metric):
     ) -> None:
         super().__init__(**kwargs)
         self.class_names = class_names
-        self.reference_style = reference_style
         self.max_detections = max_detections
+        self.reference_style = reference_style
+        self.kinds = dict(self.KINDS)
+        if reference_style:
+            self.kinds["box_reference"] = Kind("reference", "", shown=False)
         self.keep_evaluation = False
         self.evaluation: Evaluation | None = None
-        self._widths = dict(_STATE_WIDTHS)
-        if reference_style:  # detections and truths in letterboxed pixels, unclipped
-            self._widths.update({"input_detections": 7, "input_truths": 6})
+        # Flat float64 rows: detections [image, place, score, class, counted, flags per kind]; truths [image,
+        # class]; images [image]; confusion [predicted class, true class] (-1: the background).
+        self._widths = {"detections": 5 + len(self.kinds), "truths": 2, "images": 1, "confusion": 2}
         for name in self._widths:
             self.add_state(name, default=[], dist_reduce_fx="cat")
 
+    # ----------------------------------------------------------------------------------------- per batch
     @staticmethod
     def to_original(detections: list[Tensor], batch: dict[str, Any]) -> list[Tensor]:
         """Map (n, 6) detections from letterboxed-input pixels to original image pixels (``ops.letterbox``)."""
@@ -86,97 +151,238 @@ class DetectionMAP(Metric):
         return out
 
     def update(self, detections: list[Tensor], batch: dict[str, Any]) -> None:
-        """Add one batch: ``detections`` per image (n, 6) in letterboxed-input pixels."""
-        ids = batch["indices"].to(self.device, torch.float64)
-        for i, (det, truth) in enumerate(
-            zip(self.to_original(detections, batch), self.targets_to_original(batch))
-        ):
-            self.detections.append(torch.cat((ids[i].expand(len(det), 1), det.double()), 1))
-            self.truths.append(torch.cat((ids[i].expand(len(truth), 1), truth.double()), 1))
-        self.images.append(ids[:, None])
-        if self.reference_style:
-            for i, (det, truth) in enumerate(zip(detections, self.targets_in_input(batch))):
-                self.input_detections.append(torch.cat((ids[i].expand(len(det), 1), det.double()), 1))
-                self.input_truths.append(torch.cat((ids[i].expand(len(truth), 1), truth.double()), 1))
+        """Match one batch: ``detections`` per image (n, 6) in letterboxed-input pixels."""
+        self._add(batch, self._score_boxes(detections, batch))
 
+    def _score_boxes(self, detections: list[Tensor], batch: dict[str, Any]) -> ScoredBatch:
+        """The box kinds of a batch: COCO's IoU in original pixels, and the reference's in input pixels."""
+        det_images = torch.repeat_interleave(
+            torch.arange(len(detections)), torch.tensor([len(d) for d in detections])
+        )
+        flat = torch.cat([d.detach()[:, :6] for d in detections]).cpu() if detections else torch.zeros(0, 6)
+        targets = image_ordered(batch["targets"]).detach().cpu()
+        truth_images = targets[:, 0].long()
+        height, width = batch["images"].shape[-2:]
+        truths_in_input = box_convert(
+            targets[:, 2:6] * targets.new_tensor([width, height, width, height]), "cxcywh", "xyxy"
+        )
+        letterbox = [batch[key].detach().cpu() for key in ("scales", "pads", "orig_sizes")]
+        det_boxes = coco_boxes(_to_original(flat[:, :4], det_images, *letterbox))
+        truth_boxes = coco_boxes(_to_original(truths_in_input, truth_images, *letterbox))
+        pair_iou = {"box": lambda d, t: coco_box_iou(truth_boxes[t], det_boxes[d])}
+        if self.reference_style:
+            det_input, truth_input = flat[:, :4].double().numpy(), truths_in_input.double().numpy()
+            pair_iou["box_reference"] = lambda d, t: _box_iou_pairs(truth_input[t], det_input[d])
+        return ScoredBatch(
+            det_images=det_images.numpy(),
+            scores=flat[:, 4].float().double().numpy(),
+            classes=flat[:, 5].long().numpy(),
+            truth_images=truth_images.numpy(),
+            truth_classes=targets[:, 1].long().numpy(),
+            pair_iou=pair_iou,
+        )
+
+    def _add(self, batch: dict[str, Any], scored: ScoredBatch) -> None:
+        """Match every kind of ``scored`` and append the batch's rows to the states."""
+        ids = batch["indices"].detach().cpu().double().numpy()
+        scores, classes, truth_classes = scored.scores, scored.classes, scored.truth_classes
+        det_counts = np.bincount(scored.det_images, minlength=len(ids))
+        span = int(max(classes.max(initial=0), truth_classes.max(initial=0))) + 1
+        det_groups = scored.det_images * span + classes
+        truth_groups = scored.truth_images * span + truth_classes
+        pair_det, pair_truth = _same_group_pairs(truth_groups, det_groups)
+        ranks = group_ranks(det_groups, scores)
+        counted = ranks < self.max_detections
+        columns = [
+            ids[scored.det_images],
+            np.arange(len(scores)) - np.repeat(np.cumsum(det_counts) - det_counts, det_counts),
+            scores,
+            classes.astype(np.float64),
+            counted.astype(np.float64),
+        ]
+        for name, kind in self.kinds.items():
+            iou = scored.pair_iou[name](pair_det, pair_truth)
+            half = match_pairs(iou, pair_det, pair_truth, len(scores))
+            if kind.rules == "coco":
+                capped = counted[pair_det]
+                matched = coco_match(
+                    iou[capped], pair_det[capped], pair_truth[capped], ranks, truth_groups, det_groups
+                )
+            else:
+                matched = half
+            flags = np.concatenate((matched, half[:, :1]), 1).astype(np.int64)
+            columns.append((flags << np.arange(flags.shape[1])).sum(1).astype(np.float64))
+        confident = np.flatnonzero(scores > CONFUSION_MIN_SCORE)
+        image_det, image_truth = _same_group_pairs(scored.truth_images, scored.det_images[confident])
+        image_det = confident[image_det]
+        iou = scored.pair_iou[self.CONFUSION_KIND](image_det, image_truth)
+        confusion = confusion_pairs(iou, image_det, image_truth, confident, classes, truth_classes)
+        self._append("detections", np.stack(columns, 1))
+        self._append("truths", np.stack((ids[scored.truth_images], truth_classes.astype(np.float64)), 1))
+        self._append("images", ids[:, None])
+        self._append("confusion", confusion.astype(np.float64))
+
+    def _append(self, state: str, rows: np.ndarray) -> None:
+        getattr(self, state).append(torch.from_numpy(np.ascontiguousarray(rows, np.float64)).to(self.device))
+
+    # ------------------------------------------------------------------------------------------ per epoch
     def _sync_dist(self, dist_sync_fn: Any = None, process_group: Any = None) -> None:
         # A rank that saw no batch must still send a correctly shaped (0, width) tensor to the gather.
         for name, width in self._widths.items():
-            if not getattr(self, name):  # width 0: a 1-D int64 state (segmentation's mask runs)
-                shape, dtype = ((0, width), torch.float64) if width else ((0,), torch.int64)
-                setattr(self, name, [torch.zeros(shape, dtype=dtype, device=self.device)])
+            if not getattr(self, name):
+                setattr(self, name, [torch.zeros((0, width), dtype=torch.float64, device=self.device)])
         super()._sync_dist(dist_sync_fn, process_group)
 
-    def _host_states(self) -> dict[str, Tensor]:
-        """Every flat state, concatenated and copied to the host once (the evaluation reads them there)."""
-        return {
-            name: (torch.cat(value) if isinstance(value, list) else value).cpu()
-            for name in self._widths
-            for value in (getattr(self, name),)
-        }
-
-    @staticmethod
-    def _per_image(
-        detections: Tensor, truths: Tensor, image_ids: Tensor
-    ) -> tuple[list[Tensor], list[Tensor]]:
-        """Rows ``[image, ...]`` split by image in ``image_ids`` order (within an image: as added)."""
-        out: tuple[list[Tensor], list[Tensor]] = ([], [])
-        for rows, into in ((detections, out[0]), (truths, out[1])):
-            rows = rows[rows[:, 0].argsort(stable=True)]
-            key = rows[:, 0].contiguous()
-            starts = torch.searchsorted(key, image_ids).tolist()
-            ends = torch.searchsorted(key, image_ids, right=True).tolist()
-            into.extend(rows[a:b, 1:] for a, b in zip(starts, ends))
+    def _host_states(self) -> dict[str, np.ndarray]:
+        """Every state, concatenated on the host; detections and truths in dataset-index order (then each
+        image's order), the order that makes the values the same on any number of ranks."""
+        out = {}
+        for name, width in self._widths.items():
+            value = getattr(self, name)
+            if isinstance(value, list):
+                value = torch.cat(value) if value else torch.zeros((0, width), dtype=torch.float64)
+            out[name] = value.cpu().numpy().reshape(-1, width)
+        detections = out["detections"]
+        out["detections"] = detections[np.lexsort((detections[:, _PLACE], detections[:, _IMAGE]))]
+        out["truths"] = out["truths"][np.argsort(out["truths"][:, 0], kind="stable")]
         return out
 
     def compute(self) -> dict[str, Tensor]:
-        """{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}; classes absent from the data are left out.
+        """``{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}`` per kind (module docstring).
 
-        Evaluated on the host (COCO's evaluation is CPU code); the values are returned on the metric's device,
-        where every other metric of the module lives, so that any consumer (a logger's sync, a collective)
-        finds them on the process group's device."""
+        Accumulated on the host from the gathered rows; the values are returned on the metric's device, where
+        every other metric of the module lives, so that any consumer (a logger's sync, a collective) finds them
+        on the process group's device."""
         return {name: value.to(self.device) for name, value in self._evaluate().items()}
-
-    @staticmethod
-    def _kept(result: dict[str, Any]) -> dict[str, Tensor]:
-        """What ``Evaluation.coco`` keeps of an extended COCO result (not its per-image IoUs)."""
-        return {key: result[key] for key in Evaluation.KEPT}
 
     def _evaluate(self) -> dict[str, Tensor]:
         """``compute``'s values, on the host."""
-        cat = self._host_states()
-        evaluator = MeanAveragePrecision(
-            box_format="xyxy",
-            iou_type="bbox",
-            class_metrics=True,
-            backend="faster_coco_eval",
-            max_detection_thresholds=[1, 10, self.max_detections],
-            extended_summary=self.keep_evaluation,
-            sync_on_compute=False,
-        )
-        image_ids = torch.unique(cat["images"].reshape(-1))  # sorted: the same order on any world size
-        det, truth = (rows[rows[:, 0].argsort(stable=True)] for rows in (cat["detections"], cat["truths"]))
-        det_start = torch.searchsorted(det[:, 0].contiguous(), image_ids).tolist()
-        det_end = torch.searchsorted(det[:, 0].contiguous(), image_ids, right=True).tolist()
-        truth_start = torch.searchsorted(truth[:, 0].contiguous(), image_ids).tolist()
-        truth_end = torch.searchsorted(truth[:, 0].contiguous(), image_ids, right=True).tolist()
-        preds, targets = [], []
-        for i in range(len(image_ids)):
-            d, t = det[det_start[i] : det_end[i]], truth[truth_start[i] : truth_end[i]]
-            preds.append({"boxes": d[:, 1:5].float(), "scores": d[:, 5].float(), "labels": d[:, 6].long()})
-            targets.append({"boxes": t[:, 1:5].float(), "labels": t[:, 5].long()})
-        evaluator.update(preds, targets)
-        result = evaluator.compute()
-        out = {"mAP50-95": result["map"], "mAP50": result["map_50"], "mAP75": result["map_75"]}
+        states = self._host_states()
+        detections, truths = states["detections"], states["truths"]
+        scores, classes = detections[:, _SCORE], detections[:, _CLASS].astype(np.int64)
+        truth_classes = truths[:, 1].astype(np.int64)
+        out: dict[str, Tensor] = {}
+        kept: dict[str, KindEvaluation] = {}
+        for column, (name, kind) in enumerate(self.kinds.items(), start=_COUNTED + 1):
+            flags = detections[:, column].astype(np.int64)[:, None] >> np.arange(_HALF_BIT + 1) & 1
+            matched = flags[:, :_HALF_BIT].astype(bool)
+            if kind.rules == "coco":
+                result = _coco_kind(matched, scores, classes, detections[:, _COUNTED] > 0, truth_classes)
+            else:
+                result = _reference_kind(matched, scores, classes, truth_classes)
+            result.matched = flags[:, _HALF_BIT].astype(bool)
+            if name == "box_reference":
+                out["mAP50-95_reference_style"] = as_tensor(result.map50_95)
+                continue
+            out[f"{kind.prefix}mAP50-95"] = as_tensor(result.map50_95)
+            out[f"{kind.prefix}mAP50"] = as_tensor(result.map50)
+            out[f"{kind.prefix}mAP75"] = as_tensor(result.map75)
+            for cls, ap in zip(result.classes.tolist(), result.ap.mean(1)):
+                out[f"{kind.prefix}AP/{self._class_name(cls)}"] = as_tensor(float(ap))
+            if kind.shown:
+                kept[name] = result
         if self.keep_evaluation:
-            self.evaluation = Evaluation(det, truth, len(image_ids), {"box": self._kept(result)})
-        if self.reference_style:
-            out["mAP50-95_reference_style"] = as_tensor(
-                reference_style_map(*self._per_image(cat["input_detections"], cat["input_truths"], image_ids))
+            self.evaluation = Evaluation(
+                scores=scores,
+                classes=classes,
+                truth_images=truths[:, 0],
+                truth_classes=truth_classes,
+                num_images=len(np.unique(states["images"])),
+                kinds=kept,
+                confusion=states["confusion"].astype(np.int64),
             )
-        classes, per_class = result.get("classes"), result.get("map_per_class")
-        if classes is not None and per_class is not None and per_class.numel() == classes.numel():
-            for cls, ap in zip(classes.reshape(-1).tolist(), per_class.reshape(-1)):
-                name = self.class_names[cls] if self.class_names and cls < len(self.class_names) else str(cls)
-                out[f"AP/{name}"] = ap
         return out
+
+    def _class_name(self, cls: int) -> str:
+        return self.class_names[cls] if self.class_names and 0 <= cls < len(self.class_names) else str(cls)
+
+
+def _coco_kind(
+    matched: np.ndarray,
+    scores: np.ndarray,
+    classes: np.ndarray,
+    counted: np.ndarray,
+    truth_classes: np.ndarray,
+) -> KindEvaluation:
+    """COCO's accumulation of one kind's matches (``metrics.coco``); per class the classes with truths."""
+    class_ids = np.unique(np.concatenate((classes, truth_classes)))
+    precision = coco_precision(matched[counted], scores[counted], classes[counted], truth_classes, class_ids)
+    with_truths = precision[0, 0, :] > -1
+    return KindEvaluation(
+        map50_95=coco_summary(precision),
+        map50=coco_summary(precision[0]),
+        map75=coco_summary(precision[5]),
+        classes=class_ids[with_truths],
+        ap=precision[:, :, with_truths].mean(1).T,
+        pr_curve=precision[0][:, with_truths].T,
+    )
+
+
+def _reference_kind(
+    matched: np.ndarray, scores: np.ndarray, classes: np.ndarray, truth_classes: np.ndarray
+) -> KindEvaluation:
+    """The reference validator's AP of one kind's matches (``metrics.reference_ap``)."""
+    present, aps, curves = precision_curves(matched, scores, classes, truth_classes)
+    mean = aps.mean(0) if len(present) else np.zeros(len(IOU_THRESHOLDS))
+    return KindEvaluation(
+        map50_95=float(mean.mean()),
+        map50=float(mean[0]),
+        map75=float(mean[5]),
+        classes=present.astype(np.int64),
+        ap=aps,
+        pr_curve=curves,
+    )
+
+
+def _same_group_pairs(truth_groups: np.ndarray, det_groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every (detection, truth) pair with the same group key (image and class), by truth then detection."""
+    order = np.argsort(det_groups, kind="stable")
+    sorted_groups = det_groups[order]
+    start = np.searchsorted(sorted_groups, truth_groups, side="left")
+    counts = np.searchsorted(sorted_groups, truth_groups, side="right") - start
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    return order[np.repeat(start, counts) + offsets], np.repeat(np.arange(len(truth_groups)), counts)
+
+
+def image_ordered(rows: Tensor) -> Tensor:
+    """Rows ``[image, ...]`` (a batch's targets, keypoints...) grouped by image, each image's rows in their order:
+    the truth order every kind of a batch is scored in."""
+    return rows[torch.argsort(rows[:, 0], stable=True)] if len(rows) else rows
+
+
+def _to_original(boxes: Tensor, images: Tensor, scales: Tensor, pads: Tensor, orig_sizes: Tensor) -> Tensor:
+    """(n, 4) xyxy boxes of the images ``images`` (n,) from letterboxed-input pixels to original pixels, clipped
+    (``ops.letterbox.letterbox_to_original`` for many images at once: the same arithmetic, element by element)."""
+    per_image = scales.reshape(len(scales), -1)  # (B, 1), or (B, 2) per axis
+    scale = per_image.repeat(1, 4 // per_image.shape[1])
+    out = (boxes - pads.repeat(1, 2)[images]) / scale[images]
+    size = orig_sizes.flip(1).repeat(1, 2)[images].to(out.dtype)  # (w, h, w, h)
+    return torch.minimum(out.clamp(min=0), size)
+
+
+def _box_iou_pairs(truths: np.ndarray, detections: np.ndarray) -> np.ndarray:
+    """(p, 4) and (p, 4) xyxy -> (p,) IoU of each pair (``torchvision.ops.box_iou``'s arithmetic)."""
+    area_t = (truths[:, 2] - truths[:, 0]) * (truths[:, 3] - truths[:, 1])
+    area_d = (detections[:, 2] - detections[:, 0]) * (detections[:, 3] - detections[:, 1])
+    wh = np.clip(
+        np.minimum(truths[:, 2:], detections[:, 2:]) - np.maximum(truths[:, :2], detections[:, :2]), 0, None
+    )
+    inter = wh[:, 0] * wh[:, 1]
+    return inter / (area_t + area_d - inter)
+
+
+def pair_iou_from_matrices(
+    matrices: list[np.ndarray], det_counts: np.ndarray, truth_counts: np.ndarray
+) -> PairIoU:
+    """A ``PairIoU`` reading each pair's entry of its image's (m_i, n_i) matrix."""
+    flat = np.concatenate([np.zeros(0), *(np.asarray(m, np.float64).reshape(-1) for m in matrices)])
+    det_start = np.cumsum(det_counts) - det_counts
+    truth_start = np.cumsum(truth_counts) - truth_counts
+    matrix_start = np.cumsum(truth_counts * det_counts) - truth_counts * det_counts
+
+    def read(pair_det: np.ndarray, pair_truth: np.ndarray) -> np.ndarray:
+        image = np.searchsorted(np.cumsum(truth_counts), pair_truth, side="right")
+        local_truth, local_det = pair_truth - truth_start[image], pair_det - det_start[image]
+        return flat[matrix_start[image] + local_truth * det_counts[image] + local_det]
+
+    return read

@@ -1,6 +1,7 @@
-"""The mAP as the reference validator prints it, for comparing with Ultralytics logs (not COCO's).
+"""The mAP as the reference validator computes it: pose (OKS) and OBB (probiou) scores, and box mAP for comparing
+with Ultralytics logs (not COCO's).
 
-Two rules differ from COCO evaluation (``evaluation.DetectionMAP``, faster-coco-eval):
+Two rules differ from COCO evaluation (``metrics.coco``):
 
 - **Matching**: per image and IoU threshold, every (truth, detection) pair of the same class with IoU at
   or above the threshold is a candidate; pairs are taken by decreasing IoU, each truth and each detection
@@ -21,21 +22,30 @@ from __future__ import annotations
 import numpy as np
 import torch
 from torch import Tensor
-from torchvision.ops import box_iou
 
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
+RECALLS = np.linspace(0.0, 1.0, 101)  # where a class's PR curve is read
 
 
 def match_by_iou(iou: np.ndarray, same_class: np.ndarray) -> np.ndarray:
-    """(m truths, n detections) IoU and class agreement -> (n, 10) bool: detection is a true positive."""
-    correct = np.zeros((iou.shape[1], len(IOU_THRESHOLDS)), bool)
-    iou = iou * same_class
+    """(m truths, n detections) IoU and class agreement of one image -> (n, 10) bool: detection is a true
+    positive at IoU 0.50:0.05:0.95."""
+    truth, det = np.nonzero(same_class)
+    return match_pairs(iou[truth, det], det, truth, iou.shape[1])
+
+
+def match_pairs(iou: np.ndarray, pair_det: np.ndarray, pair_truth: np.ndarray, num_det: int) -> np.ndarray:
+    """The reference's matching of many images at once, from the (p,) IoUs of their (detection, truth) pairs of
+    the same image and class, listed by truth then detection (truth and detection indices unique over the images)
+    -> (num_det, 10) bool: detection is a true positive at IoU 0.50:0.05:0.95. Pairs of different images never
+    compete, so this equals matching each image alone."""
+    correct = np.zeros((num_det, len(IOU_THRESHOLDS)), bool)
     for k, threshold in enumerate(IOU_THRESHOLDS):
-        truth, det = np.nonzero(iou >= threshold)
-        if not len(det):
+        candidate = np.flatnonzero(iou >= threshold)
+        if not len(candidate):
             continue
-        best_first = np.argsort(-iou[truth, det], kind="stable")
-        truth, det = truth[best_first], det[best_first]
+        candidate = candidate[np.argsort(-iou[candidate], kind="stable")]
+        truth, det = pair_truth[candidate], pair_det[candidate]
         _, first = np.unique(det, return_index=True)  # each detection's best truth
         truth, det = truth[first], det[first]
         _, first = np.unique(truth, return_index=True)  # then each truth once
@@ -62,13 +72,27 @@ def class_average_precisions(
     """The reference's ``ap_per_class``: from per-image detections' (n, 10) true-positive flags per IoU threshold,
     their scores and classes, and per-image truth classes -> (classes present in the truths (C,), their AP (C, 10)
     at IoU 0.50:0.05:0.95); a class never detected has AP 0. Ties in score keep the detections' order."""
-    present, counts = np.unique(np.concatenate([*truth_classes, np.zeros(0)]), return_counts=True)
+    present, aps, _ = precision_curves(
+        np.concatenate([*correct, np.zeros((0, len(IOU_THRESHOLDS)), bool)]),
+        np.concatenate([*scores, np.zeros(0)]),
+        np.concatenate([*classes, np.zeros(0)]),
+        np.concatenate([*truth_classes, np.zeros(0)]),
+    )
+    return present, aps
+
+
+def precision_curves(
+    correct: np.ndarray, scores: np.ndarray, classes: np.ndarray, truth_classes: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``class_average_precisions`` of concatenated arrays, and each class's precision envelope at IoU 0.5 read at
+    101 recalls 0..1 (the PR curve the reference draws) -> (present (C,), AP (C, 10), curves (C, 101))."""
+    present, counts = np.unique(truth_classes, return_counts=True)
     aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
-    if not correct or not len(present):
-        return present, aps
-    tp, conf, cls = np.concatenate(correct), np.concatenate(scores), np.concatenate(classes)
-    order = np.argsort(-conf, kind="stable")
-    tp, cls = tp[order], cls[order]
+    curves = np.zeros((len(present), len(RECALLS)))
+    if not len(correct) or not len(present):
+        return present, aps, curves
+    order = np.argsort(-scores, kind="stable")
+    tp, cls = correct[order], classes[order]
     for i, (c, n_truth) in enumerate(zip(present, counts)):
         hits = tp[cls == c].astype(np.float64)
         if not len(hits):
@@ -76,28 +100,10 @@ def class_average_precisions(
         cum_tp, cum_fp = hits.cumsum(0), (1 - hits).cumsum(0)
         recall, precision = cum_tp / (n_truth + 1e-16), cum_tp / (cum_tp + cum_fp)
         aps[i] = [interpolated_ap(recall[:, k], precision[:, k]) for k in range(len(IOU_THRESHOLDS))]
-    return present, aps
-
-
-def reference_style_map(detections: list[Tensor], truths: list[Tensor]) -> float:
-    """mAP50-95 of per-image (n, 6) ``[x1, y1, x2, y2, score, class]`` detections against (m, 5)
-    ``[x1, y1, x2, y2, class]`` truths, in the same pixels, by the reference's rules (module docstring)."""
-    correct, scores, classes, truth_classes = [], [], [], []
-    for det, truth in zip(detections, truths):
-        det, truth = det.double().cpu(), truth.double().cpu()
-        truth_classes.append(truth[:, 4].numpy())
-        if len(det) == 0:
-            continue
-        if len(truth):
-            iou = box_iou(truth[:, :4], det[:, :4]).numpy()
-            same = (truth[:, 4:5] == det[None, :, 5]).numpy()
-            correct.append(match_by_iou(iou, same))
-        else:
-            correct.append(np.zeros((len(det), len(IOU_THRESHOLDS)), bool))
-        scores.append(det[:, 4].numpy())
-        classes.append(det[:, 5].numpy())
-    present, aps = class_average_precisions(correct, scores, classes, truth_classes)
-    return float(aps.mean()) if len(present) else 0.0
+        rec = np.concatenate(([0.0], recall[:, 0], [1.0]))
+        envelope = np.maximum.accumulate(np.concatenate(([1.0], precision[:, 0], [0.0]))[::-1])[::-1]
+        curves[i] = np.interp(RECALLS, rec, envelope)
+    return present, aps, curves
 
 
 def as_tensor(value: float) -> Tensor:
