@@ -81,7 +81,12 @@ class Task:
     not_yet: ClassVar[str] = ""  # what the package cannot do for the task yet; non-empty: runs are refused
     loss_items: ClassVar[tuple[str, ...]] = ("box", "cls", "dfl")
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
-    validation_conf: ClassVar[float] = 0.001  # the module's default score threshold in validation (the reference's)
+    monitor_meaning: ClassVar[str] = (
+        "COCO box mAP at IoU 0.50:0.95"  # the closing summary prints it beside it
+    )
+    validation_conf: ClassVar[float] = (
+        0.001  # the module's default score threshold in validation (the reference's)
+    )
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50")  # ``export --check-data`` prints
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95",)  # ... and holds to the allowed difference
     label_fields: ClassVar[

@@ -43,9 +43,9 @@ class ClassificationAccuracy(Metric):
         super().__init__(**kwargs)
         self.class_names = class_names
         # With ``keep_evaluation`` (the result pictures and the closing summary set it on rank 0) each compute keeps
-        # ``evaluation``: (labels (n,), top-1 classes (n,)) int64 on the host, in dataset order.
+        # ``evaluation``: (labels (n,), top-1 classes (n,), top-5 hits (n,)) on the host, in dataset order.
         self.keep_evaluation = False
-        self.evaluation: tuple[Tensor, Tensor] | None = None
+        self.evaluation: tuple[Tensor, Tensor, Tensor] | None = None
         self.add_state("indices", default=[], dist_reduce_fx="cat")
         self.add_state("labels", default=[], dist_reduce_fx="cat")
         self.add_state("top", default=[], dist_reduce_fx="cat")
@@ -75,9 +75,9 @@ class ClassificationAccuracy(Metric):
             return {"top1": zero, "top5": zero, "fitness": zero, "loss": zero}
         order = flat(self.indices).argsort()  # the images in dataset order: the same sums on any world size
         labels, top, losses = labels[order], top[order], losses[order]
-        if self.keep_evaluation:
-            self.evaluation = (labels.cpu(), top[:, 0].cpu())
         correct = top == labels[:, None]
+        if self.keep_evaluation:
+            self.evaluation = (labels.cpu(), top[:, 0].cpu(), correct.any(1).cpu())
         top1 = correct[:, 0].double().mean()
         top5 = correct.any(1).double().mean()
         return {
@@ -88,16 +88,23 @@ class ClassificationAccuracy(Metric):
         }
 
 
-def classification_results(evaluation: tuple[Tensor, Tensor], names: list[str]) -> ClassResults:
-    """What the closing summary and the result pictures show of a kept evaluation: images per class and the
-    confusion matrix ``[predicted, true]`` of the top-1 classes (the reference's classification confusion matrix;
-    the background row and column, a detector's, stay empty); no per-kind curves."""
-    labels, predicted = (t.numpy().astype(np.int64) for t in evaluation)
+def classification_results(evaluation: tuple[Tensor, Tensor, Tensor], names: list[str]) -> ClassResults:
+    """What the closing summary and the result pictures show of a kept evaluation: images per class, top-1 and
+    top-5 accuracy per class and overall, and the confusion matrix ``[predicted, true]`` of the top-1 classes (the
+    reference's classification confusion matrix; the background row and column, a detector's, stay empty); no
+    per-kind curves."""
+    labels, predicted, top5 = (t.numpy() for t in evaluation)
+    labels, predicted = labels.astype(np.int64), predicted.astype(np.int64)
     k = len(names)
     confusion = np.zeros((k + 1, k + 1), np.int64)
     np.add.at(confusion, (predicted, labels), 1)
     counts = np.bincount(labels, minlength=k)[:k]
+    accuracy = {}
+    for name, hits in (("top1", predicted == labels), ("top5", top5.astype(bool))):
+        per_class = np.bincount(labels, weights=hits, minlength=k)[:k]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            accuracy[name] = (float(hits.mean()) if len(hits) else float("nan"), per_class / counts)
     return ClassResults(
         names=list(names), images=counts, instances=counts.copy(), num_images=len(labels), kinds={},
-        confusion=confusion,
+        confusion=confusion, accuracy=accuracy,
     )  # fmt: skip

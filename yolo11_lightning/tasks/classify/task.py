@@ -51,6 +51,7 @@ class ClassifyTask(Task):
     whole_image: ClassVar[bool] = True
     label_noun: ClassVar[str] = "class labels"
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
+    monitor_meaning: ClassVar[str] = "(top-1 + top-5 accuracy) / 2, the reference's"
     reported_metrics: ClassVar[tuple[str, ...]] = ("top1", "top5")
     checked_metrics: ClassVar[tuple[str, ...]] = ("top1",)
     onnx_output_doc: ClassVar[str] = "(B, nc): class probabilities (softmax)"

@@ -51,6 +51,9 @@ class ObbTask(DetectTask):
     title: ClassVar[str] = "oriented object detection"
     noun: ClassVar[str] = "oriented-box detector"
     model_suffix: ClassVar[str] = "-obb"
+    monitor_meaning: ClassVar[str] = (
+        "oriented-box mAP at IoU 0.50:0.95 by probiou (the reference validator's rules)"
+    )
     reference_class: ClassVar[str] = "OBBModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)

@@ -55,6 +55,9 @@ class PoseTask(DetectTask):
     loss_items: ClassVar[tuple[str, ...]] = ("box", "pose", "kobj", "cls", "dfl")
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + pose, as the reference's best.pt
+    monitor_meaning: ClassVar[str] = (
+        "0.1 mAP50 + 0.9 mAP50-95 of the boxes plus the same of the keypoints (OKS), 0 to 2"
+    )
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50", "pose_mAP50-95", "pose_mAP50")
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "pose_mAP50-95")
     onnx_output_doc: ClassVar[str] = POSE_OUTPUT_DOC

@@ -65,6 +65,9 @@ class SegmentTask(DetectTask):
     reference_key: ClassVar[str | None] = "model.23.proto.cv1.conv.weight"  # only a Segment head has it
     loss_items: ClassVar[tuple[str, ...]] = ("box", "seg", "cls", "dfl")
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + mask, as the reference's best.pt
+    monitor_meaning: ClassVar[str] = (
+        "0.1 mAP50 + 0.9 mAP50-95 of the boxes plus the same of the masks, 0 to 2"
+    )
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50")
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mask_mAP50-95")
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Polygons,)

@@ -82,8 +82,11 @@ class ClosingSummary(Callback):
         best = next((c for c in trainer.checkpoint_callbacks if isinstance(c, BestCheckpoint)), None)
         if stage == "fit" and best is not None and best.best_model_score is not None:
             epoch = f"epoch {best.best_epoch}" if best.best_epoch is not None else "best"
+            task = getattr(pl_module, "task", None)
+            own = best.monitor == getattr(task, "checkpoint_monitor", None)
+            meaning = f" ({best.monitor.split('/')[-1]}: {task.monitor_meaning})" if own else ""
             lines.append(
-                f"best: {epoch}, {best.monitor} {float(best.best_model_score):.4f} -> {best.best_model_path}"
+                f"best: {epoch}, {best.monitor} {float(best.best_model_score):.4f}{meaning} -> {best.best_model_path}"
             )
         if results is None:
             lines.append(f"no {split} evaluation finished: no per-class results")
@@ -111,6 +114,8 @@ def class_rows(results: ClassResults) -> list[dict[str, Any]]:
     for kind, r in results.kinds.items():
         rows[0].update({f"{kind}_P": r.mean(r.p), f"{kind}_R": r.mean(r.r), f"{kind}_mAP50": r.map50,
                         f"{kind}_mAP50-95": r.map50_95})  # fmt: skip
+    for measure, (overall, _) in results.accuracy.items():
+        rows[0][f"{measure}_acc"] = overall
     for i, name in enumerate(results.names):
         row: dict[str, Any] = {
             "class": name,
@@ -120,6 +125,8 @@ def class_rows(results: ClassResults) -> list[dict[str, Any]]:
         for kind, r in results.kinds.items():
             row.update({f"{kind}_P": float(r.p[i]), f"{kind}_R": float(r.r[i]), f"{kind}_mAP50": float(r.ap50[i]),
                         f"{kind}_mAP50-95": float(r.ap50_95[i])})  # fmt: skip
+        for measure, (_, per_class) in results.accuracy.items():
+            row[f"{measure}_acc"] = float(per_class[i])
         rows.append(row)
     return rows
 

@@ -40,7 +40,10 @@ log = logging.getLogger(__name__)
 _CURVES_SPACING = 20  # the curves are redrawn once at least 20 times their drawing time has passed
 
 # Per-epoch validation values drawn in the curves (``val/<name>``); the per-class APs are not.
-_CURVE_METRICS = ("mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50", "fitness")
+_CURVE_METRICS = (
+    "mAP50-95", "mAP50", "mask_mAP50-95", "mask_mAP50", "pose_mAP50-95", "pose_mAP50", "top1", "top5", "loss",
+    "fitness",
+)  # fmt: skip
 
 
 class ResultPictures(Callback):

@@ -22,7 +22,7 @@ prints it (rank 0, at the end):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -108,6 +108,10 @@ class ClassResults:
     num_images: int
     kinds: dict[str, KindResults]  # "box", and "mask" for segmentation, "pose" for pose
     confusion: np.ndarray  # (K + 1, K + 1) counts [predicted, true]; index K is the background
+    # classification: per class the share of its images whose top-1 (top-5) classes hold the label, and overall
+    accuracy: dict[str, tuple[float, np.ndarray]] = field(
+        default_factory=dict
+    )  # "top1"/"top5" -> (all, (K,))
 
 
 def class_results(evaluation: Evaluation, names: Sequence[str]) -> ClassResults:

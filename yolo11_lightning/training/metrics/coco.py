@@ -153,6 +153,7 @@ def coco_precision(
     classes: np.ndarray,
     truth_classes: np.ndarray,
     class_ids: np.ndarray,
+    share: tuple[int, int] = (0, 1),
 ) -> np.ndarray:
     """COCO's accumulated precision (module docstring).
 
@@ -162,22 +163,29 @@ def coco_precision(
         scores, classes: (n,) the detections' scores and classes.
         truth_classes: (m,) the classes of every truth.
         class_ids: (K,) the classes evaluated.
+        share: (rank, ranks): accumulate only the classes ``class_ids[k]`` with ``k % ranks == rank``; the others
+            are left at -inf (COCO evaluates classes independently: ranks can split them).
 
     Returns:
         (10, 101, K) float64 precision at each IoU threshold and recall threshold, -1 for a class without truths.
     """
-    precision = -np.ones((len(IOU_THRESHOLDS), len(RECALL_THRESHOLDS), len(class_ids)))
+    rank, ranks = share
+    precision = np.full((len(IOU_THRESHOLDS), len(RECALL_THRESHOLDS), len(class_ids)), -np.inf)
+    mine = np.arange(len(class_ids)) % ranks == rank
+    precision[:, :, mine] = -1.0
     truths_per_class = {int(c): int(n) for c, n in zip(*np.unique(truth_classes, return_counts=True))}
-    order = np.lexsort((np.arange(len(scores)), -scores, classes))  # per class: by score, stable
+    kept = np.isin(classes, class_ids[mine]) if ranks > 1 else np.ones(len(classes), bool)
+    classes, scores, true_positives = classes[kept], scores[kept], true_positives[kept]
+    order = np.lexsort((-scores, classes))  # per class by score; equal scores keep the rows' order (stable)
     classes, true_positives = classes[order], true_positives[order]
     starts = np.searchsorted(classes, class_ids, side="left")
     ends = np.searchsorted(classes, class_ids, side="right")
-    for k, (cls, start, end) in enumerate(zip(class_ids.tolist(), starts, ends)):
-        positives = truths_per_class.get(int(cls), 0)
+    for k in np.flatnonzero(mine):
+        positives = truths_per_class.get(int(class_ids[k]), 0)
         if not positives:
             continue
         precision[:, :, k] = 0.0
-        hits = true_positives[start:end]
+        hits = true_positives[starts[k] : ends[k]]
         if not len(hits):
             continue
         tp = np.cumsum(hits, 0).astype(np.float64)

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 from torchvision.ops import box_convert
@@ -256,21 +257,41 @@ class DetectionMAP(Metric):
         return {name: value.to(self.device) for name, value in self._evaluate().items()}
 
     def _evaluate(self) -> dict[str, Tensor]:
-        """``compute``'s values, on the host."""
+        """``compute``'s values, on the host. After a gather every rank holds every row; the classes are then
+        shared out (``_share``) and each rank accumulates its share, the per-class arrays summed up by one
+        all-reduce (the maximum of each entry: the others' entries are -inf)."""
         states = self._host_states()
         detections, truths = states["detections"], states["truths"]
         scores, classes = detections[:, _SCORE], detections[:, _CLASS].astype(np.int64)
         truth_classes = truths[:, 1].astype(np.int64)
-        out: dict[str, Tensor] = {}
-        kept: dict[str, KindEvaluation] = {}
+        share = self._share()
+        partial = {}
         for column, (name, kind) in enumerate(self.kinds.items(), start=_COUNTED + 1):
             flags = detections[:, column].astype(np.int64)[:, None] >> np.arange(_HALF_BIT + 1) & 1
             matched = flags[:, :_HALF_BIT].astype(bool)
             if kind.rules == "coco":
-                result = _coco_kind(matched, scores, classes, detections[:, _COUNTED] > 0, truth_classes)
+                counted = detections[:, _COUNTED] > 0
+                class_ids = np.unique(np.concatenate((classes, truth_classes)))
+                arrays = [
+                    coco_precision(
+                        matched[counted], scores[counted], classes[counted], truth_classes, class_ids, share
+                    )
+                ]  # fmt: skip
             else:
-                result = _reference_kind(matched, scores, classes, truth_classes)
-            result.matched = flags[:, _HALF_BIT].astype(bool)
+                class_ids, *arrays = precision_curves(matched, scores, classes, truth_classes, share)
+            partial[name] = (class_ids, arrays, flags[:, _HALF_BIT].astype(bool))
+        assembled = self._assemble([a for _, arrays, _ in partial.values() for a in arrays])
+        out: dict[str, Tensor] = {}
+        kept: dict[str, KindEvaluation] = {}
+        for name, (class_ids, arrays, half) in partial.items():
+            kind = self.kinds[name]
+            finished = [assembled.pop(0) for _ in arrays]
+            result = (
+                _coco_kind(class_ids, *finished)
+                if kind.rules == "coco"
+                else _reference_kind(class_ids, *finished)
+            )
+            result.matched = half
             if name == "box_reference":
                 out["mAP50-95_reference_style"] = as_tensor(result.map50_95)
                 continue
@@ -293,20 +314,35 @@ class DetectionMAP(Metric):
             )
         return out
 
+    def _share(self) -> tuple[int, int]:
+        """(rank, ranks) among which the classes are shared out: every rank of the process group when this
+        compute gathered the states (then every rank holds the same rows), else (0, 1)."""
+        if self._is_synced and dist.is_available() and dist.is_initialized():
+            group = self.process_group
+            if dist.get_world_size(group) > 1:
+                return dist.get_rank(group), dist.get_world_size(group)
+        return 0, 1
+
+    def _assemble(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Every rank's share of ``arrays`` (-inf where another rank computed) made whole: one all-reduce (max)
+        on the metric's device, the process group's."""
+        if self._share()[1] == 1 or not arrays:
+            return arrays
+        flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays])).to(self.device)
+        dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.process_group)
+        values = flat.cpu().numpy()
+        out, start = [], 0
+        for a in arrays:
+            out.append(values[start : start + a.size].reshape(a.shape))
+            start += a.size
+        return out
+
     def _class_name(self, cls: int) -> str:
         return self.class_names[cls] if self.class_names and 0 <= cls < len(self.class_names) else str(cls)
 
 
-def _coco_kind(
-    matched: np.ndarray,
-    scores: np.ndarray,
-    classes: np.ndarray,
-    counted: np.ndarray,
-    truth_classes: np.ndarray,
-) -> KindEvaluation:
-    """COCO's accumulation of one kind's matches (``metrics.coco``); per class the classes with truths."""
-    class_ids = np.unique(np.concatenate((classes, truth_classes)))
-    precision = coco_precision(matched[counted], scores[counted], classes[counted], truth_classes, class_ids)
+def _coco_kind(class_ids: np.ndarray, precision: np.ndarray) -> KindEvaluation:
+    """One kind's results from COCO's (10, 101, K) precision of ``class_ids``; per class the classes with truths."""
     with_truths = precision[0, 0, :] > -1
     return KindEvaluation(
         map50_95=coco_summary(precision),
@@ -318,11 +354,8 @@ def _coco_kind(
     )
 
 
-def _reference_kind(
-    matched: np.ndarray, scores: np.ndarray, classes: np.ndarray, truth_classes: np.ndarray
-) -> KindEvaluation:
-    """The reference validator's AP of one kind's matches (``metrics.reference_ap``)."""
-    present, aps, curves = precision_curves(matched, scores, classes, truth_classes)
+def _reference_kind(present: np.ndarray, aps: np.ndarray, curves: np.ndarray) -> KindEvaluation:
+    """One kind's results from the reference's AP (C, 10) and PR curves (C, 101) of the classes ``present``."""
     mean = aps.mean(0) if len(present) else np.zeros(len(IOU_THRESHOLDS))
     return KindEvaluation(
         map50_95=float(mean.mean()),

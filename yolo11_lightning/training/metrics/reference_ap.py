@@ -82,23 +82,33 @@ def class_average_precisions(
 
 
 def precision_curves(
-    correct: np.ndarray, scores: np.ndarray, classes: np.ndarray, truth_classes: np.ndarray
+    correct: np.ndarray,
+    scores: np.ndarray,
+    classes: np.ndarray,
+    truth_classes: np.ndarray,
+    share: tuple[int, int] = (0, 1),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``class_average_precisions`` of concatenated arrays, and each class's precision envelope at IoU 0.5 read at
-    101 recalls 0..1 (the PR curve the reference draws) -> (present (C,), AP (C, 10), curves (C, 101))."""
+    101 recalls 0..1 (the PR curve the reference draws) -> (present (C,), AP (C, 10), curves (C, 101)).
+
+    ``share`` (rank, ranks): compute only the present classes ``i`` with ``i % ranks == rank``, the others' rows
+    left at -inf (classes are independent: ranks can split them)."""
+    rank, ranks = share
     present, counts = np.unique(truth_classes, return_counts=True)
     aps = np.zeros((len(present), len(IOU_THRESHOLDS)))
     curves = np.zeros((len(present), len(RECALLS)))
+    mine = np.arange(len(present)) % ranks == rank
+    aps[~mine], curves[~mine] = -np.inf, -np.inf
     if not len(correct) or not len(present):
         return present, aps, curves
     order = np.argsort(-scores, kind="stable")
     tp, cls = correct[order], classes[order]
-    for i, (c, n_truth) in enumerate(zip(present, counts)):
-        hits = tp[cls == c].astype(np.float64)
+    for i in np.flatnonzero(mine):
+        hits = tp[cls == present[i]].astype(np.float64)
         if not len(hits):
             continue
         cum_tp, cum_fp = hits.cumsum(0), (1 - hits).cumsum(0)
-        recall, precision = cum_tp / (n_truth + 1e-16), cum_tp / (cum_tp + cum_fp)
+        recall, precision = cum_tp / (counts[i] + 1e-16), cum_tp / (cum_tp + cum_fp)
         aps[i] = [interpolated_ap(recall[:, k], precision[:, k]) for k in range(len(IOU_THRESHOLDS))]
         rec = np.concatenate(([0.0], recall[:, 0], [1.0]))
         envelope = np.maximum.accumulate(np.concatenate(([1.0], precision[:, 0], [0.0]))[::-1])[::-1]
