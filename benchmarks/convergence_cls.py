@@ -1,7 +1,8 @@
 """Convergence of YOLO11n-cls from scratch: ours beside the oracle's ``ClassificationTrainer``, same data, same epochs.
 
 The data is the synthetic classification set (``yolo11_lightning.data.synthetic.classes``: one shape per image,
-look-alike outlines, any colour, distractors) written as an ImageFolder root, which both sides read as is (ours:
+in its class's hue band, distractors; ``--any-hue``: any colour, the outline alone tells the class) written as an
+ImageFolder root, which both sides read as is (ours:
 ``--data.dataset <root>``, the oracle: ``data=<root>``; class names the sorted folders on both). Each side runs
 with its defaults (ours: ``YOLO11Module`` / ``YOLODataModule``; the oracle: its default configuration), only the
 data, epochs, image size, batch, seed, workers and device set. The final EMA weights of both sides (ours:
@@ -133,6 +134,9 @@ def main() -> None:
     p.add_argument("--imgsz", type=int, default=64)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument(
+        "--any-hue", action="store_true", help="shapes in any hue: the outline alone tells the class"
+    )
     p.add_argument("--threads", type=int, default=1, help="torch threads per run (both sides)")
     p.add_argument("--workers", type=int, default=0, help="loader workers per run (both sides)")
     p.add_argument(
@@ -150,7 +154,9 @@ def main() -> None:
 
     work = Path(args.workdir).resolve()
     root = work / "data"
-    make_classes_dataset(root, args.train, args.val, args.imgsz, args.classes, seed=0)
+    make_classes_dataset(
+        root, args.train, args.val, args.imgsz, args.classes, seed=0, class_hues=not args.any_hue
+    )
     rows = []
     for seed in args.seeds:
         for side, runner in (("ours", run_ours), ("oracle", run_oracle)):

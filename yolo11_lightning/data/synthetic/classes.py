@@ -1,10 +1,13 @@
 """A small synthetic classification set: one shape per image, its class the label (the ImageFolder layout).
 
 Each image shows one filled shape of its class (``painter.SYNTHETIC_CLASS_NAMES``: rectangle, ellipse,
-triangle, ...), 35-85 % of the image side, anywhere inside it, in a random colour (any hue: the colour says
-nothing about the class), on the shapes set's noisy gradient, with up to two small distractor shapes of any
-class (at most 1/5 of the side, so the largest shape is always the labelled one). Look-alike classes: ellipse,
-ring, hexagon and star, or diamond and rectangle, differ in outline alone, and at 64 px by a few pixels.
+triangle, ...), 35-85 % of the image side, anywhere inside it, on the shapes set's noisy gradient, with up to two
+small distractor shapes of any class (at most 1/5 of the side, so the largest shape is always the labelled one).
+Every shape is painted in its class's hue band (``painter.class_colour``, as the detection sets): the colour
+hints at the class, a cue a model from scratch picks up within the reference recipe's warmup, and the outline
+tells it. ``class_hues=False`` paints every shape in any hue instead: the outline alone tells the class (ellipse,
+ring, hexagon and star, or diamond and rectangle, differ at 64 px by a few pixels), which the reference recipe
+learns only over hundreds of optimiser steps (``docs/classify.md``).
 
 Deterministic: image i of a split depends only on (seed, split, i); its class is i modulo the class count, so
 every split is balanced. Layout written under ``out_dir``
@@ -23,7 +26,12 @@ import numpy as np
 import yaml
 
 from yolo11_lightning.data.synthetic._folder import SPLITS
-from yolo11_lightning.data.synthetic.painter import SYNTHETIC_CLASS_NAMES, background, shape_mask
+from yolo11_lightning.data.synthetic.painter import (
+    SYNTHETIC_CLASS_NAMES,
+    background,
+    class_colour,
+    shape_mask,
+)
 
 __all__ = ["classes_sample", "make_classes_dataset"]
 
@@ -32,47 +40,54 @@ _MARKER = "synthetic.json"
 YAML_NAME = "data.yaml"
 
 
-def _colour(rng: np.random.Generator) -> np.ndarray:
+def _any_colour(rng: np.random.Generator) -> np.ndarray:
+    """A bright RGB colour of any hue."""
     hsv = np.uint8([[[rng.integers(180), rng.integers(120, 256), rng.integers(150, 256)]]])
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
 
 
-def _paint(img: np.ndarray, rng: np.random.Generator, cls: int, side: float) -> None:
+def _paint(img: np.ndarray, rng: np.random.Generator, cls: int, side: float, num_classes: int | None) -> None:
+    """Paint one shape of class ``cls`` with a side of about ``side``; its hue from the class's band of
+    ``num_classes``, or any hue when None."""
     h, w = img.shape[:2]
     aspect = rng.uniform(0.75, 1.33)
     bw, bh = max(4, min(w - 2, round(side * aspect))), max(4, min(h - 2, round(side / aspect)))
     x1, y1 = int(rng.integers(1, w - bw)), int(rng.integers(1, h - bh))
     mask = shape_mask(SYNTHETIC_CLASS_NAMES[cls], (x1, y1, x1 + bw, y1 + bh), (h, w), rng)
     ys, xs = np.nonzero(mask)
-    img[ys, xs] = _colour(rng) + rng.normal(0.0, 6.0, (len(ys), 3))
+    colour = _any_colour(rng) if num_classes is None else class_colour(rng, cls, num_classes)
+    img[ys, xs] = colour + rng.normal(0.0, 6.0, (len(ys), 3))
 
 
 def classes_sample(
-    seed: int, split_index: int, index: int, size: int, num_classes: int
+    seed: int, split_index: int, index: int, size: int, num_classes: int, class_hues: bool = True
 ) -> tuple[np.ndarray, int]:
-    """One image ((size, size, 3) uint8 RGB) and its class (``index`` modulo ``num_classes``)."""
+    """One image ((size, size, 3) uint8 RGB) and its class (``index`` modulo ``num_classes``); shapes in their
+    class's hue band, or in any hue without ``class_hues`` (module docstring)."""
     rng = np.random.default_rng([_STREAM, seed, split_index, index])
     cls = index % num_classes  # balanced in any split, however small
+    hues = num_classes if class_hues else None
     img = background(rng, size, size)
     for _ in range(int(rng.integers(3))):  # distractors first: the labelled shape is painted over them
-        _paint(img, rng, int(rng.integers(num_classes)), rng.uniform(0.1, 0.2) * size)
-    _paint(img, rng, cls, rng.uniform(0.35, 0.85) * size)
+        _paint(img, rng, int(rng.integers(num_classes)), rng.uniform(0.1, 0.2) * size, hues)
+    _paint(img, rng, cls, rng.uniform(0.35, 0.85) * size, hues)
     return np.clip(img, 0, 255).astype(np.uint8), cls
 
 
 def make_classes_dataset(
     out_dir: str | Path, num_train: int = 64, num_val: int = 16, image_size: int = 64, num_classes: int = 3,
-    seed: int = 0,
+    seed: int = 0, class_hues: bool = True,
 ) -> Path:  # fmt: skip
-    """Write the set (module docstring); returns its ``data.yaml`` (the folder itself is the ImageFolder root).
-    A folder already written with the same parameters is reused as is."""
+    """Write the set (module docstring; ``class_hues``: shapes in their class's hue band); returns its
+    ``data.yaml`` (the folder itself is the ImageFolder root). A folder already written with the same parameters
+    is reused as is."""
     if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
         raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
     if image_size < 16:
         raise ValueError(f"need image_size >= 16, got {image_size}")
     names = list(SYNTHETIC_CLASS_NAMES[:num_classes])
     params = {"set": "classify", "num_train": num_train, "num_val": num_val, "image_size": image_size,
-              "num_classes": num_classes, "seed": seed}  # fmt: skip
+              "num_classes": num_classes, "seed": seed, "class_hues": class_hues}  # fmt: skip
     out = Path(out_dir)
     marker, yaml_path = out / _MARKER, out / YAML_NAME
     try:
@@ -89,7 +104,7 @@ def make_classes_dataset(
             for old in folder.glob("*.png"):
                 old.unlink()
         for i in range(count):
-            image, cls = classes_sample(seed, split_index, i, image_size, num_classes)
+            image, cls = classes_sample(seed, split_index, i, image_size, num_classes, class_hues)
             cv2.imwrite(str(out / split / names[cls] / f"{split}_{i:05d}.png"), image[..., ::-1])
     yaml_path.write_text(yaml.safe_dump({"train": "train", "val": "val", "names": names}))
     marker.write_text(json.dumps(params))

@@ -83,7 +83,7 @@ def background(rng, height: int, width: int) -> np.ndarray:
     return img + rng.normal(0.0, 6.0, img.shape)
 
 
-def _class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
+def class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
     """A bright, saturated RGB colour in the class's hue band."""
     hue = (cls / num_classes + rng.uniform(-0.3, 0.3) / num_classes) % 1.0
     hsv = np.uint8([[[round(hue * 180) % 180, rng.integers(170, 256), rng.integers(190, 256)]]])
@@ -124,7 +124,7 @@ def boxes_sample(params: ShapeParams, split_index: int, index: int):
     for cls, place in _free_places(rng, n_target, h, w, params.num_classes):
         mask = shape_mask(SYNTHETIC_CLASS_NAMES[cls], place, (h, w), rng)
         ys, xs = np.nonzero(mask)
-        img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
+        img[ys, xs] = class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
         boxes.append((xs.min(), ys.min(), xs.max() + 1, ys.max() + 1))  # exact extent of the drawn pixels
     image = np.clip(img, 0, 255).astype(np.uint8)
@@ -215,7 +215,7 @@ def outlines_sample(params: ShapeParams, split_index: int, index: int):
         unit = _unit_outline(SYNTHETIC_CLASS_NAMES[cls], rng)
         outline = _place_outline(unit, place, math.radians(rng.uniform(-30, 30)))
         ys, xs = np.nonzero(_paint_outline(outline, (h, w)))
-        img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
+        img[ys, xs] = class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
         outlines.append(outline)
     return np.clip(img, 0, 255).astype(np.uint8), np.asarray(classes, np.int64), outlines
@@ -265,7 +265,7 @@ def oriented_sample(params: ShapeParams, split_index: int, index: int):
             for unit in (_unit_outline(SYNTHETIC_CLASS_NAMES[cls], rng), square)
         )
         ys, xs = np.nonzero(_paint_outline(outline, (h, w)))
-        img[ys, xs] = _class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
+        img[ys, xs] = class_colour(rng, cls, params.num_classes) + rng.normal(0.0, 6.0, (len(ys), 3))
         classes.append(cls)
         boxes.append(box)
     return np.clip(img, 0, 255).astype(np.uint8), np.asarray(classes, np.int64), boxes
