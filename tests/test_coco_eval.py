@@ -210,3 +210,42 @@ def test_two_ranks_equal_one_rank_exactly_and_an_empty_rank_sends_its_shape() ->
     empty._sync_dist(lambda t, group=None: [t, t])  # a rank that saw no batch sends (0, width) states
     with pytest.warns(UserWarning):  # torchmetrics: compute before update
         assert empty.compute()["mAP50-95"] == -1  # COCO's "no data"
+
+
+def _rank_main(rank: int, init_file: str, results: dict) -> None:
+    """One of 2 gloo ranks: score its unpadded shard (rank 0: images 0-28, rank 1: 29-47) and compute."""
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        images = _images(6, 3, ties=True)
+        metric = DetectionMAP(reference_style=True)
+        metric.keep_evaluation = rank == 0
+        if rank == 0:
+            _fill(metric, images[:29])
+        else:
+            _fill(metric, images[29:], start=29, batch_size=5)
+        values = {k: v.item() for k, v in metric.compute().items()}
+        kept = metric.evaluation
+        results[rank] = (values, None if kept is None else kept.kinds["box"].ap.tolist())
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_real_gloo_ranks_share_the_classes_and_equal_one_process(tmp_path) -> None:
+    """Two processes, a real gloo group: each rank accumulates its share of the classes, one all-reduce makes the
+    per-class arrays whole; both ranks get the single-process values exactly, rank 0 the per-class results."""
+    import torch.multiprocessing as mp
+
+    single = DetectionMAP(reference_style=True)
+    single.keep_evaluation = True
+    _fill(single, _images(6, 3, ties=True))
+    expected = {k: v.item() for k, v in single.compute().items()}
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.start_processes(_rank_main, args=(str(tmp_path / "init"), results), nprocs=2, start_method="fork")
+        results = dict(results)
+    for rank in (0, 1):
+        assert results[rank][0] == expected, rank
+    assert results[0][1] == single.evaluation.kinds["box"].ap.tolist() and results[1][1] is None
