@@ -2,10 +2,11 @@
 # One device call on a lent GPU machine: install the wheels of .whl/ (benchmarks/gpu_wheels.sh) into
 # /tmp/site, then run benchmarks/gpu.py with its results in $OUT (gpu.json, gpu.md, sections.log, gpu.log).
 #
-#     run tool: command "bash benchmarks/gpu_run.sh", carry [".whl"], timeout_s 540
+#     run tool: command "bash benchmarks/gpu_run.sh", carry [".whl"], timeout_s 330
 #
 # Arguments go to gpu.py (for a rerun of some sections: bash benchmarks/gpu_run.sh --sections ddp --budget 200).
-# gpu.py keeps to its --budget (460 s): with the install, about 8 minutes in all.
+# gpu.py keeps to its --budget (240 s): with the install about 5 minutes, so that with the machine's start a
+# rerun still fits in a 15-minute device allowance.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! ls .whl/*.whl >/dev/null 2>&1; then
