@@ -133,8 +133,9 @@ class YOLOLightningCLI(LightningCLI):
             raise UserInputError(f"--trainer options: {e}") from e
         if trainer.precision in _HALF_WEIGHTS:
             raise UserInputError(
-                f"trainer.precision={trainer.precision} keeps the weights, optimiser state and EMA in half precision, "
-                "where the EMA's ~1e-4 updates vanish: use --trainer.precision bf16-mixed (16-mixed without bf16)"
+                f"trainer.precision={trainer.precision} keeps the weights, optimiser state and EMA in half "
+                "precision, where the EMA's ~1e-4 updates vanish: use --trainer.precision bf16-mixed "
+                "(16-mixed without bf16)"
             )
         use_atomic_checkpoints(trainer)
         return trainer
