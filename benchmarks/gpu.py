@@ -1,7 +1,7 @@
 """GPU figures in one prepared run: TF32 probe, sync audit, DDP fits (2 ranks, resume), images/s, data, memory.
 
     python benchmarks/gpu.py --out DIR            # needs CUDA; the sections that fit in --budget (240 s)
-    python benchmarks/gpu.py --cpu-smoke          # every section's code path on CPU at toy sizes (65-90 s)
+    python benchmarks/gpu.py --cpu-smoke          # every section's code path on CPU at toy sizes (6-8 min)
     python benchmarks/gpu.py --sections throughput,data --budget 200    # a subset (names: --help)
 
 On a lent H200 (no network): ``bash benchmarks/gpu_wheels.sh`` here first (the wheels the machine lacks, into
@@ -61,6 +61,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -492,6 +493,7 @@ def epoch_metrics(root: str) -> dict[int, dict[str, float]]:
 def work_resume(spec: dict[str, Any]) -> dict[str, Any]:
     """A 16-mixed fit stopped after its first epoch, resumed under bf16-mixed; compared with the uninterrupted
     16-mixed fit of the same config (every epoch's losses and mAP finite, the resumed run at the same epochs)."""
+    shutil.rmtree(spec["root"], ignore_errors=True)  # an earlier run's logs would fill epochs this one lost
     for key in ("first", "second"):
         proc = subprocess.run(spec[key], cwd=REPO, capture_output=True, text=True)
         print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)
@@ -587,8 +589,9 @@ def resume_section(s: Settings, work: Path, cuda: bool) -> Section:
         "first": fit_argv("16-mixed", root, 1, s, work, cuda),
         "second": fit_argv("bf16-mixed", root, 3, s, work, cuda, "--ckpt_path", "last"),
     }  # fmt: skip
+    timeout = 150 if cuda else 300  # two fits; a CPU smoke on shared cores takes longer
     return worker_section(
-        "resume 16>bf16", "resume", "resume", spec, timeout=150, need=60, needs="ddp 16-mixed"
+        "resume 16>bf16", "resume", "resume", spec, timeout=timeout, need=60, needs="ddp 16-mixed"
     )
 
 
