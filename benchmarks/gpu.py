@@ -1,7 +1,7 @@
-"""GPU figures in one prepared run: sync audit, 1-GPU DDP fits, training images/s, data pipeline, memory.
+"""GPU figures in one prepared run: TF32 probe, sync audit, DDP fits (2 ranks, resume), images/s, data, memory.
 
-    python benchmarks/gpu.py --out DIR            # needs CUDA; all sections within --budget (460 s)
-    python benchmarks/gpu.py --cpu-smoke          # every section's code path on CPU at toy sizes (65-90 s)
+    python benchmarks/gpu.py --out DIR            # needs CUDA; the sections that fit in --budget (240 s)
+    python benchmarks/gpu.py --cpu-smoke          # every section's code path on CPU at toy sizes (6-8 min)
     python benchmarks/gpu.py --sections throughput,data --budget 200    # a subset (names: --help)
 
 On a lent H200 (no network): ``bash benchmarks/gpu_wheels.sh`` here first (the wheels the machine lacks, into
@@ -15,13 +15,22 @@ recorded as "skipped: budget". After every section ``gpu.json`` (every figure, v
 commit, each section's status) and ``gpu.md`` (the tables, also printed at the end) are rewritten in
 ``--out``, with ``sections.log`` (each section's output): a run killed from outside keeps what it measured.
 
-Sections, in this order:
+The budget (240 s of sections) leaves a rerun inside 15 device-minutes; the first five sections (about 190 s
+at most) are the checks no CPU can make, the rest are figures a budget cut may drop. Sections, in this order:
+  tf32-probe      each fp32 mode the throughput rows use, set as they set it, then Lightning's own read of
+                  it (``CUDAAccelerator.setup_device``) and the matmul / convolution error against float64;
   sync-audit      ``pytest tests/test_gpu_syncs.py`` (CUDA-only tests: no host sync in a single-GPU
                   training step nor in a 1-rank NCCL DDP step): passed / failed and the output tail;
-  ddp-*           ``yolo11-lightning fit --config configs/quickstart.yaml`` on one GPU through NCCL DDP
-                  (``--trainer.strategy ddp --trainer.devices 1``), 3 epochs with validation, synthetic
-                  data (256 train / 64 val at 320, batch 32), under 16-mixed and bf16-mixed: every logged
-                  loss and val/mAP50-95 in metrics.csv finite;
+  ddp 2-rank      ``yolo11-lightning fit --config configs/quickstart.yaml`` with 2 processes on the one GPU
+                  over gloo (``SharedDeviceDDP``: NCCL refuses two ranks on one GPU), 2 epochs: the step
+                  exchange, the rank-0 buffer broadcast, ``agree()`` and the metric gather, which every
+                  world-size-1 section skips;
+  ddp-*           the same fit on one GPU through NCCL DDP (``--trainer.strategy ddp --trainer.devices 1``),
+                  3 epochs with validation, synthetic data (256 train / 64 val at 320, batch 32), under
+                  16-mixed, then bf16-mixed after the resume: every logged loss and val/mAP50-95 in
+                  metrics.csv finite, the backend and the number of ranks as asked;
+  resume          the 16-mixed fit stopped after epoch 1 and resumed (``--ckpt_path last``) under bf16-mixed
+                  to epoch 3, beside the uninterrupted 16-mixed fit;
   prepare         512 COCO-like JPEGs (``data_speed.make_dataset``, 80 classes) and real training batches
                   from them (mosaic on), saved once for the throughput sections;
   yolo11{n,s} *   training images/s through ``fit`` (the CLI's default callbacks: EMA, checkpoints,
@@ -52,6 +61,7 @@ import csv
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,8 +78,11 @@ from typing import Any
 
 import _common as C
 import torch
+from lightning.pytorch.strategies import DDPStrategy
 
 REPO = C.REPO
+# All sections' seconds: with the install and the machine's start, one run and a rerun fit in 15 device-minutes.
+BUDGET_S = 240.0
 MARGIN_S = 5.0  # kept back from a section's timeout at the deadline, for writing the results
 TAIL_CHARS = 3000  # output kept in gpu.json per section that did not end well
 LOG_CHARS = 200_000  # output kept in sections.log per section
@@ -126,38 +139,37 @@ class Settings:
 
 
 # ------------------------------------------------------------------------------------ helpers (workers)
-def _new_tf32_api() -> bool:
-    """torch >= 2.9's ``fp32_precision`` flags (mixing them with the legacy ``allow_tf32`` flags, even to read
-    one, is refused by torch: one API is used for both setting and reading)."""
-    return hasattr(torch.backends.cuda.matmul, "fp32_precision") and hasattr(torch.backends.cudnn, "conv")
+class SharedDeviceDDP(DDPStrategy):
+    """DDP with ``processes`` ranks on one device over gloo (NCCL refuses two ranks on one GPU): the multi-rank
+    path (step exchange, rank-0 buffer broadcast, ``agree()``, the metric gather) on a machine with one GPU.
+
+    ``--trainer.strategy gpu.SharedDeviceDDP --trainer.strategy.device cuda`` (benchmarks/ on PYTHONPATH).
+    """
+
+    def __init__(self, processes: int = 2, device: str = "cuda", **kwargs: Any) -> None:
+        one = torch.device(device, 0) if device == "cuda" else torch.device(device)
+        super().__init__(parallel_devices=[one] * processes, process_group_backend="gloo", **kwargs)
 
 
 def set_fp32_precision(mode: str | None) -> None:
-    """TF32 for fp32 matmuls and cuDNN convolutions: "ieee" off, "tf32" on, None leaves torch's defaults."""
+    """TF32 for fp32 matmuls and cuDNN convolutions: "ieee" off, "tf32" on, None leaves torch's defaults.
+
+    Through ``torch.set_float32_matmul_precision`` and ``cudnn.allow_tf32``, the API Lightning reads: its
+    ``CUDAAccelerator.setup_device`` calls ``torch.get_float32_matmul_precision()``, which raises once the newer
+    ``fp32_precision`` flags were set (torch refuses a mix of the two APIs, reading included).
+    """
     if mode is None:
         return
-    backends = torch.backends
-    if _new_tf32_api():
-        backends.cuda.matmul.fp32_precision = mode
-        backends.cudnn.conv.fp32_precision = mode
-        backends.cudnn.rnn.fp32_precision = mode
-    else:
-        backends.cuda.matmul.allow_tf32 = mode == "tf32"
-        backends.cudnn.allow_tf32 = mode == "tf32"
+    torch.set_float32_matmul_precision("high" if mode == "tf32" else "highest")
+    torch.backends.cudnn.allow_tf32 = mode == "tf32"
 
 
 def tf32_state() -> dict[str, str]:
-    """The fp32 precision of matmuls and cuDNN convolutions now: "tf32" or "ieee" (torch's "none": inherited)."""
-    backends = torch.backends
-    if _new_tf32_api():
-        return {
-            "matmul": backends.cuda.matmul.fp32_precision,
-            "cudnn_conv": backends.cudnn.conv.fp32_precision,
-        }
+    """The fp32 precision of matmuls and cuDNN convolutions now: "tf32" or "ieee" (read as Lightning reads it)."""
     tf32 = {True: "tf32", False: "ieee"}
     return {
-        "matmul": tf32[bool(backends.cuda.matmul.allow_tf32)],
-        "cudnn_conv": tf32[bool(backends.cudnn.allow_tf32)],
+        "matmul": tf32[torch.get_float32_matmul_precision() != "highest"],
+        "cudnn_conv": tf32[bool(torch.backends.cudnn.allow_tf32)],
     }
 
 
@@ -237,6 +249,37 @@ def steady_window(warmup: int, seconds: float, min_steps: int, max_steps: int) -
 
 
 # ------------------------------------------------------------------------------------ workers
+def work_tf32_probe(spec: dict[str, Any]) -> dict[str, Any]:
+    """Each fp32 mode as the throughput sections set it, then Lightning's own check of it and a 1-step fit:
+    the mode read back, and the error of a 1024-wide fp32 matmul and convolution against float64 (TF32 keeps 10
+    mantissa bits: ~1e-3 relative, IEEE fp32 ~1e-6; on a CPU both are fp32)."""
+    import lightning as L
+    from lightning.fabric.accelerators.cuda import _check_cuda_matmul_precision
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(1024, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+    x, w = torch.randn(4, 64, 32, 32, generator=g), torch.randn(64, 64, 3, 3, generator=g)
+    out: dict[str, Any] = {}
+    for mode in spec["modes"]:
+        set_fp32_precision(mode)
+        _check_cuda_matmul_precision(device)  # what CUDAAccelerator.setup_device calls (on a GPU)
+        precision = torch.get_float32_matmul_precision()  # the call it makes: raises on mixed TF32 APIs
+        trainer = L.Trainer(accelerator=device.type, devices=1, max_steps=1, logger=False, enable_progress_bar=False,
+                            enable_checkpointing=False, enable_model_summary=False, limit_val_batches=0)  # fmt: skip
+        trainer.strategy.accelerator.setup_device(trainer.strategy.root_device)
+        mm = (a.to(device) @ b.to(device)).double().cpu()
+        conv = torch.nn.functional.conv2d(x.to(device), w.to(device), padding=1).double().cpu()
+        mm_ref = a.double() @ b.double()
+        conv_ref = torch.nn.functional.conv2d(x.double(), w.double(), padding=1)
+        out[mode] = {
+            "state": tf32_state(), "matmul_precision": precision,
+            "matmul_rel_err": float((mm - mm_ref).abs().max() / mm_ref.abs().max()),
+            "conv_rel_err": float((conv - conv_ref).abs().max() / conv_ref.abs().max()),
+        }  # fmt: skip
+    return {"modes": out, "device": device.type}
+
+
 def work_prepare(spec: dict[str, Any]) -> dict[str, Any]:
     """COCO-like JPEGs with a dataset yaml, and real training batches from them saved for the throughput
     sections (each file written once, reused by later runs)."""
@@ -434,9 +477,46 @@ def work_sync_sites(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def epoch_metrics(root: str) -> dict[int, dict[str, float]]:
+    """Per epoch, the last logged value of each loss and of val/mAP50-95 over every metrics.csv under ``root``."""
+    epochs: dict[int, dict[str, float]] = {}
+    for path in sorted(Path(root).glob("lightning_logs/version_*/metrics.csv"), key=os.path.getmtime):
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                if not row.get("epoch"):
+                    continue
+                values = {c: float(row[c]) for c in (*LOSS_COLUMNS, MAP_COLUMN) if row.get(c)}
+                epochs.setdefault(int(float(row["epoch"])), {}).update(values)
+    return epochs
+
+
+def work_resume(spec: dict[str, Any]) -> dict[str, Any]:
+    """A 16-mixed fit stopped after its first epoch, resumed under bf16-mixed; compared with the uninterrupted
+    16-mixed fit of the same config (every epoch's losses and mAP finite, the resumed run at the same epochs)."""
+    shutil.rmtree(spec["root"], ignore_errors=True)  # an earlier run's logs would fill epochs this one lost
+    for key in ("first", "second"):
+        proc = subprocess.run(spec[key], cwd=REPO, capture_output=True, text=True)
+        print(proc.stdout[-2000:], proc.stderr[-4000:], flush=True)
+        if proc.returncode:
+            raise RuntimeError(f"the {key} fit ended with exit {proc.returncode}")
+    resumed, reference = epoch_metrics(spec["root"]), epoch_metrics(spec["reference_root"])
+    last = spec["epochs"] - 1
+    values = [v for e in resumed.values() for v in e.values()]
+    problems = []
+    if sorted(e for e, v in resumed.items() if MAP_COLUMN in v) != list(range(spec["epochs"])):
+        problems.append(f"mAP logged for epochs {sorted(resumed)}, not 0..{last}")
+    if not values or not all(math.isfinite(v) for v in values):
+        problems.append("a loss or mAP is not finite")
+    if problems:
+        raise RuntimeError("; ".join(problems))
+    diff = {c: resumed[last].get(c, math.nan) - reference.get(last, {}).get(c, math.nan)
+            for c in (*LOSS_COLUMNS, MAP_COLUMN)}  # fmt: skip
+    return {"resumed": resumed[last], "uninterrupted": reference.get(last, {}), "difference": diff}
+
+
 WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
-    "prepare": work_prepare, "throughput": work_throughput, "data": work_data, "memory": work_memory,
-    "sync-sites": work_sync_sites,
+    "tf32-probe": work_tf32_probe, "prepare": work_prepare, "throughput": work_throughput, "data": work_data,
+    "memory": work_memory, "sync-sites": work_sync_sites, "resume": work_resume,
 }  # fmt: skip
 
 
@@ -463,22 +543,56 @@ def worker_section(name: str, group: str, kind: str, spec: dict[str, Any], timeo
     return Section(name, group, argv, timeout, need, spec, **kwargs)
 
 
-def ddp_section(precision: str, s: Settings, work: Path, cuda: bool) -> Section:
-    """The CLI fit of the quickstart config on one device through DDP, 3 epochs with validation."""
+def fit_argv(
+    precision: str, root: Path, epochs: int, s: Settings, work: Path, cuda: bool, *extra: str
+) -> list[str]:
+    """The CLI fit of the quickstart config on one device, ``epochs`` epochs with validation, under ``root``."""
     d = s.ddp
-    root = work / f"ddp_{precision}"
-    argv = [
+    return [
         sys.executable, "-m", "yolo11_lightning", "fit", "--config", "configs/quickstart.yaml",
         "--trainer.accelerator", "gpu" if cuda else "cpu", "--trainer.devices", "1",
-        "--trainer.strategy", "ddp", "--trainer.precision", precision, "--trainer.max_epochs", "3",
+        "--trainer.strategy", "ddp", "--trainer.precision", precision, "--trainer.max_epochs", str(epochs),
         "--trainer.log_every_n_steps", "1", "--trainer.enable_progress_bar", "false",
         "--trainer.default_root_dir", str(root), "--data.synthetic_dir", str(work / f"synthetic_{d['size']}"),
         "--data.synthetic_train", str(d["train"]), "--data.synthetic_val", str(d["val"]),
         "--data.synthetic_image_size", str(d["size"]), "--data.image_size", str(d["size"]),
-        "--data.batch_size", str(d["batch"]), "--data.num_workers", str(d["workers"]),
+        "--data.batch_size", str(d["batch"]), "--data.num_workers", str(d["workers"]), *extra,
     ]  # fmt: skip
-    spec = {"precision": precision, "root": str(root), "epochs": 3, **d}
+
+
+def ddp_section(precision: str, s: Settings, work: Path, cuda: bool) -> Section:
+    """The CLI fit of the quickstart config on one device through NCCL DDP (1 rank), 3 epochs."""
+    root = work / f"ddp_{precision}"
+    spec = {"precision": precision, "root": str(root), "epochs": 3, "ranks": 1,
+            "backend": "nccl" if cuda else "gloo", **s.ddp}  # fmt: skip
+    argv = fit_argv(precision, root, 3, s, work, cuda)
     return Section(f"ddp {precision}", "ddp", argv, timeout=120, need=45, spec=spec, one_timeout=True)
+
+
+def two_rank_section(s: Settings, work: Path, cuda: bool) -> Section:
+    """The same fit on 2 ranks sharing the one device over gloo (``SharedDeviceDDP``), 2 epochs: the step
+    exchange, the rank-0 buffer broadcast, ``agree()`` and the metric gather, skipped at world size 1."""
+    root = work / "ddp_2rank"
+    spec = {"precision": "bf16-mixed", "root": str(root), "epochs": 2, "ranks": 2, "backend": "gloo", **s.ddp}
+    argv = fit_argv("bf16-mixed", root, 2, s, work, cuda, "--trainer.strategy", "gpu.SharedDeviceDDP",
+                    "--trainer.strategy.device", "cuda" if cuda else "cpu")  # fmt: skip
+    # A hang here (gloo on a GPU) says nothing about the 1-rank NCCL fits after it: they still run.
+    return Section("ddp 2-rank", "ddp", argv, timeout=150, need=50, spec=spec)
+
+
+def resume_section(s: Settings, work: Path, cuda: bool) -> Section:
+    """1 epoch under 16-mixed, then ``--ckpt_path last`` under bf16-mixed to epoch 3, against ``ddp 16-mixed``
+    (the same 3 epochs uninterrupted)."""
+    root = work / "resume"
+    spec = {
+        "root": str(root), "reference_root": str(work / "ddp_16-mixed"), "epochs": 3,
+        "first": fit_argv("16-mixed", root, 1, s, work, cuda),
+        "second": fit_argv("bf16-mixed", root, 3, s, work, cuda, "--ckpt_path", "last"),
+    }  # fmt: skip
+    timeout = 150 if cuda else 300  # two fits; a CPU smoke on shared cores takes longer
+    return worker_section(
+        "resume 16>bf16", "resume", "resume", spec, timeout=timeout, need=60, needs="ddp 16-mixed"
+    )
 
 
 def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool) -> list[Section]:
@@ -489,11 +603,14 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
     held = {str(b): str(work / f"held_{s.size}_{b}_{s.held}.pt") for b in sorted(set(s.batches.values()))}
     first_scale = next(iter(s.batches))
     sections = [
+        worker_section("tf32-probe", "tf32-probe", "tf32-probe", {"modes": ["ieee", "tf32"]}, timeout=60, need=15),
         Section("sync-audit", "audit",
                 [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu_syncs.py"],
-                timeout=120, need=30,
+                timeout=90, need=30,
                 skip="" if (REPO / "tests/test_gpu_syncs.py").exists() else "missing (tests/test_gpu_syncs.py)"),
+        two_rank_section(s, work, cuda),
         ddp_section("16-mixed", s, work, cuda),
+        resume_section(s, work, cuda),
         ddp_section("bf16-mixed", s, work, cuda),
         worker_section("prepare", "prepare", "prepare", {
             "root": str(jpeg_root), "jpegs": s.jpegs, "size": s.size, "held": held, "count": s.held,
@@ -501,7 +618,7 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
         }, timeout=120, need=20),
     ]  # fmt: skip
     if args.cpu_smoke:
-        sections[1].skip = smoke.format("bf16-mixed: 16-mixed is bf16 on a CPU")
+        sections[5].skip = smoke.format("bf16-mixed: 16-mixed is bf16 on a CPU")
 
     def throughput(scale: str, variant: str, timeout: float, need: float, **kwargs: Any) -> Section:
         batch = s.batches[scale]
@@ -558,7 +675,8 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
 def section_env() -> dict[str, str]:
     """The parent's environment with the repository first on PYTHONPATH (the package is used uninstalled)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+    paths = [str(REPO), str(REPO / "benchmarks"), *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])]
+    env["PYTHONPATH"] = os.pathsep.join(paths)  # benchmarks/: gpu.SharedDeviceDDP for the 2-rank fit
     env.update(PYTHONUNBUFFERED="1", YOLO_OFFLINE="1", WANDB_MODE="offline")
     return env
 
@@ -678,13 +796,20 @@ def read_ddp(section: Section, output: str, returncode: int) -> tuple[str, dict[
         problems.append("a loss or mAP is not finite (or none was logged)")
     if len(maps) != spec["epochs"]:
         problems.append(f"{len(maps)} mAP rows for {spec['epochs']} epochs")
-    if torch.cuda.is_available() and backend != "nccl":
-        problems.append(f"backend {backend}, not nccl")
+    if backend != spec["backend"]:
+        problems.append(f"backend {backend}, not {spec['backend']}")
+    rates = [(float(r["perf/images_per_second"]), float(r["perf/images_per_second_per_device"])) for r in rows
+             if r.get("perf/images_per_second") and r.get("perf/images_per_second_per_device")]  # fmt: skip
+    ranks = round(rates[-1][0] / rates[-1][1]) if rates and rates[-1][1] else 0
+    figures["ranks"] = ranks
+    if ranks != spec["ranks"]:
+        problems.append(f"{ranks} rank(s) logged, not {spec['ranks']}")
     return ("failed: " + "; ".join(problems)) if problems else "ok", figures
 
 
 READERS: dict[str, Callable[[Section, str, int], tuple[str, dict[str, Any]]]] = {
-    "audit": read_pytest, "ddp": read_ddp, "prepare": read_worker, "throughput": read_worker,
+    "tf32-probe": read_worker, "resume": read_worker, "audit": read_pytest, "ddp": read_ddp,
+    "prepare": read_worker, "throughput": read_worker,
     "data": read_worker, "memory": read_worker, "sync-sites": read_worker,
 }  # fmt: skip
 
@@ -771,14 +896,31 @@ def render(report: dict[str, Any]) -> str:
     for r in by_group.get("ddp", []):
         f = figures(r)
         losses = f.get("last_losses", {})
-        rows.append([r["spec"]["precision"], r["status"], f.get("backend", "-"), f.get("loss_rows", "-"),
+        rows.append([r["name"], r["status"], f.get("backend", "-"), f.get("ranks", "-"), f.get("loss_rows", "-"),
                      " / ".join(fmt(losses.get(c), ".3f") for c in LOSS_COLUMNS),
                      " ".join(fmt(v, ".4f") for v in f.get("map50_95", [])) or "-", fmt(r["seconds"])])  # fmt: skip
     d = by_group.get("ddp", [{}])[0].get("spec", {})
-    table(f"1-GPU DDP fit through the CLI, quickstart config, 3 epochs with validation ({d.get('train')} / "
-          f"{d.get('val')} synthetic images at {d.get('size')}, batch {d.get('batch')})",
-          ["precision", "status", "backend", "loss rows", "last box / cls / dfl loss", "val mAP50-95 per epoch",
+    table(f"DDP fits on the one GPU through the CLI, quickstart config, with validation ({d.get('train')} / "
+          f"{d.get('val')} synthetic images at {d.get('size')}, global batch {d.get('batch')}); 2-rank: two "
+          "processes on the GPU over gloo",
+          ["fit", "status", "backend", "ranks", "loss rows", "last box / cls / dfl loss", "val mAP50-95 per epoch",
            "s"], rows)  # fmt: skip
+
+    for r in by_group.get("resume", []):
+        f = figures(r)
+        rows = [[c, fmt(f.get("resumed", {}).get(c), ".4f"), fmt(f.get("uninterrupted", {}).get(c), ".4f"),
+                 fmt(f.get("difference", {}).get(c), "+.4f")] for c in (*LOSS_COLUMNS, MAP_COLUMN)]  # fmt: skip
+        table(f"A 16-mixed fit resumed after epoch 1 under bf16-mixed, against the uninterrupted 16-mixed fit, "
+              f"last epoch: {r['status']}", ["value", "resumed", "uninterrupted", "difference"], rows)  # fmt: skip
+
+    for r in by_group.get("tf32-probe", []):
+        f = figures(r)
+        rows = [[mode, v["matmul_precision"], v["state"]["matmul"], v["state"]["cudnn_conv"],
+                 fmt(v["matmul_rel_err"], ".1e"), fmt(v["conv_rel_err"], ".1e")]
+                for mode, v in f.get("modes", {}).items()]  # fmt: skip
+        table(f"TF32 probe ({f.get('device', '-')}): each mode as the throughput rows set it, read back the way "
+              f"Lightning reads it; max error against float64: {r['status']}",
+              ["mode", "get_float32_matmul_precision", "matmul", "cuDNN conv", "matmul err", "conv err"], rows)  # fmt: skip
 
     rows, base = [], {}
     for r in by_group.get("throughput", []):
@@ -846,7 +988,7 @@ def main() -> None:
     parser = C.parser(__doc__, worker=tuple(WORKERS), hidden=("--spec",))
     parser.add_argument("--out", type=Path, default=None, help="results folder (default: a new temp dir)")
     parser.add_argument(
-        "--budget", type=float, default=None, help="seconds for all sections (460; smoke 300)"
+        "--budget", type=float, default=None, help=f"seconds for all sections ({BUDGET_S:.0f}; smoke 600)"
     )
     parser.add_argument(
         "--sections", default="", help="comma-separated section names or groups (default all)"
@@ -864,7 +1006,7 @@ def main() -> None:
     settings = Settings.smoke() if args.cpu_smoke else Settings()
     if args.window is not None:
         settings.window_s = args.window
-    budget = args.budget if args.budget is not None else 300.0 if args.cpu_smoke else 460.0
+    budget = args.budget if args.budget is not None else 600.0 if args.cpu_smoke else BUDGET_S
     deadline = started + budget
     work = C.default_workdir() / ("gpu_smoke" if args.cpu_smoke else "gpu")
     logs = work / f"logs_{os.getpid()}"

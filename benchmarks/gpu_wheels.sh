@@ -5,9 +5,9 @@
 #
 #     bash benchmarks/gpu_wheels.sh
 #
-# What the machine lacks: pyproject.toml's dependencies against the package list of the lent H200 image
-# (/work/.library/device/KINDS.md: python 3.12, torch 2.11+cu130, lightning, torchmetrics, torchvision, numpy,
-# pyyaml, opencv-python-headless, onnx, onnxruntime, tensorboard, psutil, typing-extensions, pytest are there):
+# What the machine lacks: pyproject.toml's dependencies against what the lent machine has (one H200, no
+# network; python 3.12, torch 2.11+cu130, lightning, torchmetrics, torchvision, numpy, pyyaml,
+# opencv-python-headless, onnx, onnxruntime, tensorboard, psutil, typing-extensions, pytest are installed):
 #   jsonargparse[signatures]  LightningCLI's parser: jsonargparse, docstring-parser, typeshed-client
 #                             (typeshed-client's one requirement, typing-extensions, is there);
 #   faster-coco-eval          torchmetrics' mAP backend (compiled, cp312 manylinux; needs numpy, there).

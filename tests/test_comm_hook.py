@@ -29,6 +29,7 @@ def test_bf16_compressed_all_reduce_trains_on_two_gloo_ranks(tiny_dataset: Path,
         "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.num_nodes", "1",
         "--trainer.precision", "32-true", "--trainer.max_epochs", "1", "--trainer.benchmark", "false",
         "--trainer.strategy.process_group_backend", "gloo", "--trainer.strategy.timeout", "0:01:00",
+        "--data.batch_size", "4",  # buffers_fit.yaml's, over the preset's 256 (16 per GPU on 2 x 8)
         "--model.nominal_batch", "4",  # an optimiser step, so a gradient all-reduce, every batch
         "--trainer.callbacks+=ddp_options.CommHookOnCpu", "--trainer.callbacks.out_dir", str(tmp_path / "rec"),
     ]  # fmt: skip

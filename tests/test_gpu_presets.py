@@ -6,11 +6,16 @@ docs (docs/training.md) stack model, data, then trainer, so the preset's loader 
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import yaml
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,3 +60,63 @@ def test_ethernet_adds_bf16_compression_and_keeps_the_multinode_strategy(
     assert compressed["class_path"] == plain["class_path"] == "lightning.pytorch.strategies.DDPStrategy"
     assert compressed["init_args"] == {**plain["init_args"], "ddp_comm_hook": BF16_HOOK}
     assert plain["init_args"]["timeout"] and plain["init_args"]["broadcast_buffers"] is False
+
+
+@pytest.mark.parametrize(("preset", "per_gpu"), [("ddp_8gpu", 16), ("multinode", 16)])
+def test_ddp_presets_give_each_gpu_16_images_over_a_data_files_batch(
+    preset: str, per_gpu: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """The GLOBAL batch of a data file (coco.yaml: 64) would leave 8 or 4 images per GPU: the preset, stacked
+    after it, sets the global batch for its GPUs."""
+    monkeypatch.chdir(REPO)
+    config = resolved(
+        ["--config", "configs/model/yolo11s.yaml", "--config", "configs/data/coco.yaml",
+         "--config", f"configs/trainer/{preset}.yaml"],
+        capsys,
+    )  # fmt: skip
+    world = config["trainer"]["devices"] * config["trainer"]["num_nodes"]
+    assert config["data"]["batch_size"] == per_gpu * world
+
+
+def _gpu_fit_trainer(batch: int, devices: int, nodes: int = 1, device: str = "cuda") -> SimpleNamespace:
+    """What ``MachineSettings.setup`` reads of a Trainer on ``devices`` x ``nodes`` GPUs (no GPU needed)."""
+    return SimpleNamespace(
+        strategy=SimpleNamespace(
+            root_device=torch.device(device, 0) if device == "cuda" else torch.device(device)
+        ),
+        datamodule=SimpleNamespace(batch_size=batch, num_workers=0),
+        num_devices=devices,
+        num_nodes=nodes,
+    )
+
+
+def _said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "per GPU" in r.getMessage()]
+
+
+def test_a_gpu_run_below_8_images_per_gpu_says_so_once_naming_the_option(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``fit --trainer.devices 8`` with the default global batch 16: 2 images per GPU, one line on rank 0."""
+    settings = MachineSettings(cpu_threads=None)
+    with caplog.at_level(logging.INFO):
+        settings.setup(_gpu_fit_trainer(16, 8), None, "fit")
+    assert len(_said(caplog)) == 1, caplog.text
+    line = _said(caplog)[0]
+    assert "2 image(s) per GPU" in line and "data.batch_size=16" in line and "--data.batch_size 128" in line
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        settings.setup(_gpu_fit_trainer(16, 8), None, "validate")  # validation batches do not train
+        settings.setup(_gpu_fit_trainer(64, 8), None, "fit")  # 8 per GPU
+        settings.setup(_gpu_fit_trainer(256, 8, nodes=2), None, "fit")  # multinode.yaml: 16 per GPU
+        settings.setup(_gpu_fit_trainer(16, 2, device="meta"), None, "fit")  # not a GPU
+    assert _said(caplog) == [], caplog.text
+
+
+def test_the_few_images_line_is_rank_zeros_only(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rank_zero_only, "rank", 3)
+    with caplog.at_level(logging.INFO):
+        MachineSettings(cpu_threads=None).setup(_gpu_fit_trainer(16, 8), None, "fit")
+    assert _said(caplog) == [], caplog.text

@@ -131,3 +131,44 @@ def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
     callbacks = yaml.safe_load(capsys.readouterr().out)["trainer"]["callbacks"]
     assert {"class_path": "yolo11_lightning.training.callbacks.hang_watchdog.HangWatchdog",
             "init_args": {"deadline": 120.0, "interval": None, "exit_after": None}} in callbacks  # fmt: skip
+
+
+NCCL_DUMP = {
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
+
+@pytest.mark.parametrize(
+    "script", ["scripts/torchrun_node.sh", "scripts/slurm_ddp.sbatch", "benchmarks/gpu_run.sh"]
+)
+def test_launch_scripts_export_the_flight_recorder_dump(script: str, tmp_path) -> None:
+    """NCCL's watchdog aborts a rank whose collective timed out before Python sees it: the flight recorder's dump
+    is the report left. The scripts' exports, run in bash from a clean environment, give every rank the dump
+    (both torch's current and older names, in a folder they create) and expandable segments; a user's values
+    win."""
+    lines = (REPO / script).read_text().splitlines()
+    names = ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_", "TORCH_NCCL_TRACE_BUFFER_SIZE",
+             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "PYTORCH_CUDA_ALLOC_CONF")  # fmt: skip
+    exports = [line for line in lines if line.startswith("export ") and any(n in line for n in names)]
+    made = [line for line in lines if line.startswith('mkdir -p "$(dirname "$TORCH_FR_DUMP_TEMP_FILE")"')]
+    assert len(exports) == 6 and made, "\n".join(exports)
+    shell = "\n".join(["set -eu", f'OUT="{tmp_path}/out"', *exports, *made, "env"])
+
+    def run(**env: str) -> dict[str, str]:
+        out = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env},
+                             capture_output=True, text=True, check=True).stdout  # fmt: skip
+        return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+    got = run()
+    assert {k: got.get(k) for k in NCCL_DUMP} == NCCL_DUMP
+    prefix = got["TORCH_FR_DUMP_TEMP_FILE"]
+    assert got["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == prefix and prefix.endswith(
+        "/flight_recorder/nccl_trace_rank_"
+    )
+    assert (
+        prefix.startswith(str(tmp_path)) and (tmp_path / prefix).parent.is_dir()
+    )  # in the run's folder, made
+    assert run(TORCH_FR_BUFFER_SIZE="50")["TORCH_FR_BUFFER_SIZE"] == "50"

@@ -115,6 +115,32 @@ def test_compile_switch_compiles_the_detector_in_place(monkeypatch: pytest.Monke
     assert out.shape == (1, 4 + 3, (8 * 8 + 4 * 4 + 2 * 2))
 
 
+def test_compiled_decode_over_ten_rect_shapes_compiles_three_times_and_matches_eager() -> None:
+    """``--machine.compile true`` with rect validation: every batch of another shape must not recompile.
+
+    The anchor cache's key, read inside a compiled graph, became a guard: each new shape recompiled, and after
+    8 (dynamo's ``recompile_limit``) the model fell back to eager. Now shapes go dynamic after the first
+    recompile per dimension: one static graph, one dynamic in H, one in W, for any number of shapes.
+    """
+    from yolo11_lightning.nn.head import Detect
+
+    graphs = []
+
+    def count(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch.manual_seed(0)
+    head = Detect(2, (4, 4, 4), reg_max=4).eval()
+    decode = torch.compile(head.decode, backend=count)
+    shapes = [(2 + i % 4, 2 + i // 4) for i in range(10)]  # 10 (H, W) of the P5 map, as rect batches give
+    with torch.inference_mode():
+        for h, w in shapes:
+            maps = [torch.randn(1, head.no, s * h, s * w) for s in (4, 2, 1)]
+            torch.testing.assert_close(decode(maps), head.decode(maps))
+    assert len(graphs) <= 3, f"{len(graphs)} compiles for {len(shapes)} shapes"
+
+
 def test_machine_settings_compile_after_the_ema_copy_and_stay_out_of_checkpoints(
     monkeypatch: pytest.MonkeyPatch, tiny_dataset, tmp_path
 ) -> None:

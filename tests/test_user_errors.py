@@ -45,6 +45,11 @@ MISTAKES = {
     "value of the wrong type": (["--data.batch_size", "four"], ["data.batch_size", "four"]),
     "config file not found": (["--config", "DIR/nope.yaml"], ["nope.yaml", "no such file"]),
     "a Trainer option Lightning refuses": (["--trainer.strategy", "dpp"], ["--trainer", "dpp"]),
+    "bf16 weights": (
+        ["--trainer.precision", "bf16-true"],
+        ["trainer.precision=bf16-true", "EMA", "bf16-mixed"],
+    ),
+    "fp16 weights": (["--trainer.precision", "16-true"], ["trainer.precision=16-true", "EMA", "bf16-mixed"]),
 }
 
 

@@ -153,15 +153,17 @@ class Detect(nn.Module):
         """Anchor centres (2, A) in grid units and strides (1, A) in ``dtype`` (default: the maps'), cached by
         map shapes, device, dtype.
 
-        Not cached while tracing (ONNX export): the grid must be built in the graph from the traced shapes,
-        so that an export with free height and width computes it for each input size. Anchors made under
-        ``torch.inference_mode`` (validation, prediction) are inference tensors, which autograd refuses:
-        outside inference mode they are remade.
+        Not cached while tracing (ONNX export) or compiling (``torch.compile``): the grid is built in the
+        graph from the input's shapes, so that an export with free height and width computes it for each
+        input size, and a compiled model's guards do not hold the cache key (each rect validation shape would
+        recompile until dynamo's ``recompile_limit``, then run eagerly; in the graph, shapes go dynamic).
+        Anchors made under ``torch.inference_mode`` (validation, prediction) are inference tensors, which
+        autograd refuses: outside inference mode they are remade.
         """
         ref = maps[0]
         dtype = dtype or ref.dtype
         key = (tuple(tuple(m.shape[-2:]) for m in maps), ref.device, dtype)
-        if torch.jit.is_tracing():
+        if torch.jit.is_tracing() or torch.compiler.is_compiling():
             points, strides = make_anchors(key[0], self.strides, 0.5, dtype=dtype, device=ref.device)
             return points.T.contiguous(), strides.T.contiguous()
         cache = self._anchor_cache

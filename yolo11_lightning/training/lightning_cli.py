@@ -47,6 +47,10 @@ from yolo11_lightning.training.run_identity import CheckpointSummary, difference
 TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
 
 
+# Precisions whose parameters themselves are 16-bit (Lightning's HalfPrecision, Transformer Engine's weights).
+_HALF_WEIGHTS = frozenset({"16-true", "bf16-true", "transformer-engine", "transformer-engine-float16"})
+
+
 def default_callbacks(last: bool = True, checkpoints: bool = True) -> list[Any]:
     """``best.ckpt`` on the task's validation score, an always-current ``last.ckpt`` (unless ``last=False``: the
     CLI adds its own, configured by ``--last_checkpoint.*``), the learning rates (logged when the Trainer has a
@@ -127,6 +131,12 @@ class YOLOLightningCLI(LightningCLI):
         except (MisconfigurationException, ValueError, TypeError) as e:
             # Lightning's own refusal of a Trainer option (devices, precision, strategy...): the user's to fix.
             raise UserInputError(f"--trainer options: {e}") from e
+        if trainer.precision in _HALF_WEIGHTS:
+            raise UserInputError(
+                f"trainer.precision={trainer.precision} keeps the weights, optimiser state and EMA in half "
+                "precision, where the EMA's ~1e-4 updates vanish: use --trainer.precision bf16-mixed "
+                "(16-mixed without bf16)"
+            )
         use_atomic_checkpoints(trainer)
         return trainer
 

@@ -21,12 +21,26 @@ from yolo11_lightning.training.host_memory import keep_freed_host_memory
 
 # Defaults of the settings, also what a Trainer without this callback gets (``YOLO11Module.setup``).
 MACHINE_DEFAULTS = {"compile": False, "keep_host_memory": True}
+# Below this many images per GPU a training step leaves the GPU mostly idle (the log says so).
+FEW_IMAGES_PER_GPU = 8
 
 
 def compile_in_place(model: Any) -> None:
     """``nn.Module.compile`` (state-dict keys unchanged), once: a second call does nothing."""
     if not getattr(model, "_compiled_call_impl", None):
         model.compile()
+
+
+def _say_few_images_per_gpu(trainer: L.Trainer) -> None:
+    """One log line (rank 0) when the global batch gives a GPU fewer than ``FEW_IMAGES_PER_GPU`` images."""
+    batch = getattr(trainer.datamodule, "batch_size", None)
+    world = trainer.num_nodes * trainer.num_devices
+    if not isinstance(batch, int) or batch // world >= FEW_IMAGES_PER_GPU:
+        return
+    rank_zero_info(
+        f"GPU run: {batch // world} image(s) per GPU (data.batch_size={batch} is the GLOBAL batch over {world} "
+        f"GPU(s)), too few to keep a GPU busy; --data.batch_size {16 * world} gives 16 per GPU"
+    )
 
 
 class MachineSettings(Callback):
@@ -69,6 +83,8 @@ class MachineSettings(Callback):
             self._set_cpu_threads(trainer)
         if stage != "fit" and self.compile:  # no EMA copy outside fit
             compile_in_place(pl_module.model)
+        if stage == "fit" and trainer.strategy.root_device.type == "cuda":
+            _say_few_images_per_gpu(trainer)
 
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         # After every callback's setup, where Lightning's weight averaging deep-copies the module.
