@@ -6,8 +6,8 @@ the device's time); its table then shows ``FLOPs 0`` for every layer and ``0 Tot
 counts them the way ``yolo11-lightning info`` does (``nn.summary.count_flops``): one image at the data's
 ``image_size`` through a copy of the detector on the meta device (shapes only, no memory, no compute), in
 eval mode, so per layer and in total the figures are those of one image at the training size.
-``count_flops_in_summary`` puts it in place of the Trainer's default summary (the CLI does this); a summary
-the user configured, and a Trainer without one, are left as they are.
+``count_flops_in_summary`` puts it in place of the Trainer's ``ModelSummary`` (the CLI does this), with the
+same settings; another summary class (``RichModelSummary``), and a Trainer without one, are left as they are.
 """
 
 from __future__ import annotations
