@@ -86,8 +86,9 @@ def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) ->
 class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, whose refusals (an unknown option, a value of the wrong type, a missing config
     file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message>; closest options: ...`` (an
-    unknown option) or ``error: <message> (<command> --help lists the options)`` on one line and exits 2, instead of a screen of usage before the message. ``--traceback``
-    (``errors.wants_traceback``) restores jsonargparse's own report."""
+    unknown option) or ``error: <message> (<command> --help lists the options)`` on one line and exits 2,
+    instead of a screen of usage before the message. ``--traceback`` (``errors.wants_traceback``) restores
+    jsonargparse's own report."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or wants_traceback():  # inner parses raise; the outermost one reports
