@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.export.command import main
+from yolo11_lightning.export.command import _parity_check, main
 from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff
 from yolo11_lightning.model_files.weights import load_model, load_weights, save_weights
 
@@ -206,3 +206,61 @@ def test_checkpoint_io_names_a_reference_file(tmp_path: Path) -> None:
         ModelObjectsError, match=r"yolo11n\.pt: holds pickled model objects \(a reference \.pt"
     ):
         AtomicCheckpointIO().load_checkpoint(path)
+
+
+def test_export_and_predict_default_to_the_trained_size(
+    trained_checkpoint: Path, tiny_dataset: Path, tmp_path: Path, capsys
+) -> None:
+    """A real checkpoint trained at 64 px: export writes a weights file that remembers 64 and a 64-px ONNX file
+    from it, and predict on the ONNX file runs at 64, each saying which size it used and why."""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    from yolo11_lightning.cli import main as cli_main
+    from yolo11_lightning.model_files.image_size import file_image_size
+
+    assert file_image_size(trained_checkpoint) == 64  # Lightning's datamodule_hyper_parameters
+    weights = tmp_path / "model.pth"
+    assert main(["--ckpt_path", str(trained_checkpoint), "--format", "weights", "--out", str(weights)]) == 0
+    assert file_image_size(weights) == 64
+    out = tmp_path / "model.onnx"
+    assert main(["--ckpt_path", str(weights), "--out", str(out), "--no-check"]) == 0
+    said = capsys.readouterr().out
+    assert "image size 64: the size the model was trained at (--image-size to change)" in said
+    assert ", input 64," in said
+    props = {p.key: p.value for p in onnx.load(str(out)).metadata_props}
+    assert ast.literal_eval(props["imgsz"]) == [64, 64]
+    image = sorted((tiny_dataset.parent / "images" / "val").glob("*.png"))[0]
+    args = ["predict", "--ckpt_path", str(out), "--source", str(image), "--out", str(tmp_path / "p")]
+    assert cli_main([*args, "--device", "cpu", "--no-save"]) == 0  # a fixed 64-px file: 640 would fail
+    assert "image size 64: the size the model was trained at" in capsys.readouterr().out
+
+
+def test_a_missing_onnx_extra_is_one_line(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """After `pip install -e .` (no onnx): export names the extra in one line instead of torch's 40-line
+    traceback and writes nothing; without onnxruntime the parity check and an .onnx file say the same."""
+    pytest.importorskip("onnxruntime")
+    from yolo11_lightning.cli import main as cli_main
+    from yolo11_lightning.extras import MissingExtraError
+
+    weights = save_weights(_model(), tmp_path / "model.pth", image_size=64)
+    out = tmp_path / "model.onnx"
+    extra = 'pip install "yolo11_lightning[onnx]"'
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "onnx", None)  # `import onnx` raises ImportError, as when not installed
+        assert cli_main(["export", "--ckpt_path", str(weights), "--out", str(out)]) == 1
+        said = capsys.readouterr()
+        assert said.err == f"error: export needs onnx: {extra}\n" and not out.exists()
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    assert _parity_check(_model(), out, (64, 64), dynamic=False)  # skipped, and says why
+    assert f"parity check skipped: the parity check needs onnxruntime: {extra}" in capsys.readouterr().out
+    out.write_bytes(b"an exported graph")  # onnxruntime is asked for before the file is read
+    image = sorted((tiny_dataset.parent / "images" / "val").glob("*.png"))[0]
+    args = ["predict", "--ckpt_path", str(out), "--source", str(image), "--out", str(tmp_path / "p")]
+    assert cli_main(args) == 1
+    assert capsys.readouterr().err == f"error: running {out} needs onnxruntime: {extra}\n"
+    with pytest.raises(MissingExtraError):  # `validate --model.weights x.onnx`: the CLI prints it as one line
+        from yolo11_lightning.export.runtime import OnnxDetector
+
+        OnnxDetector(out)

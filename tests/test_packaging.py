@@ -42,7 +42,10 @@ def test_configs_by_name(
     listed = {line.split()[0]: line for line in out.splitlines()[1:]}
     assert set(NAMES) <= set(listed), out
     assert "datasets/coco" not in listed  # a dataset yaml, not a --config file
-    assert "YOLO11-s" in listed["model/yolo11s"]  # the file's first comment line
+    assert "YOLO11-s" in listed["model/yolo11s"]  # the file's first comment sentence
+    unfinished = [line for line in listed.values() if not line.endswith(".")]
+    assert not unfinished, unfinished  # a sentence that runs over comment lines is listed whole
+    assert listed["quickstart-seg"].endswith("small images, a few minutes on a laptop CPU.")
 
     monkeypatch.chdir(REPO)
     by_path = _print_config(

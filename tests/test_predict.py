@@ -271,3 +271,67 @@ def test_results_written_so_far_survive_a_crash_and_a_failing_writer(
     assert not (crashed / "predictions.json").exists()
     kept = [json.loads(line) for line in (crashed / "predictions.jsonl").read_text().splitlines()]
     assert {r["file_name"] for r in kept} == {paths[0].name, paths[1].name}
+
+
+def _lightning_checkpoint(path: Path, image_size: int | None) -> Path:
+    """A checkpoint laid out as Lightning writes one for ``YOLO11Module`` + ``YOLODataModule`` (what
+    ``test_export.test_export_and_predict_default_to_the_trained_size`` reads from a real one)."""
+    torch.manual_seed(0)
+    model = YOLO11("n", 3, names=["rectangle", "ellipse", "triangle"])
+    checkpoint = {
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "hyper_parameters": {"scale": "n", "num_classes": 3, "class_names": model.names, "task": "detect"},
+    }
+    if image_size is not None:
+        checkpoint["datamodule_hyper_parameters"] = {"image_size": image_size, "batch_size": 4}
+    torch.save(checkpoint, path)
+    return path
+
+
+def test_predict_runs_at_the_trained_size_unless_told(tiny_dataset: Path, tmp_path: Path, capsys) -> None:
+    """The 128-px quickstart model predicted at 640 px covered its images in boxes: without --image-size,
+    predict takes the size the checkpoint was trained at and says so; --image-size still wins."""
+    ckpt = _lightning_checkpoint(tmp_path / "best.ckpt", image_size=96)
+    image = str(_images(tiny_dataset, 1)[0])
+
+    def detections(*size: str) -> tuple[list[dict], str]:
+        out = tmp_path / f"out{len(size)}{'_'.join(size)}"
+        args = ["predict", "--ckpt_path", str(ckpt), "--source", image, "--out", str(out), "--conf", CONF]
+        assert cli_main([*args, "--device", "cpu", "--no-save", *size]) == 0
+        return json.loads((out / "predictions.json").read_text()), capsys.readouterr().out
+
+    trained, said = detections()
+    assert "image size 96: the size the model was trained at (--image-size to change)" in said
+    told, said = detections("--image-size", "96")
+    assert "image size 96 (--image-size)" in said
+    assert trained == told and trained  # the same input size gives the same boxes
+    other, said = detections("--image-size", "64")
+    assert "image size 64 (--image-size)" in said and other != trained
+
+    _lightning_checkpoint(ckpt, image_size=None)  # trained without the datamodule: the file cannot say
+    _, said = detections("--image-size", "640")
+    assert "image size 640 (--image-size)" in said
+    from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
+
+    assert file_image_size(ckpt) is None
+    assert choose_image_size(None, None) == (
+        640, "image size 640: the model file does not record its training size (--image-size to change)"
+    )  # fmt: skip
+
+
+def test_trained_size_from_each_kind_of_file(tmp_path: Path) -> None:
+    """Weights files carry the size (older ones without it still load); reference files' ``train_args``;
+    values that are no usable size are ignored rather than trusted."""
+    from yolo11_lightning.model_files.image_size import file_image_size
+
+    model = YOLO11("n", 3)
+    assert file_image_size(save_weights(model, tmp_path / "sized.pth", image_size=320)) == 320
+    old = save_weights(model, tmp_path / "old.pth")  # as written before the size was recorded
+    assert file_image_size(old) is None and read_weights(old).num_classes == 3
+    cases = [(320, 320), ([256, 320], 320), (100, None), (True, None), ("640", None), (-64, None)]
+    for imgsz, expected in cases:
+        torch.save({"model": None, "ema": None, "train_args": {"imgsz": imgsz}}, tmp_path / "ref.pt")
+        assert file_image_size(tmp_path / "ref.pt") == expected, imgsz
+    (tmp_path / "junk.ckpt").write_bytes(b"not a torch file")
+    assert file_image_size(tmp_path / "junk.ckpt") is None
+    assert file_image_size(tmp_path / "missing.ckpt") is None

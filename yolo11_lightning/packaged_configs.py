@@ -53,11 +53,20 @@ def packaged_config(name: str) -> Path | None:
 
 
 def first_comment(path: Path) -> str:
-    """The first ``# ...`` line of ``path`` without the ``#`` (empty when the file starts otherwise)."""
+    """The first sentence of the comment that opens ``path``, without the ``#``s, on one line (it may run over
+    several comment lines; an indented line, a command, ends it); empty when the file starts otherwise."""
+    words: list[str] = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            return line.strip().lstrip("#").strip() if line.lstrip().startswith("#") else ""
-    return ""
+        text = line.strip()
+        if not text and not words:
+            continue
+        if not text.startswith("#") or text.startswith("#  ") or not text.strip("#").strip():
+            break
+        words += text.lstrip("#").split()
+    sentence = " ".join(words)
+    end = re.search(r"(?<!e\.g)(?<!i\.e)\.(\s|$)", sentence)
+    sentence = sentence[: end.start() + 1] if end else sentence
+    return sentence[:-1] + "." if sentence.endswith(":") else sentence  # the colon before a command
 
 
 def resolve(value: Any, exists: Any = None) -> Any:

@@ -8,7 +8,8 @@ A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveragin
 ``current_model_state``): those averaged weights are what validation scored and what is exported. The ONNX
 file is ``export.onnx``'s; the weights-only file ``model_files.weights``'. ``--check-data`` validates the
 checkpoint and the ONNX file on a dataset and prints both mAPs (``export.check``, imports Lightning).
-Imports torch (and onnx/onnxruntime when present), never Lightning unless ``--check-data`` is given.
+Imports torch, onnx (and onnxruntime for the checks: the ``onnx`` extra, ``extras.require``), never Lightning
+unless ``--check-data`` is given.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 import torch
 
 from yolo11_lightning.export.onnx import export_onnx, onnx_output_diffs, onnx_output_names, onnx_tolerance
+from yolo11_lightning.extras import MissingExtraError, require
+from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
 from yolo11_lightning.model_files.weights import load_model, save_weights
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks.choice import TaskError, check_available
@@ -38,8 +41,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--format", choices=FORMATS, default="onnx", help="onnx (default) or weights")
     p.add_argument("--out", default=None,
                    help="output file (default: beside the checkpoint, .onnx or .pth)")  # fmt: skip
-    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, nargs="+", default=[640],
-                   help="ONNX input size: S or H W, multiples of 32 (default 640)")  # fmt: skip
+    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, nargs="+", default=None,
+                   help="ONNX input size: S or H W, multiples of 32 (default: the size the model was trained "
+                   "at, as its file records it, else 640)")  # fmt: skip
     p.add_argument("--opset", type=int, default=17, help="ONNX opset (default 17)")
     p.add_argument("--dynamic", action="store_true",
                    help="ONNX height and width as free axes (any multiple of 32; the batch axis always is)")  # fmt: skip
@@ -61,7 +65,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     """``yolo11-lightning export``; returns the exit code."""
     args = _parse(argv)
-    if len(args.image_size) not in (1, 2):
+    if args.image_size is not None and len(args.image_size) not in (1, 2):
         print("error: --image-size takes S or H W", file=sys.stderr)
         return 2
     try:
@@ -70,8 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 1
     source = Path(args.ckpt_path)
-    if args.format == "weights":
-        out = save_weights(model, args.out or source.with_suffix(".pth"))
+    trained = file_image_size(source)
+    if args.format == "weights":  # the trained size travels with the weights
+        out = save_weights(model, args.out or source.with_suffix(".pth"), trained)
         print(f"weights: {out} ({_describe(model)})")
         return 0
     try:  # an ONNX file of a task whose outputs and checks are still to come would not be what it claims
@@ -79,10 +84,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except TaskError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    size = args.image_size[0] if len(args.image_size) == 1 else tuple(args.image_size)
-    if args.check_data and not args.dynamic and len(set(args.image_size)) != 1:
+    try:
+        require("onnx", "onnx", "export")
+    except MissingExtraError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    given = args.image_size
+    if given is not None and len(given) == 2 and given[0] == given[1]:
+        given = given[:1]
+    if args.check_data and not args.dynamic and given is not None and len(given) != 1:
         print("error: --check-data needs a square --image-size S, or --dynamic", file=sys.stderr)
         return 2
+    if given is not None and len(given) == 2:
+        size: int | tuple[int, int] = (given[0], given[1])
+        print(f"image size {given[0]}x{given[1]} (--image-size)")
+    else:
+        size, said = choose_image_size(given[0] if given else None, trained)
+        print(said)
     try:
         out = export_onnx(model, args.out or source.with_suffix(".onnx"), size, args.opset, args.dynamic)
     except ValueError as e:
@@ -107,9 +125,9 @@ def _describe(model: YOLO11) -> str:
 def _parity_check(model: YOLO11, path: Path, size: tuple[int, int], dynamic: bool) -> bool:
     """onnxruntime vs PyTorch on random images at the export size (and a second size when dynamic)."""
     try:
-        import onnxruntime  # noqa: F401
-    except ImportError:
-        print("parity check skipped: onnxruntime is not installed")
+        require("onnxruntime", "onnx", "the parity check")
+    except MissingExtraError as e:
+        print(f"parity check skipped: {e}")
         return True
     shapes = [size, (size[0] + 32, max(size[1] - 32, 32))] if dynamic else [size]
     for h, w in shapes:

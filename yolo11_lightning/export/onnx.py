@@ -7,7 +7,8 @@ prototypes (B, 32, H/4, W/4), and the metadata says ``task: segment``. The batch
 is fixed at export (the anchor grid becomes constants) unless ``dynamic=True``, which makes height and width
 free axes (multiples of 32; the anchor grid is then computed in the graph). The metadata (``export.metadata``)
 holds the keys the reference's ONNX loader reads, beside ours, so its ``YOLO("model.onnx", task="detect")``
-predicts and validates the file. Imports torch (and onnx/onnxruntime when present), never Lightning.
+predicts and validates the file. Imports torch, onnx when exporting and onnxruntime when checking (the ``onnx``
+extra: ``extras.require``), never Lightning.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 
 from yolo11_lightning.export.metadata import metadata_props
+from yolo11_lightning.extras import require
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.version import package_version
@@ -66,10 +68,11 @@ def export_onnx(
     """Export ``model`` (eval mode) to ONNX with a dynamic batch axis, traced at ``image_size`` (S or (H, W)).
 
     ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
-    ``image_size``. Uses the TorchScript-based exporter (no extra dependency). The metadata
-    (``export.metadata.metadata_props``) is written when the ``onnx`` package is installed. A float32 CPU copy is
-    traced: ``model`` keeps its device, dtype and mode.
+    ``image_size``. Uses the TorchScript-based exporter, which needs the ``onnx`` package (the ``onnx`` extra;
+    without it ``extras.MissingExtraError`` says so in one line), and writes the metadata
+    (``export.metadata.metadata_props``). A float32 CPU copy is traced: ``model`` keeps its device, dtype and mode.
     """
+    require("onnx", "onnx", "export")  # before tracing: torch's exporter fails late, in a long traceback
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     model = _cpu_copy(model)
     model.check_input(torch.zeros(1, 3, height, width, device="meta"))  # clear error for a bad size
@@ -102,10 +105,7 @@ def export_onnx(
 
 
 def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: bool, opset: int) -> None:
-    try:
-        import onnx
-    except ImportError:  # metadata is a convenience; the graph is complete without it
-        return
+    onnx = require("onnx", "onnx", "export")
     proto = onnx.load(str(path))
     props = metadata_props(
         scale=model.scale,
@@ -144,8 +144,7 @@ def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch
 
     Raises ValueError naming the file when its outputs differ in number or shape from the model's.
     """
-    import onnxruntime as ort
-
+    ort = require("onnxruntime", "onnx", "the ONNX parity check")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
     expected = [t.numpy() for t in _eval_outputs(model, images)]
     names = [o.name for o in session.get_outputs()]

@@ -10,7 +10,7 @@ weights: ``fit`` with an ONNX file is refused (``refuse_training``).
 Shapes: a file exported with ``--dynamic`` takes any height and width that are multiples of 32 (rectangular
 validation batches included); a fixed-shape file takes only its export size, and another shape is an error
 that says what to change, rather than a silent resize that would score a different preprocessing.
-Imports torch and, when the file is opened, onnxruntime; never Lightning.
+Imports torch and, when the file is opened, onnxruntime (the ``onnx`` extra); never Lightning.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from yolo11_lightning.export.metadata import OnnxModelInfo, read_metadata
+from yolo11_lightning.extras import require
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
 __all__ = ["OnnxDetector", "is_onnx_file", "refuse_training"]
@@ -80,12 +81,7 @@ class OnnxDetector(nn.Module):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: ONNX file not found")
-        try:
-            import onnxruntime as ort
-        except ImportError as e:
-            raise ImportError(
-                f"{self.path}: running an ONNX file needs onnxruntime (pip install onnxruntime)"
-            ) from e
+        ort = require("onnxruntime", "onnx", f"running {self.path}")
         self._providers = providers or _providers(ort)
         try:
             self.session = ort.InferenceSession(str(self.path), providers=self._providers)

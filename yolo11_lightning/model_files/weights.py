@@ -1,8 +1,9 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
-- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task (absent
-  for detection, ``tasks.DEFAULT_TASK``), the keypoint shape (pose only) and the fp32 state dict, plain data that
-  ``torch.load(weights_only=True)`` reads;
+- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task
+  (absent for detection, ``tasks.DEFAULT_TASK``), the keypoint shape (pose only), the image size it was
+  trained at (absent when unknown, and in files written before it was recorded) and the fp32 state dict,
+  plain data that ``torch.load(weights_only=True)`` reads;
 - ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
   file, a reference ``.pt``) as a YOLO11 in eval mode;
 - ``from_reference``: a reference ``.pt`` (or its state dict) of any task, the task (and a pose file's
@@ -67,8 +68,9 @@ class WeightsMismatchError(UserInputError):
 
 
 # -- the weights-only format -------------------------------------------------------------------------------
-def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
-    """Write a weights-only file: scale, class count, names, task, keypoint shape and the fp32 state dict.
+def write_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None = None) -> None:
+    """Write a weights-only file: scale, class count, names, task, keypoint shape, the trained ``image_size``
+    (when known) and the fp32 state dict.
 
     It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
     code runs on loading; ``load_weights`` rebuilds the model without Lightning.
@@ -87,14 +89,16 @@ def write_weights(model: YOLO11, path: str | os.PathLike) -> None:
         payload["task"] = model.task
     if model.kpt_shape is not None:  # pose only
         payload["kpt_shape"] = list(model.kpt_shape)
+    if image_size is not None:  # predict and export default to it (``model_files.image_size``)
+        payload["image_size"] = int(image_size)
     torch.save(payload, os.fspath(path))
 
 
-def save_weights(model: YOLO11, path: str | os.PathLike) -> Path:
+def save_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None = None) -> Path:
     """Write ``model`` as a weights-only file (``write_weights``), creating its folder; returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_weights(model, path)
+    write_weights(model, path, image_size)
     return path
 
 

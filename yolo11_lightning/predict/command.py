@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file
+from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.predict.sources import (
@@ -86,6 +87,13 @@ def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: i
     return module.eval()
 
 
+def _recorded_size(model: str | Path | YOLO11, loaded: Any) -> int | None:
+    """The side ``model`` was trained (an ONNX file: exported) at, as its file says; None when unknown."""
+    if isinstance(loaded, OnnxDetector):
+        return max(loaded.info.size) if loaded.info.size is not None else None
+    return None if isinstance(model, YOLO11) else file_image_size(model)
+
+
 def predict(
     model: str | Path | YOLO11,
     source: str | Path,
@@ -93,7 +101,7 @@ def predict(
     conf: float = 0.25,
     iou: float = 0.7,
     max_det: int = 300,
-    image_size: int = 640,
+    image_size: int | None = None,
     device: str = "auto",
     batch_size: int = 1,
     num_workers: int = 0,
@@ -106,7 +114,8 @@ def predict(
     ``model`` is a ``YOLO11`` (e.g. ``module.model`` in a notebook) or a model file: Lightning ``.ckpt``,
     weights file, reference ``.pt``. Raises FileNotFoundError / ValueError naming a missing or unusable source or model file.
     An image above ``max_image_pixels`` (None or 0: no limit) is skipped from its header, undecoded, like an
-    unreadable one.
+    unreadable one. ``image_size`` None: the size the model was trained at (``model_files.image_size``; an ONNX
+    file's export size), else 640; a line says which size runs.
     """
     if not 0.0 <= conf <= 1.0 or not 0.0 <= iou <= 1.0:
         raise ValueError(f"--conf and --iou must lie in [0, 1], got {conf} and {iou}")
@@ -120,6 +129,8 @@ def predict(
         if clash:
             raise ValueError(f"--out {out_dir}: the annotated copy would overwrite the input {clash[0]}")
     module = build_module(model, conf, iou, max_det)
+    image_size, said = choose_image_size(image_size, _recorded_size(model, module.model))
+    print(said)
     task = module.task  # a classifier reads its own input transform, not the letterbox
     dataset = PredictionSource(
         sources, image_size, keep_originals=save_media, max_image_pixels=max_image_pixels,
@@ -161,8 +172,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold (default 0.7)")
     p.add_argument("--max-det", "--max_det", dest="max_det", type=int, default=300,
                    help="detections kept per image (default 300)")  # fmt: skip
-    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=640,
-                   help="network input side, a multiple of 32 (default 640)")  # fmt: skip
+    p.add_argument("--image-size", "--image_size", dest="image_size", type=int, default=None,
+                   help="network input side, a multiple of 32 (default: the size the model was trained at, "
+                   "as its file records it, else 640)")  # fmt: skip
     p.add_argument("--device", default="auto", help="auto (default), cpu, gpu, cuda:N or mps")
     p.add_argument("--batch-size", "--batch_size", dest="batch_size", type=int, default=1)
     p.add_argument("--num-workers", "--num_workers", dest="num_workers", type=int, default=0,

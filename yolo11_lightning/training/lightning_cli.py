@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -30,6 +32,7 @@ from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.callbacks.learning_rates import LearningRates
 from yolo11_lightning.training.callbacks.machine import MachineSettings
+from yolo11_lightning.training.callbacks.model_summary import count_flops_in_summary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
 from yolo11_lightning.training.callbacks.throughput import Throughput
 from yolo11_lightning.training.checkpointing import (
@@ -86,16 +89,40 @@ def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) ->
 
 class OneLineErrorParser(LightningArgumentParser):
     """LightningCLI's parser, whose refusals (an unknown option, a value of the wrong type, a missing config
-    file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message> (<command> --help lists the
-    options)`` on one line and exits 2, instead of a screen of usage before the message. ``--traceback``
-    (``errors.wants_traceback``) restores jsonargparse's own report."""
+    file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message>; closest options: ...`` (an
+    unknown option) or ``error: <message> (<command> --help lists the options)`` on one line and exits 2,
+    instead of a screen of usage before the message. ``--traceback`` (``errors.wants_traceback``) restores
+    jsonargparse's own report."""
 
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or wants_traceback():  # inner parses raise; the outermost one reports
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
         command = parser.prog.replace(" [options]", "")
-        raise UserInputError(f"{one_line(message)} ({command} --help lists the options)") from ex
+        closest = _closest_options(message, parser)
+        hint = (
+            f"; closest options: {', '.join(closest)}"
+            if closest
+            else f" ({command} --help lists the options)"
+        )
+        raise UserInputError(f"{one_line(message)}{hint}") from ex
+
+
+def _closest_options(message: str, parser: Any) -> list[str]:
+    """The parser's options nearest to each unknown one in ``message`` (``unrecognized arguments: --x`` on the
+    command line, ``does not accept option 'x'`` from a config file), by ``difflib``; [] when none is close."""
+    unknown = re.findall(r"(?<!\w)--[\w.+-]+", message) if "unrecognized arguments" in message else []
+    unknown += [f"--{key}" for key in re.findall(r"does not accept option '([^']+)'", message)]
+    name = {  # every spelling of an option -> its first long one (aliases are suggested once)
+        o: next((s for s in action.option_strings if s.startswith("--")), o)
+        for action in getattr(parser, "_actions", [])
+        for o in action.option_strings
+    }
+    found: list[str] = []
+    for option in unknown:
+        for close in difflib.get_close_matches(option, sorted(name), n=3, cutoff=0.75):
+            found += [name[close]] if name[close] not in found else []
+    return found
 
 
 class YOLOLightningCLI(LightningCLI):
@@ -138,6 +165,7 @@ class YOLOLightningCLI(LightningCLI):
                 "(16-mixed without bf16)"
             )
         use_atomic_checkpoints(trainer)
+        count_flops_in_summary(trainer)  # the summary's FLOPs, not Lightning's 0 without an example input
         return trainer
 
     def _instantiate_trainer(self, config: dict[str, Any], callbacks: list[Callback]) -> Trainer:

@@ -276,7 +276,7 @@ class DataReport:
         if extras:
             text += "; " + ", ".join(extras)
         if self.warnings:
-            text += f" ({len(self.warnings)} warnings)"
+            text += f" ({len(self.warnings)} warning{'' if len(self.warnings) == 1 else 's'})"
         return text + (" [from cache]" if self.from_cache else "")
 
     def to_dict(self) -> dict:

@@ -45,9 +45,13 @@ def keypoints_to_original(points: Tensor, scale: Tensor | float, pad: Tensor, or
 def draw_keypoints(
     image: np.ndarray, keypoints: np.ndarray, classes: np.ndarray, radius: int = 2
 ) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, K, D) pixel keypoints and their skeleton drawn."""
+    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, K, D) pixel keypoints and their skeleton drawn; no
+    instance (n = 0, an image with nothing detected or labelled) or no keypoint (K = 0) draws nothing."""
     out = np.ascontiguousarray(image.copy())
-    points = np.asarray(keypoints, np.float64).reshape(len(keypoints), -1, np.shape(keypoints)[-1] or 2)
+    points = np.asarray(keypoints, np.float64)
+    if points.size == 0:
+        return out
+    points = points.reshape(len(points), -1, points.shape[-1])
     limbs = skeleton(points.shape[1])
     for person, cls in zip(points, np.asarray(classes).reshape(-1)):
         shown = person[:, 2] >= VISIBLE if person.shape[1] > 2 else np.ones(len(person), bool)
