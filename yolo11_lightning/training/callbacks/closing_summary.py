@@ -1,13 +1,15 @@
 """``ClosingSummary``: what a run did, printed when fit, ``validate`` or ``test`` ends (rank 0).
 
 It prints, and saves as ``<log_dir>/summary_<stage>.csv``, the per-class table of the newest evaluation (the
-last validation of a fit; the ``validate`` or ``test`` run itself)::
+last validation of a fit; the ``validate`` or ``test`` run itself), in the task's terms::
 
-    class      images  instances  box_P  box_R  box_mAP50  box_mAP50-95  [mask_P ... mask_mAP50-95]
+    class      images  instances  box_P  box_R  box_mAP50  box_mAP50-95  [mask_ | pose_ P ... mAP50-95]
+    class      images  instances  top1_acc  top5_acc                     (classification)
 
 with the row ``all`` first (mAP50 and mAP50-95 there are COCO's, the values logged as ``val/mAP50`` and
 ``val/mAP50-95``; P and R the means over the classes with truths, read at the confidence of the best mean F1,
-``metrics.class_results``). Then the best epoch and its score (``BestCheckpoint``), the wall time, and the
+``metrics.class_results``). Then the best epoch and its score (``BestCheckpoint``) with what the score is (the
+task's ``monitor_meaning``), the wall time, and the
 folder with every file the run wrote (folders of many files as one line).
 """
 
@@ -151,7 +153,8 @@ def _format_table(rows: list[dict[str, Any]]) -> list[str]:
 def _progress(trainer: L.Trainer, stage: str) -> str:
     if stage != "fit":
         return ""
-    return f": {trainer.current_epoch} epochs, {trainer.global_step} optimiser steps"
+    epochs, steps = trainer.current_epoch, trainer.global_step
+    return f": {epochs} epoch{'s' * (epochs != 1)}, {steps} optimiser step{'s' * (steps != 1)}"
 
 
 def _listing(out_dir: Path, trainer: L.Trainer) -> list[str]:
