@@ -196,4 +196,9 @@ def test_kept_evaluation_gives_the_confusion_matrix_and_summary_rows() -> None:
     assert results.confusion.trace() == round(top1 * 37)
     rows = class_rows(results)
     assert [r["class"] for r in rows] == ["all", *names] and rows[0]["images"] == 37
+    # The table in the task's terms: top-1 and top-5 accuracy overall and per class (its images' share).
+    assert rows[0]["top1_acc"] == pytest.approx(top1) and rows[0]["top5_acc"] == pytest.approx(1.0)
+    for c, row in enumerate(rows[1:]):
+        own = labels == c
+        assert row["top1_acc"] == pytest.approx(float((probs.argmax(1)[own] == c).float().mean()))
     assert confusion_matrix_image(results.confusion, names, normalize=True).ndim == 3

@@ -158,3 +158,27 @@ def test_validation_score_threshold_follows_the_task_as_the_oracles_validator_do
         assert module.hparams.conf_threshold == validator.args.conf, task
     given = YOLO11Module(scale="n", num_classes=NUM_CLASSES, task="obb", log_images=0, conf_threshold=0.2)
     assert given.hparams.conf_threshold == 0.2
+
+
+def test_a_kept_obb_evaluation_gives_the_summary_table_and_a_probiou_confusion_matrix() -> None:
+    """OBB keeps its evaluation like the box tasks: per-class rows whose ``all`` mAP is the logged one, and a
+    confusion matrix matched by probiou (a perfect predictor: the diagonal)."""
+    from yolo11_lightning.training.callbacks.closing_summary import class_rows
+    from yolo11_lightning.training.metrics.class_results import class_results
+
+    names = [str(i) for i in range(NUM_CLASSES)]
+    metric = ObbMAP(names)
+    metric.keep_evaluation = True
+    _fill(metric, _images(24))
+    logged = metric.compute()
+    rows = class_rows(class_results(metric.evaluation, names))
+    assert rows[0]["box_mAP50-95"] == pytest.approx(float(logged["mAP50-95"]))
+    perfect = ObbMAP(names)
+    perfect.keep_evaluation = True
+    images = [(truth, torch.cat((truth[:, :4], torch.full((len(truth), 1), 0.9), truth[:, 5:6], truth[:, 4:5]), 1))
+              for truth, _ in _images(12, seed=2)]  # fmt: skip
+    _fill(perfect, images)
+    perfect.compute()
+    matrix = class_results(perfect.evaluation, names).confusion
+    counts = np.bincount(torch.cat([t[:, 5] for t, _ in images]).long().numpy(), minlength=NUM_CLASSES)
+    np.testing.assert_array_equal(matrix, np.diag([*counts, 0]))

@@ -158,3 +158,23 @@ def test_an_empty_rank_and_no_detections() -> None:
     empty._sync_dist(lambda t, group=None: sent.append(t) or [t])
     metric._sync_dist(lambda t, group=None: [t, sent.pop(0)])
     assert float(metric.compute()["pose_mAP50-95"]) == 0.0
+
+
+def test_the_summary_table_and_pictures_show_the_pose_map() -> None:
+    """A kept evaluation carries the keypoints as a kind of their own: the closing table has pose P, R, mAP50 and
+    mAP50-95 (the logged value in the ``all`` row), the per-class curves and a box confusion matrix are there."""
+    from yolo11_lightning.plots.evaluation import confusion_matrix_image
+    from yolo11_lightning.training.callbacks.closing_summary import class_rows
+    from yolo11_lightning.training.metrics.class_results import class_results
+
+    metric = PoseMAP(["person"])
+    metric.keep_evaluation = True
+    _fill(metric, _batches((17, 3), 6))
+    logged = metric.compute()
+    results = class_results(metric.evaluation, ["person"])
+    assert set(results.kinds) == {"box", "pose"}
+    rows = class_rows(results)
+    assert rows[0]["pose_mAP50-95"] == pytest.approx(float(logged["pose_mAP50-95"]))
+    assert rows[1]["pose_mAP50-95"] == pytest.approx(float(logged["pose_AP/person"]))
+    assert 0 < rows[0]["pose_R"] <= 1 and results.confusion.sum() > 0
+    assert confusion_matrix_image(results.confusion, ["person"], normalize=True).ndim == 3
