@@ -326,7 +326,7 @@ class DetectionMAP(Metric):
     def _assemble(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Every rank's share of ``arrays`` (-inf where another rank computed) made whole: one all-reduce (max)
         on the metric's device, the process group's."""
-        if self._share()[1] == 1 or not arrays:
+        if self._share()[1] == 1 or not sum(a.size for a in arrays):  # the same sizes on every rank
             return arrays
         flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays])).to(self.device)
         dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=self.process_group)
