@@ -28,6 +28,20 @@ def mask_iou(truths: Tensor, detections: Tensor) -> np.ndarray:
     return iou.cpu().numpy()
 
 
+def _same_class_mask_iou(
+    detections: Tensor, masks: Tensor, truth_masks: Tensor, batch: dict[str, Any], image: int
+) -> np.ndarray:
+    """Image ``image``'s (m, n) mask IoU, computed for the detections of a class among its truths' only (the
+    others are never paired: 0)."""
+    targets = batch["targets"]
+    truth_classes = targets[targets[:, 0] == image, 1].to(detections.device)
+    wanted = torch.isin(detections[:, 5], truth_classes)
+    iou = np.zeros((len(truth_masks), len(masks)))
+    if bool(wanted.any()):
+        iou[:, wanted.cpu().numpy()] = mask_iou(truth_masks, masks[wanted.to(masks.device)])
+    return iou
+
+
 class SegmentationMAP(DetectionMAP):
     """Box mAP (``DetectionMAP``, original pixels) and mask mAP (``mask_mAP50-95``, ``mask_mAP50``, ...).
 
@@ -53,7 +67,8 @@ class SegmentationMAP(DetectionMAP):
                     f"for {truth_counts[i]} targets"
                 )
         scored = self._score_boxes(detections, batch)
-        matrices = [mask_iou(truth, mask) for mask, truth in zip(masks, truth_masks)]
+        matrices = [_same_class_mask_iou(det, mask, truth, batch, i) for i, (det, mask, truth) in
+                    enumerate(zip(detections, masks, truth_masks))]  # fmt: skip
         det_counts = np.array([len(d) for d in detections], np.int64)
         scored.pair_iou["mask"] = pair_iou_from_matrices(
             matrices, det_counts, np.array(truth_counts, np.int64)
