@@ -6,6 +6,7 @@ import contextlib
 import difflib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,10 +19,11 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from yolo11_lightning.data.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
+from yolo11_lightning.data.loader_workers import end_loader_workers
 from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
 from yolo11_lightning.export.runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
@@ -182,12 +184,23 @@ class YOLOLightningCLI(LightningCLI):
     def _run_guarded(self, name: str, **kwargs: Any) -> Any:
         try:
             return getattr(self.trainer, name)(**kwargs)
-        except TrainingPreempted:
-            # Every rank saved and is leaving on its own: give them a moment before ending the stragglers.
-            end_launched_ranks(self.trainer, grace_seconds=15.0)
-            raise
-        except BaseException:
+        except BaseException as error:
+            end_loader_workers()  # the run is over: its persistent workers must not hold the process at exit
+            if isinstance(error, TrainingPreempted):
+                if error.checkpoint and self.trainer.is_global_zero:
+                    command = resume_command(getattr(self, "given_args", []), error.checkpoint)
+                    rank_zero_warn_line(f"resume with: {command}")
+                # Every rank saved and is leaving on its own: give them a moment before ending the stragglers.
+                end_launched_ranks(self.trainer, grace_seconds=15.0)
+                raise
             end_launched_ranks(self.trainer)
+            if (
+                isinstance(error, SystemExit)
+                and error.code == 1
+                and isinstance(error.__context__, KeyboardInterrupt)
+            ):
+                # Lightning's own Ctrl-C handling (outside a fit's training, nothing to keep) exits 1.
+                raise SystemExit(128 + signal.SIGINT) from None
             raise
 
     # LightningCLI calls these instead of the Trainer's methods of the same name.
@@ -386,6 +399,26 @@ def _typed_value(args: Sequence[str], option: str) -> str | None:
         elif arg.startswith(option + "="):
             value = arg[len(option) + 1 :]
     return value
+
+
+def resume_command(given_args: Sequence[str], checkpoint: str) -> str:
+    """The command line that continues a stopped run: as typed, with ``--ckpt_path`` naming ``checkpoint``."""
+    args, skip = [], False
+    for arg in given_args:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    return shlex.join(["yolo11-lightning", *args, "--ckpt_path", checkpoint])
+
+
+def rank_zero_warn_line(message: str) -> None:
+    """One line on stderr from global rank zero (not a Python warning: no file and line number to it)."""
+    if rank_zero_only.rank == 0:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
 
 def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:

@@ -8,8 +8,8 @@ a ``ModelCheckpoint`` without a monitor that writes ``last.ckpt``:
 - after every training epoch (whatever validation did);
 - every ``every_n_train_steps`` optimiser steps, when set;
 - every ``every_n_minutes`` of training (default 10), so a hard kill (OOM, node loss) loses at most that;
-- when the job is asked to stop (SIGTERM; SIGUSR1 under SLURM), then it ends the run with
-  ``TrainingPreempted`` (exit 143 / 138; under SLURM after ``scontrol requeue``).
+- when the job is asked to stop (SIGTERM; SIGUSR1 under SLURM; Ctrl-C), then it ends the run with
+  ``TrainingPreempted`` (exit 143 / 138 / 130; under SLURM after ``scontrol requeue``), saying what it kept.
 
 Mid-epoch saves happen only right after an optimiser step, where no gradient is half accumulated, so resuming
 from any of them repeats and skips no sample. None is made after an epoch's last batch: the epoch-end save
@@ -43,6 +43,7 @@ from yolo11_lightning.training.preemption import (
     TrainingPreempted,
     agree,
     requeue_slurm_job,
+    signal_name,
     stop_watching_launched_ranks,
 )
 from yolo11_lightning.training.step_exchange import StepExchange, signal_flag
@@ -147,8 +148,8 @@ class LastCheckpoint(ModelCheckpoint):
         every_n_minutes: also save mid-epoch once this much training time passed since the last save
             (0 disables). Bounds the work a SIGKILL can lose.
         every_n_train_steps: also save every this many optimiser steps (0 disables).
-        stop_on_signal: on SIGTERM (and SIGUSR1) every rank stops after the same optimiser step, ``last.ckpt``
-            is written and the run ends with ``TrainingPreempted`` (exit 128 + signal).
+        stop_on_signal: on SIGTERM (and SIGUSR1, Ctrl-C) every rank stops after the same optimiser step,
+            ``last.ckpt`` is written and the run ends with ``TrainingPreempted`` (exit 128 + signal).
     """
 
     def __init__(
@@ -327,7 +328,21 @@ class LastCheckpoint(ModelCheckpoint):
         path = self.best_model_path or None
         if signum == signal.SIGUSR1 and trainer.is_global_zero and _slurm_auto_requeue(trainer):
             requeue_slurm_job()
-        name = signal.Signals(signum).name
         if trainer.is_global_zero:
-            log.warning("%s: stopped at global step %d; saved %s", name, trainer.global_step, path)
+            log.warning(_stop_note(trainer, signum, path))
         raise TrainingPreempted(signum, path)
+
+
+def _stop_note(trainer: L.Trainer, signum: int, path: str | None) -> str:
+    """What a stop kept, in one line: the position and the file (the CLI adds the command that resumes)."""
+    name = signal_name(signum)
+    if path is None or trainer.sanity_checking:
+        return f"{name}: stopped before any training step; nothing to save"
+    epoch_loop = trainer.fit_loop.epoch_loop
+    done, total = epoch_loop.batch_progress.current.completed, trainer.num_training_batches
+    where = (
+        f"epoch {trainer.current_epoch} done"
+        if _at_epoch_end(trainer)
+        else f"epoch {trainer.current_epoch}, {done} of {total} batches done"
+    )
+    return f"{name}: stopped at global step {trainer.global_step} ({where}); kept that exact position in {path}"
