@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -183,7 +184,9 @@ class YOLOLightningCLI(LightningCLI):
 
     def _run_guarded(self, name: str, **kwargs: Any) -> Any:
         try:
-            return getattr(self.trainer, name)(**kwargs)
+            with warnings.catch_warnings():
+                _ignore_false_alarms(name, kwargs.get("ckpt_path"))
+                return getattr(self.trainer, name)(**kwargs)
         except BaseException as error:
             end_loader_workers()  # the run is over: its persistent workers must not hold the process at exit
             if isinstance(error, TrainingPreempted):
@@ -399,6 +402,22 @@ def _typed_value(args: Sequence[str], option: str) -> str | None:
         elif arg.startswith(option + "="):
             value = arg[len(option) + 1 :]
     return value
+
+
+def _ignore_false_alarms(command: str, ckpt_path: Any) -> None:
+    """Filter the Lightning warnings whose premise does not hold for ``command`` here (inside ``catch_warnings``)."""
+    if command != "fit":
+        # "The WeightAveraging state cannot be restored": validate/test/predict need none of it, and the
+        # checkpoint's state_dict already holds the averaged (EMA) weights (``ModelEMA``).
+        warnings.filterwarnings(
+            "ignore", message=r"You're using the WeightAveraging callback, but loading a checkpoint outside"
+        )
+    elif ckpt_path:
+        # A resume writes into its checkpoint's own folder (``continue_logger_version``): the files Lightning finds
+        # there are the run being continued, not another run's about to be overwritten.
+        folder = Path(str(ckpt_path)).parent
+        where = re.escape(os.sep.join([folder.parent.name, folder.name]))
+        warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{where} exists and is not empty")
 
 
 def resume_command(given_args: Sequence[str], checkpoint: str) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from argparse import Namespace
 from typing import Any
 
@@ -45,7 +46,11 @@ class RunCSVLogger(CSVLogger):
             return CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
         path = os.path.join(self.log_dir, "metrics.csv")
         kept = self._fs.cat_file(path) if self._fs.isfile(path) else None
-        experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
+        with warnings.catch_warnings():
+            # "... exists and is not empty. Previous log files in this directory will be deleted": not here, a
+            # resumed run's metrics.csv is put back below and appended to.
+            warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+            experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
         if kept and self._experiment is not None:  # rank zero made the writer (and removed the file)
             with self._fs.open(path, "wb") as f:
                 f.write(kept)

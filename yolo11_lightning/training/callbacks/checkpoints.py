@@ -26,10 +26,13 @@ at epoch ends and after validation with one small all-reduce (``preemption.agree
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -83,6 +86,16 @@ def _settle_step_exchange(trainer: L.Trainer) -> None:
         settle()
 
 
+@contextlib.contextmanager
+def _dirpath_change_expected() -> Iterator[None]:
+    """Silence ``ModelCheckpoint``'s "The dirpath has changed ... won't be reloaded" while our callbacks load their
+    state: ``BestCheckpoint`` restores its best score in any folder, ``LastCheckpoint`` has no score to lose, and
+    ``validate``/``test`` of a training run's checkpoint write elsewhere on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+        yield
+
+
 class BestCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` on the task's validation score (``best.ckpt``) whose best score survives any restart.
 
@@ -131,7 +144,8 @@ class BestCheckpoint(ModelCheckpoint):
         super()._save_checkpoint(trainer, filepath)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
+        with _dirpath_change_expected():  # the best score is restored below whatever the folder
+            super().load_state_dict(state_dict)
         if self.best_model_score is None and state_dict.get("best_model_score") is not None:
             self.best_model_score = state_dict["best_model_score"]
             self.best_k_models = dict(state_dict.get("best_k_models", {}))
@@ -206,6 +220,10 @@ class LastCheckpoint(ModelCheckpoint):
         trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     # ------------------------------------------------------------------------------------ saving
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        with _dirpath_change_expected():
+            super().load_state_dict(state_dict)
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -345,4 +363,6 @@ def _stop_note(trainer: L.Trainer, signum: int, path: str | None) -> str:
         if _at_epoch_end(trainer)
         else f"epoch {trainer.current_epoch}, {done} of {total} batches done"
     )
-    return f"{name}: stopped at global step {trainer.global_step} ({where}); kept that exact position in {path}"
+    return (
+        f"{name}: stopped at global step {trainer.global_step} ({where}); kept that exact position in {path}"
+    )
