@@ -43,7 +43,12 @@ from yolo11_lightning.training.checkpointing import (
     find_last_checkpoint,
     use_atomic_checkpoints,
 )
-from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
+from yolo11_lightning.training.loggers import (
+    CodeVersion,
+    VersionedSaveConfig,
+    default_loggers,
+    evaluation_folder,
+)
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.pretrained import weights_task_claim
@@ -152,8 +157,15 @@ class YOLOLightningCLI(LightningCLI):
         config = self._get(self.config_init, "trainer", default={})
         barebones = bool(config.get("barebones"))  # Lightning refuses any logger there
         if config.get("logger") in (None, True) and "logger" not in kwargs and not barebones:
-            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
-            kwargs["logger"] = default_loggers(config.get("default_root_dir"))
+            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py); validate
+            # and test of a training run's checkpoint into <run>/validate or <run>/test.
+            command = self.subcommand or ""
+            folder = evaluation_folder(command, self._get(self.config_init, "ckpt_path", default=None))
+            kwargs["logger"] = (
+                default_loggers(config.get("default_root_dir"))
+                if folder is None
+                else default_loggers(os.path.dirname(folder), name="", version=command)
+            )
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except UserInputError:
