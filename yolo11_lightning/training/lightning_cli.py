@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
@@ -32,6 +32,7 @@ from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
+from yolo11_lightning.training.callbacks.epoch_lines import EpochLines
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.callbacks.learning_rates import LearningRates
 from yolo11_lightning.training.callbacks.machine import MachineSettings
@@ -93,6 +94,15 @@ def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) ->
     if trainer_config.get("enable_checkpointing") is not False and not trainer_config.get("barebones"):
         return callbacks
     return [c for c in callbacks if not isinstance(c, (BestCheckpoint, LastCheckpoint))]
+
+
+def progress_for_output(trainer_config: dict[str, Any], callbacks: list[Callback]) -> list[Callback]:
+    """``[EpochLines()]`` when stdout is not a terminal and the Trainer would draw a progress bar of its own (none
+    named in the callbacks, ``enable_progress_bar`` not false): a log gets a line per epoch, not bar redraws."""
+    named = [*callbacks, *(trainer_config.get("callbacks") or [])]
+    if trainer_config.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in named):
+        return []
+    return [] if sys.stdout.isatty() else [EpochLines()]
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -190,7 +200,10 @@ class YOLOLightningCLI(LightningCLI):
         fitted = fit_to_trainer(defaults.get("callbacks", []), config)
         self.trainer_defaults = {**defaults, "callbacks": fitted}
         try:
-            return super()._instantiate_trainer(config, fit_to_trainer(callbacks, config))
+            extra = fit_to_trainer(callbacks, config)
+            return super()._instantiate_trainer(
+                config, [*extra, *progress_for_output(config, [*fitted, *extra])]
+            )
         finally:
             self.trainer_defaults = defaults
 
