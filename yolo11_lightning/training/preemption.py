@@ -17,8 +17,8 @@ saving (``last.ckpt`` keeps its previous state: files are written atomically).
 
 DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that
 signals the whole process group (or Ctrl-C in a terminal) would otherwise kill them, and the main process would
-fail on its next batch before it could save. Workers still end with their parent
-(``data.loader_workers.end_workers_at_exit``).
+fail on its next batch before it could save. Workers still end with their parent: PyTorch's watch it, and the CLI
+ends them when a run stops or fails (``data.loader_workers.end_loader_workers``), so no exit waits on them.
 """
 
 from __future__ import annotations
