@@ -13,6 +13,7 @@ import logging
 import os
 import random
 import re
+import shlex
 import shutil
 import signal
 import stat
@@ -330,3 +331,60 @@ def test_sigterm_to_torchrun_stops_every_worker_with_a_checkpoint(tiny_dataset: 
         "torchrun restarted"
     )
     assert position(load(final_checkpoint(tmp_path))) >= done - 1
+
+
+WORKERS = ["--data.num_workers", "2", "--data.persistent_workers", "true"]
+
+
+def test_ctrl_c_during_validation_keeps_the_step_says_how_to_resume_and_resumes(
+    tiny_dataset: Path, uninterrupted: Path, tmp_path: Path
+) -> None:
+    """Ctrl-C (SIGINT to the main process) while a mid-epoch validation runs on persistent loader workers: the run
+    finishes validating, keeps its last optimiser step in last.ckpt, prints that and the command that resumes, and
+    exits 130 with every worker gone (they hold the output pipe: a worker left alive would block reading it, as the
+    2-minute hang at exit did). Resumed, it ends in the uninterrupted run's state."""
+    marker = tmp_path / "validating"
+    slow_validation = ["--trainer.callbacks+=fault_callbacks.SlowValidation", "--trainer.callbacks.marker",
+                       str(marker), "--trainer.val_check_interval", "2"]  # fmt: skip
+    args = fit_args(tiny_dataset, tmp_path, "rec", *NO_STEP_SAVES, *WORKERS, *slow_validation)
+    proc = start_training(args, cwd=tmp_path)
+    deadline = time.monotonic() + 180
+    while not marker.exists():
+        assert proc.poll() is None, proc.stdout.read()[-6000:]
+        assert time.monotonic() < deadline, "the run never validated"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    code, output = finish(proc, timeout=GRACE_SECONDS)
+    assert code == 130, output[-6000:]
+    assert "Detected KeyboardInterrupt" not in output
+    kept = final_checkpoint(tmp_path)
+    assert f"Ctrl-C (SIGINT): stopped at global step 1 (epoch 0, 2 of 4 batches done); kept that exact position in {kept}" in output, output[-3000:]  # fmt: skip
+    command = next(line for line in output.splitlines() if line.startswith("resume with: "))
+    assert shlex.split(command.removeprefix("resume with: ")) == [
+        "yolo11-lightning",
+        *args,
+        "--ckpt_path",
+        str(kept),
+    ]
+    assert position(load(kept)) == 2
+    assert_resumes_to_the_uninterrupted_run(tmp_path, uninterrupted, tiny_dataset)
+
+
+def test_a_second_ctrl_c_stops_at_once(tiny_dataset: Path, tmp_path: Path) -> None:
+    """The first Ctrl-C asks for a save at the next optimiser step; a second one before it ends the run there and
+    then, exit 130, nothing saved, loader workers gone (the output pipe closes)."""
+    slow = ["--trainer.callbacks+=fault_callbacks.SlowBatches", "--trainer.callbacks.seconds", "3"]
+    proc = start_training(
+        fit_args(tiny_dataset, tmp_path, "rec", *NO_STEP_SAVES, *WORKERS, *slow), cwd=tmp_path
+    )
+    signal_after(
+        proc, tmp_path / "rec", 1, signal.SIGINT, ranks=[0]
+    )  # batch 1 of the step's 2, then 3 s asleep
+    time.sleep(0.5)  # two signals at once would reach Python's handler as one
+    proc.send_signal(signal.SIGINT)
+    code, output = finish(proc, timeout=GRACE_SECONDS)
+    assert code == 130, output[-6000:]
+    assert (
+        "second Ctrl-C: stopped at once, nothing saved" in output and "stopped at global step" not in output
+    )
+    assert not list(tmp_path.glob("lightning_logs/*/checkpoints/last*.ckpt"))

@@ -184,3 +184,16 @@ class FlatMetric(Callback):
 
     def on_validation_end(self, trainer, pl_module):
         trainer.callback_metrics["val/mAP50-95"] = torch.tensor(0.0)
+
+
+class SlowValidation(Callback):
+    """Every validation batch of training (not the sanity check) sleeps ``seconds`` after touching ``marker``,
+    so a test can signal the run while it validates."""
+
+    def __init__(self, marker: str, seconds: float = 1.0) -> None:
+        self.marker, self.seconds = Path(marker), seconds
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0):
+        if not trainer.sanity_checking:
+            self.marker.touch()
+            time.sleep(self.seconds)

@@ -1,8 +1,9 @@
 """DataLoader workers: how many (``num_workers: auto``), and their process setup (stop signals left to the
-training process, one OpenCV thread)."""
+training process, one OpenCV thread, ended when the training process exits)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
 
 import cv2
@@ -37,14 +38,30 @@ def auto_num_workers(cores_per_rank: int, decode_once: bool) -> tuple[int, str]:
 
 
 def ignore_stop_signals_in_worker(worker_id: int) -> None:
-    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1 to the training process.
+    """DataLoader ``worker_init_fn``: workers leave SIGTERM/SIGUSR1/SIGINT to the training process.
 
-    PyTorch's workers die on a SIGTERM that does not come from their parent, so a signal to the whole process
-    group would fail the next batch ("DataLoader worker ... is killed by signal") before the training process
-    could save (``training.preemption``). Ignored here, they end with their parent, as PyTorch watches it.
+    PyTorch's workers die on a SIGTERM that does not come from their parent (and leave on Ctrl-C's SIGINT, which a
+    terminal sends to the whole process group), so the next batch would fail ("DataLoader worker ... is killed by
+    signal") before the training process could save (``training.preemption``). Ignored here, they end with their
+    parent: PyTorch's workers watch it, and ``end_loader_workers`` ends them when a run fails or is stopped.
     """
-    for signum in (signal.SIGTERM, signal.SIGUSR1):
+    for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT):
         signal.signal(signum, signal.SIG_IGN)
+
+
+def end_loader_workers() -> None:
+    """SIGKILL this process's daemonic ``multiprocessing`` children (DataLoader workers): a run ended by an exception.
+
+    At interpreter exit, ``multiprocessing`` SIGTERMs its daemonic children and then waits for them. Workers ignore
+    SIGTERM (above), and persistent workers of a loader whose iterator was not shut down (a stop or an error
+    during validation leaves it referenced by the traceback) wait for their next index forever: the process would
+    hang at exit (seen: over 2 minutes after a Ctrl-C during validation). These are the children ``multiprocessing``
+    would end there (PyTorch's workers are its only daemonic ones here), and their batches are of no use any more.
+    """
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join(timeout=5)
 
 
 def single_threaded_opencv() -> None:

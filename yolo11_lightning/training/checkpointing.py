@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -166,4 +167,7 @@ def continue_logger_version(trainer: L.Trainer, checkpoint_path: str) -> None:
         return
     version_dir = path.parent.parent
     if version_dir.parent == (Path(str(logger.save_dir)) / str(logger.name)).resolve():
-        logger._version = version_dir.name  # both loggers read their version lazily from here
+        # Both loggers read their version lazily from here; a number when the folder is ``version_<N>`` (the
+        # progress bar shows it as v_num, a string's last 4 characters: "on_0").
+        number = re.fullmatch(r"version_(\d+)", version_dir.name)
+        logger._version = int(number[1]) if number else version_dir.name

@@ -6,22 +6,25 @@ import contextlib
 import difflib
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
 from lightning.pytorch import Trainer
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ProgressBar
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from yolo11_lightning.data.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
+from yolo11_lightning.data.loader_workers import end_loader_workers
 from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
 from yolo11_lightning.export.runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
@@ -29,6 +32,7 @@ from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
+from yolo11_lightning.training.callbacks.epoch_lines import EpochLines
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.callbacks.learning_rates import LearningRates
 from yolo11_lightning.training.callbacks.machine import MachineSettings
@@ -40,7 +44,12 @@ from yolo11_lightning.training.checkpointing import (
     find_last_checkpoint,
     use_atomic_checkpoints,
 )
-from yolo11_lightning.training.loggers import CodeVersion, VersionedSaveConfig, default_loggers
+from yolo11_lightning.training.loggers import (
+    CodeVersion,
+    VersionedSaveConfig,
+    default_loggers,
+    evaluation_folder,
+)
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.pretrained import weights_task_claim
@@ -85,6 +94,15 @@ def fit_to_trainer(callbacks: list[Callback], trainer_config: dict[str, Any]) ->
     if trainer_config.get("enable_checkpointing") is not False and not trainer_config.get("barebones"):
         return callbacks
     return [c for c in callbacks if not isinstance(c, (BestCheckpoint, LastCheckpoint))]
+
+
+def progress_for_output(trainer_config: dict[str, Any], callbacks: list[Callback]) -> list[Callback]:
+    """``[EpochLines()]`` when stdout is not a terminal and the Trainer would draw a progress bar of its own (none
+    named in the callbacks, ``enable_progress_bar`` not false): a log gets a line per epoch, not bar redraws."""
+    named = [*callbacks, *(trainer_config.get("callbacks") or [])]
+    if trainer_config.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in named):
+        return []
+    return [] if sys.stdout.isatty() else [EpochLines()]
 
 
 class OneLineErrorParser(LightningArgumentParser):
@@ -149,8 +167,15 @@ class YOLOLightningCLI(LightningCLI):
         config = self._get(self.config_init, "trainer", default={})
         barebones = bool(config.get("barebones"))  # Lightning refuses any logger there
         if config.get("logger") in (None, True) and "logger" not in kwargs and not barebones:
-            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py).
-            kwargs["logger"] = default_loggers(config.get("default_root_dir"))
+            # metrics.csv always, plus TensorBoard when installed, in one version folder (loggers.py); validate
+            # and test of a training run's checkpoint into <run>/validate or <run>/test.
+            command = self.subcommand or ""
+            folder = evaluation_folder(command, self._get(self.config_init, "ckpt_path", default=None))
+            kwargs["logger"] = (
+                default_loggers(config.get("default_root_dir"))
+                if folder is None
+                else default_loggers(os.path.dirname(folder), name="", version=command)
+            )
         try:
             trainer = super().instantiate_trainer(**kwargs)
         except UserInputError:
@@ -175,19 +200,35 @@ class YOLOLightningCLI(LightningCLI):
         fitted = fit_to_trainer(defaults.get("callbacks", []), config)
         self.trainer_defaults = {**defaults, "callbacks": fitted}
         try:
-            return super()._instantiate_trainer(config, fit_to_trainer(callbacks, config))
+            extra = fit_to_trainer(callbacks, config)
+            return super()._instantiate_trainer(
+                config, [*extra, *progress_for_output(config, [*fitted, *extra])]
+            )
         finally:
             self.trainer_defaults = defaults
 
     def _run_guarded(self, name: str, **kwargs: Any) -> Any:
         try:
-            return getattr(self.trainer, name)(**kwargs)
-        except TrainingPreempted:
-            # Every rank saved and is leaving on its own: give them a moment before ending the stragglers.
-            end_launched_ranks(self.trainer, grace_seconds=15.0)
-            raise
-        except BaseException:
+            with warnings.catch_warnings():
+                _ignore_false_alarms(name, kwargs.get("ckpt_path"))
+                return getattr(self.trainer, name)(**kwargs)
+        except BaseException as error:
+            end_loader_workers()  # the run is over: its persistent workers must not hold the process at exit
+            if isinstance(error, TrainingPreempted):
+                if error.checkpoint and self.trainer.is_global_zero:
+                    command = resume_command(getattr(self, "given_args", []), error.checkpoint)
+                    rank_zero_warn_line(f"resume with: {command}")
+                # Every rank saved and is leaving on its own: give them a moment before ending the stragglers.
+                end_launched_ranks(self.trainer, grace_seconds=15.0)
+                raise
             end_launched_ranks(self.trainer)
+            if (
+                isinstance(error, SystemExit)
+                and error.code == 1
+                and isinstance(error.__context__, KeyboardInterrupt)
+            ):
+                # Lightning's own Ctrl-C handling (outside a fit's training, nothing to keep) exits 1.
+                raise SystemExit(128 + signal.SIGINT) from None
             raise
 
     # LightningCLI calls these instead of the Trainer's methods of the same name.
@@ -386,6 +427,42 @@ def _typed_value(args: Sequence[str], option: str) -> str | None:
         elif arg.startswith(option + "="):
             value = arg[len(option) + 1 :]
     return value
+
+
+def _ignore_false_alarms(command: str, ckpt_path: Any) -> None:
+    """Filter the Lightning warnings whose premise does not hold for ``command`` here (inside ``catch_warnings``)."""
+    if command != "fit":
+        # "The WeightAveraging state cannot be restored": validate/test/predict need none of it, and the
+        # checkpoint's state_dict already holds the averaged (EMA) weights (``ModelEMA``).
+        warnings.filterwarnings(
+            "ignore", message=r"You're using the WeightAveraging callback, but loading a checkpoint outside"
+        )
+    elif ckpt_path:
+        # A resume writes into its checkpoint's own folder (``continue_logger_version``): the files Lightning finds
+        # there are the run being continued, not another run's about to be overwritten.
+        folder = Path(str(ckpt_path)).parent
+        where = re.escape(os.sep.join([folder.parent.name, folder.name]))
+        warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{where} exists and is not empty")
+
+
+def resume_command(given_args: Sequence[str], checkpoint: str) -> str:
+    """The command line that continues a stopped run: as typed, with ``--ckpt_path`` naming ``checkpoint``."""
+    args, skip = [], False
+    for arg in given_args:
+        if skip:
+            skip = False
+        elif arg == "--ckpt_path":
+            skip = True
+        elif not arg.startswith("--ckpt_path="):
+            args.append(arg)
+    return shlex.join(["yolo11-lightning", *args, "--ckpt_path", checkpoint])
+
+
+def rank_zero_warn_line(message: str) -> None:
+    """One line on stderr from global rank zero (not a Python warning: no file and line number to it)."""
+    if rank_zero_only.rank == 0:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
 
 def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import os
+import warnings
 from argparse import Namespace
 from typing import Any
 
@@ -45,7 +46,11 @@ class RunCSVLogger(CSVLogger):
             return CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
         path = os.path.join(self.log_dir, "metrics.csv")
         kept = self._fs.cat_file(path) if self._fs.isfile(path) else None
-        experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
+        with warnings.catch_warnings():
+            # "... exists and is not empty. Previous log files in this directory will be deleted": not here, a
+            # resumed run's metrics.csv is put back below and appended to.
+            warnings.filterwarnings("ignore", message=r"Experiment logs directory .* exists and is not empty")
+            experiment = CSVLogger.experiment.fget(self)  # type: ignore[attr-defined]
         if kept and self._experiment is not None:  # rank zero made the writer (and removed the file)
             with self._fs.open(path, "wb") as f:
                 f.write(kept)
@@ -83,16 +88,30 @@ def tensorboard_available() -> bool:
 
 
 def default_loggers(
-    save_dir: str | os.PathLike[str] | None = None, name: str = "lightning_logs"
+    save_dir: str | os.PathLike[str] | None = None, name: str = "lightning_logs", version: str | None = None
 ) -> list[Logger]:
     """``[RunCSVLogger]`` plus a ``RunTensorBoardLogger`` into the same folder when TensorBoard is installed.
 
-    ``save_dir``: the trainer's ``default_root_dir`` (the working folder when ``None``, as Lightning).
+    ``save_dir``: the trainer's ``default_root_dir`` (the working folder when ``None``, as Lightning);
+    ``<save_dir>/<name>/<version>``, the next ``version_N`` when ``version`` is ``None``.
     """
-    csv = RunCSVLogger(save_dir=os.fspath(save_dir) if save_dir is not None else os.getcwd(), name=name)
+    where = os.fspath(save_dir) if save_dir is not None else os.getcwd()
+    csv = RunCSVLogger(save_dir=where, name=name, version=version)
     if not tensorboard_available():
         return [csv]
     return [csv, RunTensorBoardLogger(follow=csv)]
+
+
+def evaluation_folder(command: str, ckpt_path: Any) -> str | None:
+    """Where ``validate``/``test`` of a training run's checkpoint write: ``<run>/<command>`` for a checkpoint at
+    ``<run>/checkpoints/x.ckpt``, beside the run's own files instead of a new ``version_N`` that reads as another
+    training run. ``None`` for any other command or checkpoint (the default place)."""
+    if command not in ("validate", "test") or not ckpt_path or not os.path.isfile(str(ckpt_path)):
+        return None
+    folder = os.path.dirname(os.path.abspath(str(ckpt_path)))
+    if os.path.basename(folder) != "checkpoints":
+        return None
+    return os.path.join(os.path.dirname(folder), command)
 
 
 class CodeVersion(Callback):

@@ -1,4 +1,4 @@
-"""Stop requests from the outside world (SIGTERM, SLURM's SIGUSR1), agreed on by every rank.
+"""Stop requests from the outside world (SIGTERM, SLURM's SIGUSR1, Ctrl-C), agreed on by every rank.
 
 Schedulers ask a job to stop with a signal and a grace period: Kubernetes, spot instances, ``scancel``
 and torchrun send SIGTERM; SLURM sends SIGUSR1 (``--signal=SIGUSR1@120``) before a time limit when the job
@@ -9,11 +9,16 @@ Here a signal only raises a flag (``StopRequest``): handlers run between Python 
 and must not start collectives. The ranks then agree at the next optimiser-step boundary with one
 all-reduce of the flag (``agree``): a signal that reached only some ranks, or reached them at different
 moments, stops them all after the same batch. ``LastCheckpoint`` (``training.callbacks.checkpoints``) then writes the
-exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM).
+exact position and raises ``TrainingPreempted`` (exit code 128 + signal: 143 for SIGTERM, 130 for Ctrl-C).
 
-DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that signals the whole
-process group would otherwise kill them, and the main process would fail on its next batch before it could
-save. Workers still end with their parent.
+Ctrl-C (SIGINT) is a stop request like SIGTERM while a fit trains: Lightning would otherwise turn it into a
+``KeyboardInterrupt`` that loses the partial epoch and exits 1. A second Ctrl-C stops the process at once, without
+saving (``last.ckpt`` keeps its previous state: files are written atomically).
+
+DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that
+signals the whole process group (or Ctrl-C in a terminal) would otherwise kill them, and the main process would
+fail on its next batch before it could save. Workers still end with their parent: PyTorch's watch it, and the CLI
+ends them when a run stops or fails (``data.loader_workers.end_loader_workers``), so no exit waits on them.
 """
 
 from __future__ import annotations
@@ -28,16 +33,19 @@ from typing import Any
 
 import torch
 
+from yolo11_lightning.data.loader_workers import end_loader_workers
+
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class TrainingPreempted(SystemExit):
     """Every rank stopped at the same batch after a stop signal; the checkpoint holds the exact position.
 
-    A ``SystemExit`` whose code is ``128 + signal`` (143 for SIGTERM, 138 for SIGUSR1), the shell's convention
-    for "ended by this signal", so restart policies keyed on the exit code see a job that did not finish.
+    A ``SystemExit`` whose code is ``128 + signal`` (143 for SIGTERM, 138 for SIGUSR1, 130 for Ctrl-C), the
+    shell's convention for "ended by this signal", so restart policies keyed on the exit code see a job that did
+    not finish.
     """
 
     def __init__(self, signum: int, checkpoint: str | None) -> None:
@@ -46,13 +54,22 @@ class TrainingPreempted(SystemExit):
         self.checkpoint = checkpoint
 
     def __str__(self) -> str:
-        name = signal.Signals(self.signum).name
+        name = signal_name(self.signum)
         where = f"; resume with --ckpt_path last ({self.checkpoint})" if self.checkpoint else ""
         return f"training stopped by {name} at an optimiser-step boundary{where}"
 
 
+def signal_name(signum: int) -> str:
+    """``SIGTERM``, ``SIGUSR1``; ``Ctrl-C (SIGINT)`` for the one a user sends from the terminal."""
+    name = signal.Signals(signum).name
+    return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
+
+
 class StopRequest:
-    """Signal handlers that record the first stop signal; ``signum`` is 0 until one arrives."""
+    """Signal handlers that record the first stop signal; ``signum`` is 0 until one arrives.
+
+    A second Ctrl-C ends the process at once (exit 130) without saving; other repeated signals change nothing.
+    """
 
     def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
         self.signals = signals
@@ -60,11 +77,16 @@ class StopRequest:
         self._previous: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        # os.write is async-signal-safe; logging from a handler can deadlock on the handler's own lock.
         if not self.signum:
             self.signum = signum
-            # os.write is async-signal-safe; logging from a handler can deadlock on the handler's own lock.
-            os.write(2, f"[rank pid {os.getpid()}] received {signal.Signals(signum).name}: stopping at the next "
-                        "optimiser step, after saving a checkpoint\n".encode())  # fmt: skip
+            again = " (Ctrl-C again stops at once, without saving)" if signum == signal.SIGINT else ""
+            os.write(2, f"[rank pid {os.getpid()}] received {signal_name(signum)}: stopping at the next "
+                        f"optimiser step, after saving a checkpoint{again}\n".encode())  # fmt: skip
+        elif signum == signal.SIGINT:
+            os.write(2, f"[rank pid {os.getpid()}] second Ctrl-C: stopped at once, nothing saved\n".encode())
+            end_loader_workers()
+            os._exit(128 + signum)
 
     def install(self) -> None:
         """Take over the stop signals (main thread only; elsewhere a no-op). Idempotent."""

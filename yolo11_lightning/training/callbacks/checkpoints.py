@@ -8,8 +8,8 @@ a ``ModelCheckpoint`` without a monitor that writes ``last.ckpt``:
 - after every training epoch (whatever validation did);
 - every ``every_n_train_steps`` optimiser steps, when set;
 - every ``every_n_minutes`` of training (default 10), so a hard kill (OOM, node loss) loses at most that;
-- when the job is asked to stop (SIGTERM; SIGUSR1 under SLURM), then it ends the run with
-  ``TrainingPreempted`` (exit 143 / 138; under SLURM after ``scontrol requeue``).
+- when the job is asked to stop (SIGTERM; SIGUSR1 under SLURM; Ctrl-C), then it ends the run with
+  ``TrainingPreempted`` (exit 143 / 138 / 130; under SLURM after ``scontrol requeue``), saying what it kept.
 
 Mid-epoch saves happen only right after an optimiser step, where no gradient is half accumulated, so resuming
 from any of them repeats and skips no sample. None is made after an epoch's last batch: the epoch-end save
@@ -26,10 +26,13 @@ at epoch ends and after validation with one small all-reduce (``preemption.agree
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import time
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import lightning as L
@@ -43,6 +46,7 @@ from yolo11_lightning.training.preemption import (
     TrainingPreempted,
     agree,
     requeue_slurm_job,
+    signal_name,
     stop_watching_launched_ranks,
 )
 from yolo11_lightning.training.step_exchange import StepExchange, signal_flag
@@ -80,6 +84,16 @@ def _settle_step_exchange(trainer: L.Trainer) -> None:
     settle = getattr(trainer.lightning_module, "settle_step_exchange", None)
     if callable(settle) and trainer.state.fn == TrainerFn.FITTING:
         settle()
+
+
+@contextlib.contextmanager
+def _dirpath_change_expected() -> Iterator[None]:
+    """Silence ``ModelCheckpoint``'s "The dirpath has changed ... won't be reloaded" while our callbacks load their
+    state: ``BestCheckpoint`` restores its best score in any folder, ``LastCheckpoint`` has no score to lose, and
+    ``validate``/``test`` of a training run's checkpoint write elsewhere on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
+        yield
 
 
 class BestCheckpoint(ModelCheckpoint):
@@ -130,7 +144,8 @@ class BestCheckpoint(ModelCheckpoint):
         super()._save_checkpoint(trainer, filepath)
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        super().load_state_dict(state_dict)
+        with _dirpath_change_expected():  # the best score is restored below whatever the folder
+            super().load_state_dict(state_dict)
         if self.best_model_score is None and state_dict.get("best_model_score") is not None:
             self.best_model_score = state_dict["best_model_score"]
             self.best_k_models = dict(state_dict.get("best_k_models", {}))
@@ -147,8 +162,8 @@ class LastCheckpoint(ModelCheckpoint):
         every_n_minutes: also save mid-epoch once this much training time passed since the last save
             (0 disables). Bounds the work a SIGKILL can lose.
         every_n_train_steps: also save every this many optimiser steps (0 disables).
-        stop_on_signal: on SIGTERM (and SIGUSR1) every rank stops after the same optimiser step, ``last.ckpt``
-            is written and the run ends with ``TrainingPreempted`` (exit 128 + signal).
+        stop_on_signal: on SIGTERM (and SIGUSR1, Ctrl-C) every rank stops after the same optimiser step,
+            ``last.ckpt`` is written and the run ends with ``TrainingPreempted`` (exit 128 + signal).
     """
 
     def __init__(
@@ -205,6 +220,10 @@ class LastCheckpoint(ModelCheckpoint):
         trainer.fit_loop.epoch_loop.__dict__.pop("_broadcast_sigterm_tensor", None)
 
     # ------------------------------------------------------------------------------------ saving
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        with _dirpath_change_expected():
+            super().load_state_dict(state_dict)
+
     def on_save_checkpoint(
         self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
@@ -327,7 +346,23 @@ class LastCheckpoint(ModelCheckpoint):
         path = self.best_model_path or None
         if signum == signal.SIGUSR1 and trainer.is_global_zero and _slurm_auto_requeue(trainer):
             requeue_slurm_job()
-        name = signal.Signals(signum).name
         if trainer.is_global_zero:
-            log.warning("%s: stopped at global step %d; saved %s", name, trainer.global_step, path)
+            log.warning(_stop_note(trainer, signum, path))
         raise TrainingPreempted(signum, path)
+
+
+def _stop_note(trainer: L.Trainer, signum: int, path: str | None) -> str:
+    """What a stop kept, in one line: the position and the file (the CLI adds the command that resumes)."""
+    name = signal_name(signum)
+    if path is None or trainer.sanity_checking:
+        return f"{name}: stopped before any training step; nothing to save"
+    epoch_loop = trainer.fit_loop.epoch_loop
+    done, total = epoch_loop.batch_progress.current.completed, trainer.num_training_batches
+    where = (
+        f"epoch {trainer.current_epoch} done"
+        if _at_epoch_end(trainer)
+        else f"epoch {trainer.current_epoch}, {done} of {total} batches done"
+    )
+    return (
+        f"{name}: stopped at global step {trainer.global_step} ({where}); kept that exact position in {path}"
+    )
