@@ -99,7 +99,7 @@ def measure(ckpt: Path, workdir: Path, images: int, image_size: int, rounds: int
         "per-class results (ms)": 1000 * _time(lambda: class_results(evaluation, names), rounds),
         "evaluation pictures (ms)": 1000 * _time(pictures, rounds),
         "training curves, 100 epochs (ms)": 1000 * _time(lambda: training_curves(history), rounds),
-        "detections": float(len(evaluation.detections)),
+        "detections": float(len(evaluation.scores)),
     }
 
 
