@@ -21,7 +21,6 @@ import numpy as np
 
 from yolo11_lightning.data.images.io import (
     DEFAULT_MAX_IMAGE_PIXELS,
-    IMAGE_EXTENSIONS,
     ImageReadError,
     ImageTooLargeError,
     probe_image,
@@ -36,7 +35,8 @@ from yolo11_lightning.data.sources.checks import (
     check_polygon,
     check_rows,
 )
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.config import DatasetConfig
+from yolo11_lightning.data.sources.listing import ImageListing, list_images
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 
 # Images one process checks per task: at least 4 runs per process, so a slow run does not leave the others
@@ -52,37 +52,18 @@ def label_path_for(image_path: str) -> str:
     return os.path.splitext(path)[0] + ".txt"
 
 
-def _is_image_name(name: str) -> bool:
-    return not name.startswith(".") and name.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
-
-
-def list_images(entry: str) -> list[str]:
-    """Absolute image paths of a split entry, in a stable order.
-
-    A folder is walked recursively (sorted; hidden files and folders skipped; symlinks followed);
-    a .txt file lists one image per line, relative lines resolved against the list's own folder
-    (blank lines and ``#`` comments skipped, order kept); any other file is a single image.
-    """
-    if os.path.isdir(entry):
-        found = []
-        for folder, dirs, files in os.walk(entry, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [os.path.join(folder, f) for f in sorted(files) if _is_image_name(f)]
-        return found
-    if entry.lower().endswith(".txt"):
-        base = os.path.dirname(entry)
-        try:
-            with open(entry, encoding="utf-8-sig") as f:
-                lines = [s.strip() for s in f.read().splitlines()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise DatasetError(f"{entry}: cannot read image list ({e})") from e
-        out = []
-        for line in lines:
-            if line and not line.startswith("#"):
-                p = os.path.expanduser(line)
-                out.append(os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p)))
-        return out
-    return [entry]
+def has_label_rows(image_path: str) -> bool:
+    """Whether the image has a YOLO label file whose first row is numbers (a caption or other text in its place,
+    or an empty file, is not evidence of a YOLO layout)."""
+    try:
+        with open(label_path_for(image_path), encoding="utf-8-sig", errors="replace") as f:
+            for line in f:
+                tokens = line.split()
+                if tokens:
+                    return len(tokens) >= 5 and all(map(_is_float, tokens))
+    except OSError:
+        return False
+    return False
 
 
 @dataclass
@@ -391,6 +372,7 @@ class YoloEntry:
     path: str
     images: list[str] = field(default_factory=list)  # listed images, first listing only
     repeated: list[str] = field(default_factory=list)  # images already listed earlier in the split
+    problems: list[str] = field(default_factory=list)  # links not followed, files reached twice
 
     def has_images(self) -> bool:
         return bool(self.images)
@@ -399,7 +381,7 @@ class YoloEntry:
         # "False": this entry kind's tag in the cache key (COCO writes "True").
         h.update(f"{self.path}\0False\0{image_dir}\n".encode())
         hash_files([path for image in self.images for path in (image, label_path_for(image))], h)
-        h.update("\0".join(self.repeated).encode())
+        h.update("\0".join(self.repeated + self.problems).encode())
 
     def cache_path(self, split: str) -> Path:
         labels = Path(label_path_for(self.images[0])).parent if self.images else Path(self.path)
@@ -408,6 +390,8 @@ class YoloEntry:
     def parse(
         self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
     ) -> tuple[PackedRecords, list[str]]:
+        for line in self.problems:
+            report.note(line)
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
         records = load_yolo_images(
@@ -418,8 +402,9 @@ class YoloEntry:
 
 def open_entry(path: str, seen: set[str]) -> YoloEntry:
     """Any entry that is not another format's: list its images (an image already in ``seen`` is used once)."""
-    entry = YoloEntry(path)
-    for image in list_images(path):
+    entry, listing = YoloEntry(path), ImageListing()
+    for image in list_images(path, listing):
         (entry.repeated if image in seen else entry.images).append(image)
         seen.add(image)
+    entry.problems = listing.problems
     return entry
