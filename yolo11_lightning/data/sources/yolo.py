@@ -34,6 +34,7 @@ from yolo11_lightning.data.sources.checks import (
     check_keypoints,
     check_polygon,
     check_rows,
+    degenerate_corners,
 )
 from yolo11_lightning.data.sources.config import DatasetConfig
 from yolo11_lightning.data.sources.listing import ImageListing, list_images
@@ -71,7 +72,7 @@ class LabelRows:
     """Checked rows of one label file: boxes (``checked``) and the polygons of the kept rows.
 
     ``segments`` (P, 2) float32 and ``segment_sizes`` (k,) int64 follow ``ImageRecord``; ``dropped`` lists
-    (line, reason) of polygon rows kept as boxes without their polygon.
+    (line, reason) of polygon rows kept as boxes without their polygon (dropped whole with ``outlines``).
     """
 
     checked: CheckedRows
@@ -87,10 +88,16 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
 
 
 def parse_label_rows(
-    text: str, label_path: str, num_classes: int, kpt_shape: tuple[int, int] | None = None
+    text: str,
+    label_path: str,
+    num_classes: int,
+    kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> LabelRows:
     """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); with ``kpt_shape``
-    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``."""
+    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``. With
+    ``outlines`` (the polygons are the labels: oriented boxes) a polygon row whose polygon fails its checks, or
+    whose four corners are degenerate (``checks.degenerate_corners``), is dropped whole and listed in ``dropped``."""
     classes, boxes, lows, highs, names = [], [], [], [], []
     line_of: list[int] = []
     polygons: list[list[float] | None] = []
@@ -156,13 +163,28 @@ def parse_label_rows(
     )
     rejected = [(line_of[i], why) for i, why in checked.rejected] + early
     checked.rejected = sorted(rejected)  # by line number
-    kept_polygons, dropped = [], []
+    kept_polygons, dropped, usable = [], [], []
     for i in checked.kept:
         coords = polygons[i]
-        points, why = (None, None) if coords is None else check_polygon(coords)
-        if why is not None:  # its box passed the row checks: kept without the polygon
+        why = (
+            degenerate_corners(np.asarray(coords))
+            if outlines and coords is not None and len(coords) == 8
+            else None
+        )
+        points, why = (None, why) if coords is None or why is not None else check_polygon(coords)
+        if why is not None:  # its box passed the row checks: kept without the polygon, or dropped (outlines)
             dropped.append((line_of[i], why))
+            if outlines:
+                continue
+        usable.append(i)
         kept_polygons.append(np.zeros((0, 2), np.float32) if points is None else points)
+    if len(usable) < len(checked.kept):  # rows dropped whole: ``checked`` keeps the others
+        keep = np.isin(checked.kept, usable)
+        checked.classes, checked.boxes, checked.kept = (
+            checked.classes[keep],
+            checked.boxes[keep],
+            checked.kept[keep],
+        )
     keypoints = None
     if kpt_shape:
         keypoints = np.zeros((len(checked.kept), kpt_shape[0], 3), np.float32)
@@ -236,7 +258,11 @@ def _clean_rows(values: np.ndarray, image_of: np.ndarray, num_classes: int) -> n
 
 
 def check_images(
-    images: list[str], num_classes: int, max_pixels: int | None, kpt_shape: tuple[int, int] | None = None
+    images: list[str],
+    num_classes: int,
+    max_pixels: int | None,
+    kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> tuple[PackedRecords, DataReport, bool]:
     """Check a run of images and parse their labels: (records in order, what was skipped, any label file).
 
@@ -297,12 +323,12 @@ def check_images(
             report.add_image(int(e - s))
             continue
         label_path = label_path_for(path)
-        rows = parse_label_rows(text, label_path, num_classes, kpt_shape)
+        rows = parse_label_rows(text, label_path, num_classes, kpt_shape, outlines)
         checked = rows.checked
         for line, why in checked.rejected:
             report.skip_row(f"{label_path}:{line}", why)
         for line, why in rows.dropped:
-            report.drop_polygon(f"{label_path}:{line}", why)
+            (report.drop_outline if outlines else report.drop_polygon)(f"{label_path}:{line}", why)
         report.num_clipped_rows += checked.num_clipped
         classes.append(checked.classes)
         boxes.append(checked.boxes)
@@ -330,7 +356,7 @@ def check_images(
 
 
 def _check_run(
-    args: tuple[list[str], int, int | None, tuple[int, int] | None],
+    args: tuple[list[str], int, int | None, tuple[int, int] | None, bool],
 ) -> tuple[PackedRecords, DataReport, bool]:
     return check_images(*args)
 
@@ -342,15 +368,20 @@ def load_yolo_images(
     workers: int = 1,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
     ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
     parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
-    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows (``parse_label_rows``).
+    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows; ``outlines``: a row of a bad outline
+    is dropped (``parse_label_rows``).
     """
     size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
-    runs = [(images[i : i + size], num_classes, max_pixels, kpt_shape) for i in range(0, len(images), size)]
+    runs = [
+        (images[i : i + size], num_classes, max_pixels, kpt_shape, outlines)
+        for i in range(0, len(images), size)
+    ]
     parts, any_label_file = [], False
     for packed, part, labelled in ordered_map(_check_run, runs, workers):
         report.merge(part)
@@ -395,7 +426,13 @@ class YoloEntry:
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
         records = load_yolo_images(
-            self.images, config.num_classes, report, workers, max_pixels, config.kpt_shape
+            self.images,
+            config.num_classes,
+            report,
+            workers,
+            max_pixels,
+            config.kpt_shape,
+            config.outline_labels,
         )
         return records, []
 
