@@ -101,3 +101,127 @@ def test_a_caption_beside_an_image_of_a_class_folder_is_ignored_and_counted(
     ]
     code, out, _ = _check_data(root, capsys)
     assert code == 0 and "train: 4 images, 4 class labels" in out, out
+
+
+OBB_GOOD = "0 0.2 0.2 0.6 0.2 0.6 0.5 0.2 0.5"
+OBB_ROWS = [  # (row, reason or None when kept)
+    (OBB_GOOD, None),
+    ("1 0.1 0.1 0.4 0.4 0.7 0.7 0.8 0.8", "degenerate oriented box: zero area (its corners lie on one line)"),
+    ("1 0.1 0.1 0.4 0.1 0.4 0.1 0.1 0.4", "degenerate oriented box: corners 2 and 3 are the same point"),
+    ("1 0.3 0.3 0.3 0.3 0.3 0.3 0.3 0.3", "zero or negative box size (w=0, h=0)"),  # a bad box row first
+    ("1 0.1 0.2 0.5 0.6 0.3 0.4", "polygon has zero area (its points lie on one line)"),
+    ("2 0.5 0.5 0.2 0.2", None),  # a box row: an axis-aligned oriented box
+]
+
+
+def test_degenerate_oriented_boxes_are_dropped_and_counted(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """For the obb task a row of collinear or repeated corners (or any zero-area outline) is dropped, not kept as
+    the axis-aligned box around it (a phantom 0.6 x 0.6 target), named once and counted in the summary; the same
+    rows stay boxes for detection, as before."""
+    import dataclasses
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+
+    yaml_path = _yolo_set(tmp_path / "set", ["a", "b", "c"])
+    label = tmp_path / "set" / "labels" / "val" / "val0.txt"
+    write_labels(label, [row for row, _ in OBB_ROWS])
+    config = dataclasses.replace(dataset_config(yaml_path), outline_labels=True)
+    records, report = load_split(config, "val", use_cache=False, verbose=False)
+    assert records[0].classes.tolist() == [0, 2]
+    assert report.num_bad_outlines == 3 and report.num_skipped_rows == 1
+    expected = [f"{label}:{i}: {why}" for i, (_, why) in enumerate(OBB_ROWS, 1) if why]
+    assert sorted(w.removesuffix("; row dropped") for w in report.warnings if str(label) in w) == sorted(
+        expected
+    )
+    assert "skipped 0 images and 1 label rows, 3 degenerate oriented boxes dropped" in report.summary()
+    boxes, _ = load_split(dataset_config(yaml_path), "val", use_cache=False, verbose=False)
+    assert len(boxes[0].classes) == 5  # detection keeps the polygons' boxes
+
+    data = YOLODataModule(str(yaml_path), task="obb", image_size=64, batch_size=2, num_workers=0)
+    data.setup("validate")
+    sample = data.datasets["val"][0]
+    assert len(sample["rboxes"]) == 2, sample["rboxes"]  # the training targets: no phantom box
+
+    code, out, err = _check_data(yaml_path, capsys, "--task", "obb")
+    assert code == 0 and not err, err
+    named = [line for line in out.splitlines() if str(label) in line]
+    assert len(named) == 5 and sum(line.endswith("row dropped") for line in named) == 3, (
+        out
+    )  # + the box row's
+    assert (
+        "val: 2 images (0 background), 3 boxes (1 with polygons); skipped 0 images and 1 label rows, "
+        "3 degenerate oriented boxes dropped" in out
+    )
+
+
+def test_a_split_without_labels_is_refused_on_every_rank_and_no_folder_is_created(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """An unlabelled val is refused in one line naming the split and its folder, on rank 0 and on rank 1 alike
+    (so the ranks' agreement stops them together), before any epoch; ``check-data`` exits 1 with the same line.
+    The label cache goes to the cache folder: the dataset gets no ``labels/`` folder."""
+    from types import SimpleNamespace
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.data.sources.config import DatasetError
+
+    root = tmp_path / "set"
+    yaml_path = _yolo_set(root, ["a"])
+    for path in sorted((root / "labels").rglob("*.txt")):
+        path.unlink()
+    for split in ("train", "val"):
+        (root / "labels" / split).rmdir()
+    (root / "labels").rmdir()
+    before = sorted(p.relative_to(root) for p in root.rglob("*"))
+    message = rf"split `val` \({root / 'images' / 'val'}\): no labels: none of its 2 images has one"
+    for rank in (0, 1):
+        data = YOLODataModule(
+            str(yaml_path),
+            image_size=64,
+            batch_size=2,
+            num_workers=0,
+            label_cache_dir=str(tmp_path / "cache"),
+        )
+        data.trainer = SimpleNamespace(
+            world_size=2, global_rank=rank, num_devices=2
+        )  # no strategy, no collective
+        with pytest.raises(DatasetError, match=message):
+            data.setup("fit")
+    assert sorted(p.relative_to(root) for p in root.rglob("*")) == before  # no labels/ folder, no cache file
+    assert list((tmp_path / "cache").glob("*.npz"))  # the caches went to the cache folder
+    data = YOLODataModule(str(yaml_path), image_size=64, batch_size=2, num_workers=0)
+    data.setup("predict")  # prediction needs no labels
+    code, out, err = _check_data(yaml_path, capsys)
+    assert code == 1 and "no labels: none of its 2 images has one" in err, err
+    assert "Traceback" not in out + err
+
+
+def test_a_one_class_root_is_refused_and_a_box_set_for_classify_on_every_rank(tmp_path: Path) -> None:
+    """One class folder trains to top-1 1.0 whatever the model says: refused in one line; so is a root whose train
+    split has images of one class only. The refusals happen on every rank (before, rank 1 went on to the next
+    split and waited for rank 0, which had stopped)."""
+    from types import SimpleNamespace
+
+    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.data.sources.config import DatasetError
+
+    one = _class_root(tmp_path / "one", ("circle",))
+    half = _class_root(tmp_path / "half")
+    for image in (half / "train" / "square").iterdir():
+        image.unlink()
+    boxes = _yolo_set(tmp_path / "boxes", ["a", "b"])
+    write_labels(tmp_path / "boxes" / "labels" / "train" / "train1.txt", [BOX, "1 0.2 0.2 0.1 0.1"])
+    cases = [
+        (one, r"split `train` \(.*\): one class folder \(circle\): a classifier needs two classes"),
+        (half, r"split `train` \(.*\): only class `circle` of 2 has images"),
+        (boxes, r"split `train` \(.*\): 1 of 3 images have 2 labels, not one class"),
+    ]
+    for dataset, message in cases:
+        for rank in (0, 1):
+            data = YOLODataModule(str(dataset), task="classify", image_size=32, batch_size=2, num_workers=0,
+                                  label_cache_dir=str(tmp_path / "cache"))  # fmt: skip
+            data.trainer = SimpleNamespace(world_size=2, global_rank=rank, num_devices=2)
+            with pytest.raises(DatasetError, match=message):
+                data.setup("fit")

@@ -32,9 +32,9 @@ from yolo11_lightning.data.sources.checks import (
     CheckedRows,
     DataReport,
     check_keypoints,
+    check_outline,
     check_polygon,
     check_rows,
-    degenerate_corners,
 )
 from yolo11_lightning.data.sources.config import DatasetConfig
 from yolo11_lightning.data.sources.listing import ImageListing, list_images
@@ -96,8 +96,8 @@ def parse_label_rows(
 ) -> LabelRows:
     """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); with ``kpt_shape``
     (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``. With
-    ``outlines`` (the polygons are the labels: oriented boxes) a polygon row whose polygon fails its checks, or
-    whose four corners are degenerate (``checks.degenerate_corners``), is dropped whole and listed in ``dropped``."""
+    ``outlines`` (the polygons are the labels: oriented boxes) a polygon row whose outline fails its checks
+    (``checks.check_outline``: four degenerate corners, zero area) is dropped whole and listed in ``dropped``."""
     classes, boxes, lows, highs, names = [], [], [], [], []
     line_of: list[int] = []
     polygons: list[list[float] | None] = []
@@ -166,12 +166,9 @@ def parse_label_rows(
     kept_polygons, dropped, usable = [], [], []
     for i in checked.kept:
         coords = polygons[i]
-        why = (
-            degenerate_corners(np.asarray(coords))
-            if outlines and coords is not None and len(coords) == 8
-            else None
+        points, why = (
+            (None, None) if coords is None else (check_outline if outlines else check_polygon)(coords)
         )
-        points, why = (None, why) if coords is None or why is not None else check_polygon(coords)
         if why is not None:  # its box passed the row checks: kept without the polygon, or dropped (outlines)
             dropped.append((line_of[i], why))
             if outlines:

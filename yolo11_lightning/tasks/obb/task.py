@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.data.sources.checks import degenerate_corners
+from yolo11_lightning.data.sources.checks import check_outline
 from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.tasks.detect import DetectTask
 from yolo11_lightning.tasks.obb.batch import collate_obb
@@ -42,6 +42,12 @@ OBB_OUTPUT_DOC = (
 )
 
 __all__ = ["ObbTask"]
+
+
+def _dropped(coords: np.ndarray) -> bool:
+    """Whether the split's reading drops an OBB row of these coordinates (``outline_labels``: a polygon row whose
+    outline fails ``checks.check_outline``)."""
+    return len(coords) >= 6 and len(coords) % 2 == 0 and check_outline(coords)[1] is not None
 
 
 class ObbTask(DetectTask):
@@ -131,8 +137,8 @@ class ObbTask(DetectTask):
                     coords = np.array(values[1:], np.float64)
                 except ValueError:
                     continue  # not a number: the parse reported the row already
-                if len(coords) == 8 and degenerate_corners(coords) is not None:
-                    continue  # dropped by the parse, which named it
+                if _dropped(coords):
+                    continue  # the split's reading dropped the row and named it
                 why = corner_problem(coords)
                 if why is not None:
                     lines.append(f"{label}:{number}: {why}")
