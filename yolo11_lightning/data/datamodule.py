@@ -394,7 +394,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         config = dataset_config(self.yaml_path)
         if config.names != self.class_names:
             raise DatasetError(f"{self.yaml_path}: class names changed since the DataModule was created")
-        return dataclasses.replace(config, outline_labels=self.task_spec.outline_labels)
+        return config
 
     def _make_dataset(
         self, config: DatasetConfig, split: str, augment: bool, evaluated: bool = False
@@ -520,7 +520,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
 
     def _load_splits(self, stage: str | None) -> list[str]:
         """Create the datasets ``stage`` needs that do not exist yet; returns their keys."""
-        config = self._config()
+        config = dataclasses.replace(self._config(), outline_labels=self.task_spec.outline_labels)
         wanted = {
             "fit": [("train", True), ("val", False)],
             "validate": [("val", False)],
