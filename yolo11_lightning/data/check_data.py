@@ -12,12 +12,15 @@ of a segmentation dataset outlined in white). Bad polygons are reported like bad
 decoded, and reported with its size (a decompression bomb: a 100 KB PNG can decode to gigabytes).
 
 Exit status: 0 when the dataset can be trained on, even with warnings; 1 when it cannot (bad yaml,
-a missing ``train``/``val`` split, a split without a usable image); 2 for bad arguments.
+a missing ``train``/``val`` split, a split without a usable image, a split the task cannot use:
+``Task.check_split``, e.g. a ``val`` without labels or a one-class classification root); 2 for bad arguments. Rows
+the task's reading drops (an oriented box of degenerate corners) are named as bad rows are.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,7 +32,7 @@ from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.sources.split import dataset_config, load_split
+from yolo11_lightning.data.sources.split import dataset_config, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.plots.labels import box_scatter, class_histogram
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
@@ -124,6 +127,8 @@ def check_dataset(
     """
     usable = True
     loaded: dict[str, list[ImageRecord]] = {}
+    spec = get_task(task)
+    config = dataclasses.replace(config, outline_labels=spec.outline_labels)
     for split in REQUIRED_SPLITS:
         if not config.splits.get(split):
             print(f"error: {config.source}: required split `{split}` is not defined", file=sys.stderr)
@@ -138,11 +143,15 @@ def check_dataset(
             print(f"error: {e}", file=sys.stderr)
             usable = False
             continue
-        spec = get_task(task)
+        refusal = spec.check_split(records, config.names, evaluated=split != "train")
         for line in report.warnings + spec.label_problems(records):
             print(f"warning: {line}")
         summary = report.summary(spec.label_noun, background=not spec.whole_image)
         print(summary + (f"  (cache: {report.cache_path})" if report.cache_path else ""))
+        if refusal is not None:
+            print(f"error: {split_name(config, split)}: {refusal}", file=sys.stderr)
+            usable = False
+            continue
         loaded[split] = records
     if out is None:
         return usable

@@ -42,7 +42,7 @@ from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, MissingSplitError
-from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split
+from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.data.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.data.synthetic.shapes import (
@@ -396,7 +396,10 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             raise DatasetError(f"{self.yaml_path}: class names changed since the DataModule was created")
         return config
 
-    def _make_dataset(self, config: DatasetConfig, split: str, augment: bool) -> DetectionDataset:
+    def _make_dataset(
+        self, config: DatasetConfig, split: str, augment: bool, evaluated: bool = False
+    ) -> DetectionDataset:
+        """The dataset of ``split``: training (``augment``) or evaluation (``evaluated``; False: prediction)."""
         records, _ = run_once_per_node(
             RankGroup.from_trainer(self.trainer),
             f"the `{split}` labels of {config.source}",
@@ -409,6 +412,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             ),
         )
         self._check_kpt_shape(config)
+        refusal = self.task_spec.check_split(records, config.names, evaluated)
+        if refusal is not None:  # every rank: the records agree, so every rank stops here alike
+            raise DatasetError(f"{split_name(config, split)}: {refusal}")
         if self.global_rank == 0:
             self.task_spec.check_records(records, f"{config.source} `{split}`")
             if augment:
@@ -514,7 +520,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
 
     def _load_splits(self, stage: str | None) -> list[str]:
         """Create the datasets ``stage`` needs that do not exist yet; returns their keys."""
-        config = self._config()
+        config = dataclasses.replace(self._config(), outline_labels=self.task_spec.outline_labels)
         wanted = {
             "fit": [("train", True), ("val", False)],
             "validate": [("val", False)],
@@ -526,7 +532,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         for split, augment in splits:
             key = "predict" if stage == "predict" else split
             if key not in self.datasets:
-                self.datasets[key] = self._make_dataset(config, split, augment)
+                self.datasets[key] = self._make_dataset(
+                    config, split, augment, not augment and key != "predict"
+                )
                 created.append(key)
         return created
 

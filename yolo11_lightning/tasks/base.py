@@ -18,7 +18,9 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   refused by ``tasks.choice`` with that sentence);
 * the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``,
-  ``label_problems`` (``check-data --task``), ``label_noun`` (what ``check-data`` calls the labels it counts);
+  ``check_split`` (a split the task cannot use, refused on every rank alike), ``outline_labels`` (the rows'
+  outlines are the labels: degenerate ones dropped), ``label_problems`` (``check-data --task``), ``label_noun``
+  (what ``check-data`` calls the labels it counts);
   ``whole_image`` / ``image_transform`` (one label per image: whole-image samples instead of the box pipeline);
 * evaluation: ``make_metric``, ``evaluate`` (forward, post-processing and metric update of a batch),
   ``class_results`` (the per-class results of an evaluation the metric kept),
@@ -96,6 +98,9 @@ class Task:
     whole_image: ClassVar[bool] = False
     # what ``check-data`` calls the labels it counts: "180 boxes", "boxes per class"
     label_noun: ClassVar[str] = "boxes"
+    # the rows' outlines are the labels (oriented boxes): a row of a degenerate outline is dropped when the split is
+    # read instead of kept as the box around it (``data.sources.config.DatasetConfig.outline_labels``)
+    outline_labels: ClassVar[bool] = False
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
     # The export check's tolerance (``export.onnx.onnx_tolerance``) times this: a task whose decode amplifies
@@ -177,6 +182,21 @@ class Task:
     def check_records(self, records: Any, where: str) -> None:
         """Report what this task needs and a split's records lack (``where`` names the split); ``records``: a
         ``PackedRecords`` (read its arrays' counts, not record by record)."""
+
+    def check_split(self, records: Any, names: Sequence[str], evaluated: bool) -> str | None:
+        """Why the task cannot use a split's records, in words that follow ``<dataset>: split `<split>` (<its
+        entries>): ``, or None; ``records``: a ``PackedRecords``, ``names``: the dataset's classes, ``evaluated``:
+        validation or test (else training or prediction). Every rank asks with the same records, so every rank
+        refuses alike.
+
+        Detection's answer: an evaluated split without any label is refused (every mAP would be COCO's -1, "no
+        data"). A training split without labels trains on background, as the reference's (its load says so)."""
+        if evaluated and not len(records.arrays()["classes"]):
+            return (
+                f"no labels: none of its {len(records)} images has one, and without labels every mAP is -1 (COCO's "
+                "'no data'); label the images, or point the split at labelled ones"
+            )
+        return None
 
     def label_problems(self, records: Sequence[Any]) -> list[str]:
         """``check-data``'s lines ``<file>:<line>: <reason>`` for label rows the split's parse kept but this task

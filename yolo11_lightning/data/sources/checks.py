@@ -8,7 +8,10 @@ Polygons (``check_polygon``) are checked after their row: a row whose box is usa
 is not (too few points, zero area, a COCO polygon out of range) keeps its box without a polygon and is
 reported (``DataReport.drop_polygon``), so a detection dataset trains on the same boxes whatever its
 polygons look like. Keypoints (``check_keypoints``) are checked before their row's box: a row with a bad
-keypoint is refused whole, as a row whose box is bad.
+keypoint is refused whole, as a row whose box is bad. When the outlines are the labels a task learns (oriented
+boxes: ``DatasetConfig.outline_labels``) a row whose outline fails its checks, or whose four corners are degenerate
+(``degenerate_corners``: repeated, or on one line), is dropped whole (``DataReport.drop_outline``) instead of kept as
+the axis-aligned box around it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ import numpy as np
 
 # Coordinates may overshoot [0, 1] by this much (rounding in exporters) and are clipped; beyond, rejected.
 CLIP_TOLERANCE = 0.01
+# Twice a normalised area at most this is none: points on one line up to float rounding.
+AREA_EPS = 1e-12
 
 
 @dataclass
@@ -131,12 +136,15 @@ def polygon_area(points: np.ndarray) -> float:
     return 0.5 * abs(float(twice))
 
 
-def check_polygon(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | None, str | None]:
+def check_polygon(
+    coords: Sequence[float] | np.ndarray, min_area: float | None = 0.0
+) -> tuple[np.ndarray | None, str | None]:
     """Validate one polygon given as flat normalised ``x1, y1, x2, y2, ...``.
 
     Returns ``(points, None)`` with points (k, 2) float32 clipped to [0, 1], or ``(None, reason)``. Rejects,
     in this order: an odd number of coordinates, fewer than 3 points, non-finite values, a point outside
-    [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero area after clipping (all points on one line).
+    [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE], zero area after clipping (all points on one line: twice the shoelace
+    area at most ``min_area``; None: not checked).
     """
     values = np.asarray(coords, np.float64).reshape(-1)
     n = len(values)
@@ -155,9 +163,37 @@ def check_polygon(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | No
     if lo < 0 or hi > 1:
         values = np.clip(values, 0.0, 1.0)
     points = values.reshape(-1, 2)
-    if polygon_area(points) <= 0:
+    if min_area is not None and 2 * polygon_area(points) <= min_area:
         return None, "polygon has zero area (its points lie on one line)"
     return points.astype(np.float32), None
+
+
+def _cross(o: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    return float((a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]))
+
+
+def degenerate_corners(points: np.ndarray) -> str | None:
+    """Why an oriented box's four corners (4, 2) enclose no box, or None: two corners are the same point, or all
+    four lie on one line (every triangle of them has at most ``AREA_EPS`` twice-area)."""
+    p = np.asarray(points, np.float64).reshape(4, 2)
+    for i in range(4):
+        for j in range(i + 1, 4):
+            if np.array_equal(p[i], p[j]):
+                return f"degenerate oriented box: corners {i + 1} and {j + 1} are the same point"
+    if max(abs(_cross(p[0], p[i], p[j])) for i in range(1, 4) for j in range(i + 1, 4)) <= AREA_EPS:
+        return "degenerate oriented box: zero area (its corners lie on one line)"
+    return None
+
+
+def check_outline(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | None, str | None]:
+    """``check_polygon`` for a row whose outline is its label (``DatasetConfig.outline_labels``): four corners must
+    not be degenerate (``degenerate_corners``; their shoelace area is not asked: a bow tie's lobes cancel, and the
+    rotated box around it is the box), another outline must have an area beyond float rounding (``AREA_EPS``)."""
+    values = np.asarray(coords, np.float64).reshape(-1)
+    if len(values) == 8 and np.isfinite(values).all():
+        why = degenerate_corners(values)
+        return (None, why) if why is not None else check_polygon(values, min_area=None)
+    return check_polygon(values, min_area=AREA_EPS)
 
 
 def check_keypoints(
@@ -208,6 +244,7 @@ class DataReport:
     num_crowd: int = 0
     num_polygons: int = 0
     num_bad_polygons: int = 0
+    num_bad_outlines: int = 0
     num_too_large: int = 0
     cache_path: str | None = None
     from_cache: bool = False
@@ -226,6 +263,11 @@ class DataReport:
         """A polygon failed its checks but its box is usable: the box is kept without a polygon."""
         self.num_bad_polygons += 1
         self.warnings.append(f"{location}: {reason}; box kept without a polygon")
+
+    def drop_outline(self, location: str, reason: str) -> None:
+        """A row whose outline is its label (an oriented box) failed the outline's checks: the row is dropped."""
+        self.num_bad_outlines += 1
+        self.warnings.append(f"{location}: {reason}; row dropped")
 
     def note(self, message: str) -> None:
         """A warning about the split as a whole (not counted as a skipped image or row)."""
@@ -271,6 +313,8 @@ class DataReport:
             extras.append(f"{self.num_clipped_rows} boxes clipped to the image")
         if self.num_bad_polygons:
             extras.append(f"{self.num_bad_polygons} bad polygons dropped (boxes kept)")
+        if self.num_bad_outlines:
+            extras.append(f"{self.num_bad_outlines} degenerate oriented boxes dropped")
         if self.num_crowd:
             extras.append(f"{self.num_crowd} crowd annotations ignored")
         if extras:

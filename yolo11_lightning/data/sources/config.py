@@ -59,6 +59,8 @@ class DatasetConfig:
         image_dirs: COCO json path -> folder its ``file_name``s are relative to (explicit ones only).
         kpt_shape: (K, D) of a keypoint dataset (its rows carry K keypoints of D values), else None.
         flip_idx: (K,) the keypoint each one becomes in a mirrored image (a permutation), or None.
+        outline_labels: the rows' outlines are the labels the task learns (oriented boxes; set for the task, not by
+            the yaml): a row whose outline fails its checks is dropped instead of kept as its box (``checks``).
     """
 
     root: Path
@@ -68,6 +70,7 @@ class DatasetConfig:
     image_dirs: dict[str, str] = field(default_factory=dict)
     kpt_shape: tuple[int, int] | None = None
     flip_idx: tuple[int, ...] | None = None
+    outline_labels: bool = False
 
     @property
     def num_classes(self) -> int:

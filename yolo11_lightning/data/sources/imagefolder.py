@@ -10,7 +10,9 @@ Each image becomes one ``ImageRecord`` with one label, its class, whose box is t
 Images are checked as YOLO images are (header, pixel limit, a reduced decode: ``images.io.probe_image``); an
 unreadable or too-large image is skipped and named. A class folder of a split whose name is not a class of the
 dataset (a class in ``val`` but not in ``train``) is an error naming the folder; an empty class folder is a warning
-(its class stays, as in the reference, and has no image in that split).
+(its class stays, as in the reference, and has no image in that split). A split folder is walked once
+(``listing.ImageListing``): a link that loops back is named and not followed, each image is listed once, and files
+that are not images (a caption ``circle00.txt`` beside ``circle00.jpg``) are ignored, their count in one warning.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from yolo11_lightning.data.images.io import ImageReadError, ImageTooLargeError, 
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.listing import ImageListing, loops_back
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.yolo import label_path_for, list_images
+from yolo11_lightning.data.sources.yolo import has_label_rows
 
 __all__ = ["FolderEntry", "class_folders", "folder_config", "open_entry"]
 
@@ -35,25 +38,52 @@ VAL_FOLDERS = ("val", "validation", "valid")  # the reference's names of the val
 WHOLE_IMAGE = (0.5, 0.5, 1.0, 1.0)  # cx, cy, w, h of every record's one box
 
 
-def _images_directly_in(folder: str) -> list[str]:
-    return [p for p in list_images(folder) if os.path.dirname(p) == folder]
+def _class_names(folder: str) -> list[str]:
+    """The subfolders of a split folder (sorted, not hidden), without links that loop back to it."""
+    names = []
+    with os.scandir(folder) as it:
+        for e in it:
+            if not e.name.startswith(".") and e.is_dir() and not (e.is_symlink() and loops_back(e.path)):
+                names.append(e.name)
+    return sorted(names)
+
+
+def _by_class(folder: str, names: list[str], images: list[str]) -> dict[str, list[str]]:
+    """``images`` (from a walk of ``folder``) grouped by the class folder they lie under, in order."""
+    groups: dict[str, list[str]] = {name: [] for name in names}
+    for path in images:
+        name = os.path.relpath(path, folder).split(os.sep)[0]
+        if name in groups:
+            groups[name].append(path)
+    return groups
+
+
+def _read_split(folder: str) -> tuple[list[str], dict[str, list[str]], ImageListing] | None:
+    """(class names, their images, the walk) of a split folder of class folders, or None (``class_folders``)."""
+    try:
+        names = _class_names(folder)
+    except OSError:
+        return None
+    if not names:
+        return None
+    listing = ImageListing()
+    images = listing.walk(folder)
+    if any(os.path.dirname(p) == folder for p in images):
+        return None
+    groups = _by_class(folder, names, images)
+    firsts = [group[0] for group in groups.values() if group]
+    if not firsts or any(has_label_rows(f) for f in firsts):
+        return None
+    return names, groups, listing
 
 
 def class_folders(folder: str | os.PathLike) -> list[str] | None:
     """The class folder names (sorted) of a split folder, or None when it is not one: a folder without images
-    directly inside whose subfolders (some possibly empty) hold images, none of them with a YOLO label file."""
-    folder = os.fspath(folder)
-    try:
-        names = sorted(e.name for e in os.scandir(folder) if e.is_dir() and not e.name.startswith("."))
-    except OSError:
-        return None
-    if not names or _images_directly_in(folder):
-        return None
-    firsts = [next(iter(list_images(os.path.join(folder, n))), None) for n in names]
-    found = [f for f in firsts if f is not None]
-    if not found or any(os.path.isfile(label_path_for(f)) for f in found):
-        return None
-    return names
+    directly inside whose subfolders (some possibly empty) hold images, none of them beside a YOLO label file of
+    rows (a caption or other text file beside an image is not one; ``yolo.has_label_rows``). A link that loops
+    back to the split folder is no class folder."""
+    found = _read_split(os.fspath(folder))
+    return None if found is None else found[0]
 
 
 def folder_config(root: str | os.PathLike) -> DatasetConfig:
@@ -83,6 +113,7 @@ class FolderEntry:
     path: str
     classes: list[str]
     images: dict[str, list[str]] = field(default_factory=dict)  # class folder -> images (first listing only)
+    problems: list[str] = field(default_factory=list)  # links not followed, files reached twice, other files
 
     def has_images(self) -> bool:
         return any(self.images.values())
@@ -92,6 +123,7 @@ class FolderEntry:
         for name in self.classes:
             h.update(f"{name}\0".encode())
             hash_files(self.images[name], h)
+        h.update("\0".join(self.problems).encode())
 
     def cache_path(self, split: str) -> Path:
         folder = Path(self.path)
@@ -101,6 +133,8 @@ class FolderEntry:
         self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
     ) -> tuple[PackedRecords, list[str]]:
         index = {name: i for i, name in enumerate(config.names)}
+        for line in self.problems:
+            report.note(line)
         for name in self.classes:
             if name not in index:
                 raise DatasetError(
@@ -153,12 +187,19 @@ def open_entry(path: str, seen: set[str]) -> FolderEntry | None:
     """Claim a split folder of class folders (``class_folders``); an image already in ``seen`` is used once."""
     if not os.path.isdir(path):
         return None
-    classes = class_folders(path)
-    if classes is None:
+    found = _read_split(path)
+    if found is None:
         return None
-    entry = FolderEntry(path, classes)
+    classes, groups, listing = found
+    entry = FolderEntry(path, classes, problems=listing.problems)
     for name in classes:
-        images = [p for p in list_images(os.path.join(path, name)) if p not in seen]
+        images = [p for p in groups[name] if p not in seen]
         seen.update(images)
         entry.images[name] = images
+    if listing.other_files:
+        n = listing.other_files
+        what = "1 file that is not an image" if n == 1 else f"{n} files that are not images"
+        entry.problems.append(
+            f"{path}: ignored {what} in its class folders (e.g. {listing.first_other_file})"
+        )
     return entry

@@ -9,8 +9,8 @@ limit. The DataModule's ``setup`` runs it on global rank 0 first (``data.build_o
 so that the other ranks only read the cache.
 
 Cache location: beside the labels (``<labels dir>.<split>.cache.npz``, or
-``<json stem>.<split>.cache.npz`` beside a COCO json); when that folder is read-only, in
-``cache_dir`` (default ``~/.cache/yolo11_lightning``) under a name derived from that location.
+``<json stem>.<split>.cache.npz`` beside a COCO json); when that folder is read-only or does not exist (no dataset
+folder is created), in ``cache_dir`` (default ``~/.cache/yolo11_lightning``) under a name derived from that location.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, lo
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.records import SplitEntry
 
-__all__ = ["DataReport", "DatasetError", "dataset_config", "load_split"]
+__all__ = ["DataReport", "DatasetError", "dataset_config", "load_split", "split_name"]
 
 log = logging.getLogger("yolo11_lightning.data")
 MAX_LOGGED_WARNINGS = 100  # per load; `yolo11-lightning check-data` prints them all
@@ -54,6 +54,12 @@ def dataset_config(path: str | os.PathLike) -> DatasetConfig:
     if os.path.isdir(os.path.expanduser(os.fspath(path))):
         return imagefolder.folder_config(path)
     return load_dataset_config(path)
+
+
+def split_name(config: DatasetConfig, split: str) -> str:
+    """How a message names a split: ``<dataset>: split `val` (<its entries>)``."""
+    entries = ", ".join(config.resolve(e) for e in config.splits.get(split) or [])
+    return f"{config.source}: split `{split}` ({entries})"
 
 
 def _open_entry(path: str, seen: set[str]) -> SplitEntry:
@@ -83,7 +89,10 @@ def _list_entries(config: DatasetConfig, split: str) -> list[SplitEntry]:
 
 def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> str:
     h = hashlib.sha1(
-        json.dumps([CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]).encode()
+        json.dumps(
+            [CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]
+            + ([True] if config.outline_labels else [])
+        ).encode()
     )
     for e in entries:
         e.fingerprint(h, config.image_dirs.get(e.path, ""))
@@ -93,11 +102,12 @@ def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> 
 def _cache_locations(
     entries: list[SplitEntry], split: str, cache_dir: str | Path | None
 ) -> tuple[Path, Path]:
-    """(beside the labels, in the cache folder) for a split."""
+    """(beside the labels, in the cache folder) for a split; both in the cache folder when the folder beside the
+    labels does not exist (an unlabelled set has no ``labels/``: the cache never creates a dataset folder)."""
     primary = entries[0].cache_path(split)
     tag = hashlib.sha1(str(primary).encode()).hexdigest()[:12]
     fallback = Path(cache_dir or default_cache_dir()) / f"{primary.stem}-{tag}.npz"
-    return primary, fallback
+    return (primary if primary.parent.is_dir() else fallback), fallback
 
 
 def label_cache_locations(

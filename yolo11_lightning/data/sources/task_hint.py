@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS
-from yolo11_lightning.data.sources.yolo import label_path_for
+from yolo11_lightning.data.sources.yolo import has_label_rows
 
 __all__ = ["DatasetTask", "dataset_task"]
 
@@ -78,7 +78,8 @@ def _is_image(entry: os.DirEntry) -> bool:
 
 def _class_folders(folder: Path) -> list[str]:
     """The class folders of an ImageFolder root, else []: no image directly inside, subfolders holding images
-    directly, and none of those images with a YOLO label file (detection images kept in subfolders). Stops at
+    directly, and none of those images with a YOLO label file of rows (detection images kept in subfolders; a
+    caption beside an image is no label file: ``yolo.has_label_rows``). Stops at
     the first image directly inside (a detection split of a million images costs one entry, not a listing) and
     reads each subfolder only up to its first image."""
     subfolders = []
@@ -100,5 +101,5 @@ def _class_folders(folder: Path) -> list[str]:
             continue
         if first is not None:
             classes.append(entry.name)
-            labelled = labelled or os.path.isfile(label_path_for(first))
+            labelled = labelled or has_label_rows(first)
     return [] if labelled else classes

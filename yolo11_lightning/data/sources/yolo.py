@@ -21,7 +21,6 @@ import numpy as np
 
 from yolo11_lightning.data.images.io import (
     DEFAULT_MAX_IMAGE_PIXELS,
-    IMAGE_EXTENSIONS,
     ImageReadError,
     ImageTooLargeError,
     probe_image,
@@ -33,10 +32,12 @@ from yolo11_lightning.data.sources.checks import (
     CheckedRows,
     DataReport,
     check_keypoints,
+    check_outline,
     check_polygon,
     check_rows,
 )
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
+from yolo11_lightning.data.sources.config import DatasetConfig
+from yolo11_lightning.data.sources.listing import ImageListing, list_images
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 
 # Images one process checks per task: at least 4 runs per process, so a slow run does not leave the others
@@ -52,37 +53,18 @@ def label_path_for(image_path: str) -> str:
     return os.path.splitext(path)[0] + ".txt"
 
 
-def _is_image_name(name: str) -> bool:
-    return not name.startswith(".") and name.rpartition(".")[2].lower() in IMAGE_EXTENSIONS
-
-
-def list_images(entry: str) -> list[str]:
-    """Absolute image paths of a split entry, in a stable order.
-
-    A folder is walked recursively (sorted; hidden files and folders skipped; symlinks followed);
-    a .txt file lists one image per line, relative lines resolved against the list's own folder
-    (blank lines and ``#`` comments skipped, order kept); any other file is a single image.
-    """
-    if os.path.isdir(entry):
-        found = []
-        for folder, dirs, files in os.walk(entry, followlinks=True):
-            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-            found += [os.path.join(folder, f) for f in sorted(files) if _is_image_name(f)]
-        return found
-    if entry.lower().endswith(".txt"):
-        base = os.path.dirname(entry)
-        try:
-            with open(entry, encoding="utf-8-sig") as f:
-                lines = [s.strip() for s in f.read().splitlines()]
-        except (OSError, UnicodeDecodeError) as e:
-            raise DatasetError(f"{entry}: cannot read image list ({e})") from e
-        out = []
-        for line in lines:
-            if line and not line.startswith("#"):
-                p = os.path.expanduser(line)
-                out.append(os.path.normpath(p if os.path.isabs(p) else os.path.join(base, p)))
-        return out
-    return [entry]
+def has_label_rows(image_path: str) -> bool:
+    """Whether the image has a YOLO label file whose first row is numbers (a caption or other text in its place,
+    or an empty file, is not evidence of a YOLO layout)."""
+    try:
+        with open(label_path_for(image_path), encoding="utf-8-sig", errors="replace") as f:
+            for line in f:
+                tokens = line.split()
+                if tokens:
+                    return len(tokens) >= 5 and all(map(_is_float, tokens))
+    except OSError:
+        return False
+    return False
 
 
 @dataclass
@@ -90,7 +72,7 @@ class LabelRows:
     """Checked rows of one label file: boxes (``checked``) and the polygons of the kept rows.
 
     ``segments`` (P, 2) float32 and ``segment_sizes`` (k,) int64 follow ``ImageRecord``; ``dropped`` lists
-    (line, reason) of polygon rows kept as boxes without their polygon.
+    (line, reason) of polygon rows kept as boxes without their polygon (dropped whole with ``outlines``).
     """
 
     checked: CheckedRows
@@ -106,10 +88,16 @@ def parse_label_text(text: str, label_path: str, num_classes: int) -> CheckedRow
 
 
 def parse_label_rows(
-    text: str, label_path: str, num_classes: int, kpt_shape: tuple[int, int] | None = None
+    text: str,
+    label_path: str,
+    num_classes: int,
+    kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> LabelRows:
     """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); with ``kpt_shape``
-    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``."""
+    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``. With
+    ``outlines`` (the polygons are the labels: oriented boxes) a polygon row whose outline fails its checks
+    (``checks.check_outline``: four degenerate corners, zero area) is dropped whole and listed in ``dropped``."""
     classes, boxes, lows, highs, names = [], [], [], [], []
     line_of: list[int] = []
     polygons: list[list[float] | None] = []
@@ -175,13 +163,25 @@ def parse_label_rows(
     )
     rejected = [(line_of[i], why) for i, why in checked.rejected] + early
     checked.rejected = sorted(rejected)  # by line number
-    kept_polygons, dropped = [], []
+    kept_polygons, dropped, usable = [], [], []
     for i in checked.kept:
         coords = polygons[i]
-        points, why = (None, None) if coords is None else check_polygon(coords)
-        if why is not None:  # its box passed the row checks: kept without the polygon
+        points, why = (
+            (None, None) if coords is None else (check_outline if outlines else check_polygon)(coords)
+        )
+        if why is not None:  # its box passed the row checks: kept without the polygon, or dropped (outlines)
             dropped.append((line_of[i], why))
+            if outlines:
+                continue
+        usable.append(i)
         kept_polygons.append(np.zeros((0, 2), np.float32) if points is None else points)
+    if len(usable) < len(checked.kept):  # rows dropped whole: ``checked`` keeps the others
+        keep = np.isin(checked.kept, usable)
+        checked.classes, checked.boxes, checked.kept = (
+            checked.classes[keep],
+            checked.boxes[keep],
+            checked.kept[keep],
+        )
     keypoints = None
     if kpt_shape:
         keypoints = np.zeros((len(checked.kept), kpt_shape[0], 3), np.float32)
@@ -255,7 +255,11 @@ def _clean_rows(values: np.ndarray, image_of: np.ndarray, num_classes: int) -> n
 
 
 def check_images(
-    images: list[str], num_classes: int, max_pixels: int | None, kpt_shape: tuple[int, int] | None = None
+    images: list[str],
+    num_classes: int,
+    max_pixels: int | None,
+    kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> tuple[PackedRecords, DataReport, bool]:
     """Check a run of images and parse their labels: (records in order, what was skipped, any label file).
 
@@ -316,12 +320,12 @@ def check_images(
             report.add_image(int(e - s))
             continue
         label_path = label_path_for(path)
-        rows = parse_label_rows(text, label_path, num_classes, kpt_shape)
+        rows = parse_label_rows(text, label_path, num_classes, kpt_shape, outlines)
         checked = rows.checked
         for line, why in checked.rejected:
             report.skip_row(f"{label_path}:{line}", why)
         for line, why in rows.dropped:
-            report.drop_polygon(f"{label_path}:{line}", why)
+            (report.drop_outline if outlines else report.drop_polygon)(f"{label_path}:{line}", why)
         report.num_clipped_rows += checked.num_clipped
         classes.append(checked.classes)
         boxes.append(checked.boxes)
@@ -349,7 +353,7 @@ def check_images(
 
 
 def _check_run(
-    args: tuple[list[str], int, int | None, tuple[int, int] | None],
+    args: tuple[list[str], int, int | None, tuple[int, int] | None, bool],
 ) -> tuple[PackedRecords, DataReport, bool]:
     return check_images(*args)
 
@@ -361,15 +365,20 @@ def load_yolo_images(
     workers: int = 1,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     kpt_shape: tuple[int, int] | None = None,
+    outlines: bool = False,
 ) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
     ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
     parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
-    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows (``parse_label_rows``).
+    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows; ``outlines``: a row of a bad outline
+    is dropped (``parse_label_rows``).
     """
     size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
-    runs = [(images[i : i + size], num_classes, max_pixels, kpt_shape) for i in range(0, len(images), size)]
+    runs = [
+        (images[i : i + size], num_classes, max_pixels, kpt_shape, outlines)
+        for i in range(0, len(images), size)
+    ]
     parts, any_label_file = [], False
     for packed, part, labelled in ordered_map(_check_run, runs, workers):
         report.merge(part)
@@ -391,6 +400,7 @@ class YoloEntry:
     path: str
     images: list[str] = field(default_factory=list)  # listed images, first listing only
     repeated: list[str] = field(default_factory=list)  # images already listed earlier in the split
+    problems: list[str] = field(default_factory=list)  # links not followed, files reached twice
 
     def has_images(self) -> bool:
         return bool(self.images)
@@ -399,7 +409,7 @@ class YoloEntry:
         # "False": this entry kind's tag in the cache key (COCO writes "True").
         h.update(f"{self.path}\0False\0{image_dir}\n".encode())
         hash_files([path for image in self.images for path in (image, label_path_for(image))], h)
-        h.update("\0".join(self.repeated).encode())
+        h.update("\0".join(self.repeated + self.problems).encode())
 
     def cache_path(self, split: str) -> Path:
         labels = Path(label_path_for(self.images[0])).parent if self.images else Path(self.path)
@@ -408,18 +418,27 @@ class YoloEntry:
     def parse(
         self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
     ) -> tuple[PackedRecords, list[str]]:
+        for line in self.problems:
+            report.note(line)
         for image in self.repeated:
             report.note(f"{image}: listed more than once in split `{split}` (via {self.path}); used once")
         records = load_yolo_images(
-            self.images, config.num_classes, report, workers, max_pixels, config.kpt_shape
+            self.images,
+            config.num_classes,
+            report,
+            workers,
+            max_pixels,
+            config.kpt_shape,
+            config.outline_labels,
         )
         return records, []
 
 
 def open_entry(path: str, seen: set[str]) -> YoloEntry:
     """Any entry that is not another format's: list its images (an image already in ``seen`` is used once)."""
-    entry = YoloEntry(path)
-    for image in list_images(path):
+    entry, listing = YoloEntry(path), ImageListing()
+    for image in list_images(path, listing):
         (entry.repeated if image in seen else entry.images).append(image)
         seen.add(image)
+    entry.problems = listing.problems
     return entry

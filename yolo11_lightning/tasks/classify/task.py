@@ -17,7 +17,6 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
-from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks.base import Task
 from yolo11_lightning.tasks.classify.augment import ClassifyAugment, ClassifyTransform
 from yolo11_lightning.tasks.classify.batch import collate_classification
@@ -99,17 +98,31 @@ class ClassifyTask(Task):
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_classification(samples)
 
-    def check_records(self, records: Any, where: str) -> None:
-        """Every image needs exactly one label (what ImageFolder records have): a box dataset named for the
-        classify task is refused with one line (UserInputError) naming the split and its first such image."""
-        counts = np.diff(records.arrays()["label_ends"], prepend=0)
+    def check_split(self, records: Any, names: Sequence[str], evaluated: bool) -> str | None:
+        """Every image needs exactly one label (what ImageFolder records have: a box dataset named for the classify
+        task is refused, naming its first such image), and the classes must be two at least, two with images in
+        training: a classifier of one class learns nothing and scores top-1 1.0 whatever it predicts."""
+        arrays = records.arrays()
+        counts = np.diff(arrays["label_ends"], prepend=0)
         wrong = np.flatnonzero(counts != 1)
         if len(wrong):
-            raise UserInputError(
-                f"{where}: {len(wrong)} of {len(counts)} images have {counts[wrong[0]]} labels, not one class (e.g. "
+            return (
+                f"{len(wrong)} of {len(counts)} images have {counts[wrong[0]]} labels, not one class (e.g. "
                 f"{records.path(int(wrong[0]))}); classification reads an ImageFolder root: "
                 "<root>/train/<class>/<images>"
             )
+        if len(names) < 2:
+            return (
+                f"one class folder ({', '.join(names) or 'none'}): a classifier needs two classes at least (with one "
+                "it learns nothing and scores top-1 1.0); add a folder of images per class"
+            )
+        present = np.unique(arrays["classes"])
+        if not evaluated and len(present) < 2:
+            return (
+                f"only class `{names[int(present[0])]}` of {len(names)} has images: a classifier needs images of two "
+                "classes at least (with one it learns nothing and scores top-1 1.0)"
+            )
+        return None
 
     # ------------------------------------------------------------------------------------ evaluation
     def make_metric(

@@ -9,7 +9,8 @@ rotated rectangle around it (OpenCV's ``minAreaRect``, as the reference's ``Form
 radians in OpenCV's range (OpenCV 5: [−π/2, 0); 4.5.1 to 4.x: (0, π/2]), the same boxes either way.
 
 ``corner_problem`` is ``check-data``'s test of one row's values: the number of values, repeated corners, zero area
-and a self-intersecting (bow-tie) quadrilateral.
+and a self-intersecting (bow-tie) quadrilateral. A row of repeated corners or zero area is dropped when the split is
+read (``checks.degenerate_corners``, ``DatasetConfig.outline_labels``); the others are named and kept.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ import cv2
 import numpy as np
 
 from yolo11_lightning.data.labels.polygons import Polygons
+from yolo11_lightning.data.sources.checks import degenerate_corners
 
 __all__ = ["OBB_RESAMPLE_POINTS", "ObbCorners", "corner_problem", "rotated_boxes"]
 
 OBB_RESAMPLE_POINTS = 100  # points per box outline through augmentation (the reference's count for OBB)
-_AREA_EPS = 1e-12  # (normalised) twice the area of a triangle of corners below which it has none
 
 
 class ObbCorners(Polygons):
@@ -47,10 +48,6 @@ def rotated_boxes(points: np.ndarray) -> np.ndarray:
     return out
 
 
-def _cross(o: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
-    return float((a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]))
-
-
 def _segments_cross(p1: np.ndarray, p2: np.ndarray, q1: np.ndarray, q2: np.ndarray) -> bool:
     """Whether segments p1p2 and q1q2 meet (touching counts)."""
     d1, d2 = _cross(q1, q2, p1), _cross(q1, q2, p2)
@@ -68,21 +65,22 @@ def _segments_cross(p1: np.ndarray, p2: np.ndarray, q1: np.ndarray, q2: np.ndarr
     return on(q1, q2, p1, d1) or on(q1, q2, p2, d2) or on(p1, p2, q1, d3) or on(p1, p2, q2, d4)
 
 
+def _cross(o: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
+    return float((a[0] - o[0]) * (b[1] - o[1]) - (a[1] - o[1]) * (b[0] - o[0]))
+
+
 def corner_problem(coords: np.ndarray) -> str | None:
     """Why one OBB row's coordinates (the values after the class) are not a usable box, or None.
 
-    Four corners (8 values) in order around the box, no two equal, enclosing an area, opposite sides not
-    crossing (a bow tie: two corners swapped)."""
+    Four corners (8 values) in order around the box, no two equal and not on one line (``checks.degenerate_corners``:
+    such a row is dropped when the split is read), opposite sides not crossing (a bow tie: two corners swapped)."""
     values = np.asarray(coords, np.float64).reshape(-1)
     if len(values) != 8:
         return f"an oriented box has 9 values (class x1 y1 x2 y2 x3 y3 x4 y4), got {len(values) + 1}"
     p = values.reshape(4, 2)
-    for i in range(4):
-        for j in range(i + 1, 4):
-            if np.array_equal(p[i], p[j]):
-                return f"degenerate oriented box: corners {i + 1} and {j + 1} are the same point"
-    if max(abs(_cross(p[0], p[i], p[j])) for i in range(1, 4) for j in range(i + 1, 4)) <= _AREA_EPS:
-        return "degenerate oriented box: zero area (its corners lie on one line)"
+    why = degenerate_corners(p)
+    if why is not None:
+        return why
     if _segments_cross(p[0], p[1], p[2], p[3]) or _segments_cross(p[1], p[2], p[3], p[0]):
         return "self-intersecting oriented box: its sides cross (corners not in order around the box)"
     return None

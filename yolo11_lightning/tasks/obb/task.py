@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from yolo11_lightning.data.sources.checks import check_outline
 from yolo11_lightning.data.sources.yolo import label_path_for
 from yolo11_lightning.tasks.detect import DetectTask
 from yolo11_lightning.tasks.obb.batch import collate_obb
@@ -43,6 +44,12 @@ OBB_OUTPUT_DOC = (
 __all__ = ["ObbTask"]
 
 
+def _dropped(coords: np.ndarray) -> bool:
+    """Whether the split's reading drops an OBB row of these coordinates (``outline_labels``: a polygon row whose
+    outline fails ``checks.check_outline``)."""
+    return len(coords) >= 6 and len(coords) % 2 == 0 and check_outline(coords)[1] is not None
+
+
 class ObbTask(DetectTask):
     """Oriented boxes: ``OBB`` head, ``ObbLoss``; (B, 4 + nc + 1, A) eval outputs (xywh, scores, angle)."""
 
@@ -59,6 +66,7 @@ class ObbTask(DetectTask):
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
     validation_conf: ClassVar[float] = 0.01  # the reference's validator keeps fewer rotated candidates
+    outline_labels: ClassVar[bool] = True  # rows of repeated or collinear corners: dropped, not kept as boxes
 
     def extra_channels(self, model: Any) -> int:
         """One channel after the class scores: the angle (radians)."""
@@ -101,19 +109,21 @@ class ObbTask(DetectTask):
 
     def check_records(self, records: Any, where: str) -> None:
         """Log how many instances are not labelled by four corners (box rows: axis-aligned boxes; other polygons:
-        the smallest rotated rectangle around them); ``check-data --task obb`` names their rows."""
+        the smallest rotated rectangle around them); ``check-data --task obb`` names their rows. Rows of degenerate
+        corners are not among them: the split's reading dropped them (``outline_labels``)."""
         sizes = records.arrays()["segment_sizes"]
         other = int(np.count_nonzero(sizes != 4))
         if other:
             log.warning(
-                "%s: %d of %d instances are not oriented boxes of 4 corners (box rows, other polygons or rows "
-                "dropped by the checks); `yolo11-lightning check-data --task obb` names them",
+                "%s: %d of %d instances are not oriented boxes of 4 corners (box rows or other polygons); "
+                "`yolo11-lightning check-data --task obb` names them",
                 where, other, len(sizes),
             )  # fmt: skip
 
     def label_problems(self, records: Sequence[Any]) -> list[str]:
-        """Every row of the split's YOLO label files that is not an oriented box: its value count, repeated
-        corners, zero area or crossing sides (``labels.corner_problem``). COCO json has no oriented-box field."""
+        """Every row of the split's YOLO label files that is kept but not an oriented box: its value count or
+        crossing sides (``labels.corner_problem``; rows of repeated or collinear corners were dropped and named by
+        the split's reading). COCO json has no oriented-box field."""
         lines = []
         for record in records:
             label = label_path_for(record.path)
@@ -127,9 +137,12 @@ class ObbTask(DetectTask):
                 if not values:
                     continue
                 try:
-                    why = corner_problem(np.array(values[1:], np.float64))
+                    coords = np.array(values[1:], np.float64)
                 except ValueError:
                     continue  # not a number: the parse reported the row already
+                if _dropped(coords):
+                    continue  # the split's reading dropped the row and named it
+                why = corner_problem(coords)
                 if why is not None:
                     lines.append(f"{label}:{number}: {why}")
         return lines
