@@ -26,9 +26,9 @@ EMU_SINGLE = (
     '{"class_path": "lightning.pytorch.strategies.SingleDeviceStrategy", "init_args": {"device": "emu:0"}}'
 )
 LOG_EVERY = 3
-# The loss summary of detection ([Σ target scores, box, cls, dfl]) and the four rank flags (two stop
-# signals, a due save, substituted images): the one small all-reduce of a training micro-batch.
-EXCHANGED = 4 + 4
+# The loss summary of detection ([Σ target scores, box, cls, dfl]) and the five rank flags (three stop
+# signals: SIGTERM, SIGUSR1, Ctrl-C; a due save; substituted images): the one small all-reduce of a micro-batch.
+EXCHANGED = 4 + 5
 
 
 def _emu_env() -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import threading
 
 import cv2
 
@@ -49,7 +50,7 @@ def ignore_stop_signals_in_worker(worker_id: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
-def end_loader_workers() -> None:
+def end_loader_workers(wait: bool = True) -> None:
     """SIGKILL this process's daemonic ``multiprocessing`` children (DataLoader workers): a run ended by an exception.
 
     At interpreter exit, ``multiprocessing`` SIGTERMs its daemonic children and then waits for them. Workers ignore
@@ -57,11 +58,17 @@ def end_loader_workers() -> None:
     during validation leaves it referenced by the traceback) wait for their next index forever: the process would
     hang at exit (seen: over 2 minutes after a Ctrl-C during validation). These are the children ``multiprocessing``
     would end there (PyTorch's workers are its only daemonic ones here), and their batches are of no use any more.
+    ``wait=False`` does not reap them (a process about to ``os._exit``).
     """
+    if threading.current_thread() is threading.main_thread():
+        # PyTorch's SIGCHLD handler raises "DataLoader worker ... is killed by signal" for the workers killed here,
+        # from inside whatever runs then (the wait below): the run is over, its loaders with it.
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     for child in multiprocessing.active_children():
         if child.daemon:
             child.kill()
-            child.join(timeout=5)
+            if wait:
+                child.join(timeout=5)
 
 
 def single_threaded_opencv() -> None:

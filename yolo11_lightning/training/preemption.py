@@ -85,8 +85,10 @@ class StopRequest:
                         f"optimiser step, after saving a checkpoint{again}\n".encode())  # fmt: skip
         elif signum == signal.SIGINT:
             os.write(2, f"[rank pid {os.getpid()}] second Ctrl-C: stopped at once, nothing saved\n".encode())
-            end_loader_workers()
-            os._exit(128 + signum)
+            try:  # no waiting for the killed workers: PyTorch's SIGCHLD handler would raise in the wait
+                end_loader_workers(wait=False)
+            finally:
+                os._exit(128 + signum)
 
     def install(self) -> None:
         """Take over the stop signals (main thread only; elsewhere a no-op). Idempotent."""
