@@ -269,10 +269,12 @@ def test_coco_json_drops_a_bomb(tmp_path: Path, bombs: dict[str, bytes], no_bomb
 
 
 def _sized_dataset(root: Path) -> Path:
-    """Train images of 32 x 32, 48 x 48 and 64 x 64 pixels (1024, 2304, 4096), val one 32 x 32."""
+    """Train images of 32 x 32, 48 x 48 and 64 x 64 pixels (1024, 2304, 4096), val one labelled 32 x 32."""
     for side in (32, 48, 64):
         write_image(root / "images" / "train" / f"s{side}.png", pattern(side, side, side))
     write_image(root / "images" / "val" / "v.png", pattern(32, 32))
+    (root / "labels" / "val").mkdir(parents=True)  # a val split needs labels (``Task.check_split``)
+    (root / "labels" / "val" / "v.txt").write_text("0 0.5 0.5 0.5 0.5\n")
     return write_yaml(root / "data.yaml", {"path": str(root), "train": "images/train", "val": "images/val",
                                            "names": ["thing"]})  # fmt: skip
 
