@@ -7,7 +7,7 @@ of the process tree, ours beside the reference trainer's, at 10k and 100k traini
     python benchmarks/scale.py --epoch-memory 100000 --no-start           # worker USS over one epoch
 
 Data (``_scale_data``): tiny JPEGs (48x64 or 64x48) in folders of 10,000 with 1-3 boxes each, under
-``--data`` (default /work/scale-data, else $BENCH_DIR). Both sides train yolo11n at 64 px, batch 16, 2 loader
+``--data`` (default: under $BENCH_DIR; point it at a disk with room for the 1M set). Both sides train yolo11n at 64 px, batch 16, 2 loader
 workers, 1 CPU device, each run in its own fresh process, cold then warm, the sides alternating. Cold: both
 label caches deleted first; warm: the cache the cold run wrote. Time: from the process's start (its
 ``create_time``) to the end of its first training batch. Memory: the largest sum of RSS over the process and
@@ -275,7 +275,7 @@ def main() -> None:
     ap = C.parser(__doc__, worker=("start", "stages", "epoch"), hidden=("--side", "--yaml", "--workdir"))
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--million", action="store_true", help="add 1,000,000 images to --sizes")
-    ap.add_argument("--data", default="/work/scale-data" if Path("/work").is_dir() else None)
+    ap.add_argument("--data", default=None, help="where the generated images go (default: under $BENCH_DIR)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each side")
     ap.add_argument("--rounds", type=int, default=1, help="cold + warm starts per side and size")
     ap.add_argument("--no-start", action="store_true", help="skip the start measurements")
