@@ -214,7 +214,7 @@ def synthetic_yaml(
     ``task="segment"``: the segmentation set (YOLO-seg polygon rows, exact outlines) of the same shapes.
     Its yaml has no ``path`` key, so the oracle reads it as well as ``YOLODataModule`` does.
     """
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     name = f"syn_{num_train}_{num_val}_{image_size}_{num_classes}" + ("" if task == "detect" else f"_{task}")
     return make_synthetic_dataset(

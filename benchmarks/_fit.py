@@ -85,8 +85,8 @@ def our_fit_parts(
     from lightning.pytorch.loggers import CSVLogger
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
     from yolo11_lightning.training.callbacks.machine import MachineSettings
-    from yolo11_lightning.training.lightning_cli import default_callbacks
 
     data = YOLODataModule(
         dataset=str(yaml),

@@ -130,7 +130,7 @@ def main() -> None:
     if args.coco_like:
         args.yaml = coco_like_yaml(args.coco_like)
     elif args.yaml is None:
-        from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
+        from yolo11_lightning.synthetic.hard import make_hard_synthetic_dataset
 
         args.yaml = str(
             make_hard_synthetic_dataset(C.default_workdir() / "hard_400_100_168x224", 400, 100, (168, 224))

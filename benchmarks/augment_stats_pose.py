@@ -89,7 +89,7 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, default=128)
     parser.add_argument("--train", type=int, default=200, help="images of the synthetic pose set")
     args = parser.parse_args()
-    from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
+    from yolo11_lightning.synthetic.poses import make_synthetic_pose_dataset
 
     yaml = str(make_synthetic_pose_dataset(C.default_workdir() / f"pose_{args.train}_{args.image_size}", args.train, 16,
                                            args.image_size))  # fmt: skip

@@ -7,7 +7,7 @@ both sides (SGD lr0 0.01, 1 warmup epoch, mosaic off for the last 2 epochs), one
 
     python benchmarks/convergence.py --mode easy --epochs 20 --train 256 --val 32
 
-``--mode hard`` (default): the harder set of ``yolo11_lightning.data.synthetic.hard`` (look-alike classes,
+``--mode hard`` (default): the harder set of ``yolo11_lightning.synthetic.hard`` (look-alike classes,
 clutter, small and overlapping objects, non-square images). Each job is one (side, setting, horizon,
 seed, variant) and runs in its own process; its result is saved as JSON under ``--workdir/results`` and
 a job whose JSON exists is skipped, so the run is incremental and a partial run still gives figures::
@@ -108,7 +108,7 @@ def worker_easy_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
 
     torch.set_num_threads(args.threads)
     L.seed_everything(0)
@@ -201,7 +201,7 @@ def worker_hard_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
 
     shipped = args.variant == "shipped"
     if not shipped:
@@ -306,7 +306,7 @@ def _score_file(path: str | Path, yaml: str, image_size: int, workdir: Path) -> 
 # ------------------------------------------------------------------------------------ hard mode: driver
 def hard_yaml(args: argparse.Namespace) -> Path:
     """The hard set (hard mode) or the synthetic segmentation set, 3 classes, square (seg mode)."""
-    from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
+    from yolo11_lightning.synthetic.hard import make_hard_synthetic_dataset
 
     if args.mode == "seg":
         return C.synthetic_yaml(C.default_workdir(), args.train, args.val, args.image_size, 3, task="segment")

@@ -1,6 +1,6 @@
 """Convergence of YOLO11n-cls from scratch: ours beside the oracle's ``ClassificationTrainer``, same data, same epochs.
 
-The data is the synthetic classification set (``yolo11_lightning.data.synthetic.classes``: one shape per image,
+The data is the synthetic classification set (``yolo11_lightning.synthetic.classes``: one shape per image,
 in its class's hue band, distractors; ``--any-hue``: any colour, the outline alone tells the class) written as an
 ImageFolder root, which both sides read as is (ours:
 ``--data.dataset <root>``, the oracle: ``data=<root>``; class names the sorted folders on both). Each side runs
@@ -92,11 +92,12 @@ def score(weights: Path, root: Path, imgsz: int) -> dict[str, float]:
     from yolo11_lightning.data.image_dataset import ImageDataset
     from yolo11_lightning.data.sources.split import dataset_config, load_split
     from yolo11_lightning.model_files.weights import load_model
+    from yolo11_lightning.tasks import get_task
     from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy
 
     config = dataset_config(root)
     records, _ = load_split(config, "val", verbose=False)
-    data = ImageDataset(records, imgsz, augment=False, task="classify")
+    data = ImageDataset(records, imgsz, augment=False, task=get_task("classify"))
     model = load_model(weights, task=None).eval()
     metric = ClassificationAccuracy()
     with torch.no_grad():
@@ -150,7 +151,7 @@ def main() -> None:
         report(json.loads((saved if saved.is_file() else saved / "results.json").read_text())["rows"])
         return
 
-    from yolo11_lightning.data.synthetic.classes import make_classes_dataset
+    from yolo11_lightning.synthetic.classes import make_classes_dataset
 
     work = Path(args.workdir).resolve()
     root = work / "data"

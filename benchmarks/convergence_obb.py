@@ -78,7 +78,7 @@ def worker_ours(args: Any) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
 
     # Before our seeding: the oracle's trainer seeds the global generators too.
     initial = _oracle_initial_weights(args) if args.init == "oracle" else None
@@ -147,7 +147,7 @@ def main() -> None:
     args = ap.parse_args()
     if C.run_as_worker(args, {"ours": worker_ours, "oracle": worker_oracle}):
         return
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = C.default_workdir() / f"obb_{args.train}_{args.val}_{args.image_size}"
     yaml = make_synthetic_dataset(root, args.train, args.val, args.image_size, num_classes=3, task="obb")

@@ -46,7 +46,7 @@ def worker_ours(args: argparse.Namespace) -> dict:
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
 
     torch.set_num_threads(args.threads)
     L.seed_everything(args.seed)
@@ -95,7 +95,7 @@ def worker_oracle(args: argparse.Namespace) -> dict:
 
 
 def _yaml(args: argparse.Namespace) -> Path:
-    from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
+    from yolo11_lightning.synthetic.poses import make_synthetic_pose_dataset
 
     folder = Path(args.workdir) / f"pose_{args.train}_{args.val}_{args.image_size}"
     return make_synthetic_pose_dataset(folder, args.train, args.val, args.image_size)

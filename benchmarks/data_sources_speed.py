@@ -25,7 +25,7 @@ import cv2
 from yolo11_lightning.data.images.io import probe_image, read_image
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.split import load_split
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
 
 def _jpeg_dataset(root: Path, n: int, size: tuple[int, int]) -> Path:

@@ -40,11 +40,11 @@ os.environ.setdefault("YOLO_OFFLINE", "1")
 import _common as C
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.sampling.partner_pools import RECENT_BATCHES
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.records import ImageRecord
 
 # Typical photo sizes (h, w) of detection datasets (COCO-like).
 SIZES = [(480, 640), (640, 480), (427, 640), (640, 427), (375, 500), (512, 512), (720, 960)]

@@ -38,7 +38,7 @@ def _flat(module: torch.nn.Module) -> torch.Tensor:
 
 
 def _dataset(task: str, train: int, val: int) -> Path:
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = C.default_workdir() / f"{task}_{train}_{val}_{IMAGE_SIZE}"
     return make_synthetic_dataset(root, train, val, IMAGE_SIZE, num_classes=len(CLASS_NAMES), task=task)
@@ -129,8 +129,8 @@ def worker_ours(args: Any) -> dict:
     from torch.utils.data import DataLoader
 
     from yolo11_lightning import YOLO11Module
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
     from yolo11_lightning.training.callbacks.ema import ModelEMA
-    from yolo11_lightning.training.lightning_cli import default_callbacks
 
     torch.set_num_threads(int(args.threads))
     record = torch.load(args.recorded, weights_only=False)

@@ -193,7 +193,7 @@ def main() -> None:
     args = parser.parse_args()
     if C.run_as_worker(args, worker):
         return
-    from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
+    from yolo11_lightning.synthetic.hard import make_hard_synthetic_dataset
 
     yaml = make_hard_synthetic_dataset(
         C.default_workdir() / f"hard_{args.train}_16_48x64", args.train, 16, (48, 64)

@@ -23,13 +23,13 @@ import _common as C
 import lightning as L
 import numpy as np
 
-from yolo11_lightning.data.datamodule import YOLODataModule
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.metrics.class_results import class_results
 from yolo11_lightning.plots.evaluation import confidence_curve_image, confusion_matrix_image, pr_curve_image
 from yolo11_lightning.plots.training_curves import training_curves
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
-from yolo11_lightning.training.metrics.class_results import class_results
+from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 

@@ -63,7 +63,7 @@ def start_worker(args: argparse.Namespace) -> dict:
         import lightning as L
         from _fit import our_fit_parts
 
-        from yolo11_lightning.data.datamodule import YOLODataModule
+        from yolo11_lightning.training.datamodule import YOLODataModule
 
         setup = YOLODataModule.setup
 
@@ -205,7 +205,7 @@ def stages_worker(args: argparse.Namespace) -> dict:
             next(iter(s))
 
         timed("sampler (first index)", sampler)
-        from yolo11_lightning.data.datamodule import YOLODataModule
+        from yolo11_lightning.training.datamodule import YOLODataModule
 
         def make() -> YOLODataModule:
             # Not persistent: the iterator, and its workers (which ignore SIGTERM), end after the first batch.
@@ -230,7 +230,7 @@ def epoch_worker(args: argparse.Namespace) -> dict:
     """USS and PSS of each DataLoader worker after its first batch and after the epoch's last (``--epoch-memory``)."""
     import psutil
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     data = YOLODataModule(
         args.yaml, batch_size=16, image_size=64, num_workers=2, pin_memory=False, persistent_workers=False

@@ -31,8 +31,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from yolo11_lightning.cli.info import summarize
 from yolo11_lightning.loss.detection import DetectionLoss
-from yolo11_lightning.nn.summary import summarize
 from yolo11_lightning.nn.yolo11 import YOLO11
 
 # ----------------------------------------------------------------------------------------------- workload

@@ -39,6 +39,8 @@ import _common as C
 import _fit as F
 import torch
 
+from yolo11_lightning.tasks import create_model
+
 CATEGORIES = (
     "data wait", "to device+float", "forward", "loss+assigner", "backward", "optimiser+EMA", "logging+loop",
 )  # fmt: skip
@@ -111,8 +113,6 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
     import lightning as L
     from lightning.pytorch.profilers import Profiler
 
-    from yolo11_lightning import YOLO11
-
     torch.set_num_threads(args.threads)
 
     class EventRecorder(Profiler):
@@ -145,7 +145,7 @@ def run_ours(args: argparse.Namespace) -> dict[str, Any]:
             if (batch_idx + 1) % accumulate:
                 return
             if not floor_model:
-                model = YOLO11(args.scale, pl_module.hparams.num_classes, task=args.task)
+                model = create_model(args.scale, pl_module.hparams.num_classes, task=args.task)
                 model = model.to(pl_module.device).train()
                 if not args.nchw:  # the floor runs in the layout of the module measured
                     model = model.to(memory_format=torch.channels_last)

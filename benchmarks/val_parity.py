@@ -39,7 +39,7 @@ ASPECTS = [(125, 210), (210, 125), (150, 150), (97, 250), (250, 155), (320, 183)
 
 def non_square_yaml(root: Path, train_per_aspect: int = 48, val_per_aspect: int = 16) -> Path:
     """Synthetic shapes in images of ``ASPECTS`` sizes, numbered 00000.png, ... (int image ids)."""
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     out = root / f"non_square_{len(ASPECTS)}_{train_per_aspect}_{val_per_aspect}"
     if (out / "data.yaml").is_file():

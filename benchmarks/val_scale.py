@@ -123,10 +123,10 @@ def _box_masks(rows: torch.Tensor) -> torch.Tensor:
 
 
 def run_ours(data: list, kind: str, ranks: int) -> dict:
+    from yolo11_lightning.metrics.detection import DetectionMAP
     from yolo11_lightning.tasks.obb.metric import ObbMAP
     from yolo11_lightning.tasks.pose.metric import PoseMAP
     from yolo11_lightning.tasks.segment.metric import SegmentationMAP
-    from yolo11_lightning.training.metrics.detection import DetectionMAP
 
     metric_class = {"box": DetectionMAP, "mask": SegmentationMAP, "pose": PoseMAP, "obb": ObbMAP}[kind]
     metric = metric_class([str(i) for i in range(CLASSES)])

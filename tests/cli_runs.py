@@ -94,7 +94,7 @@ def fit_here(args: Sequence[str]) -> str:
     """``fit`` through the CLI's ``main`` in this process, on 1 torch thread (as ``cli_env`` gives a subprocess, so
     the run's numbers are a subprocess's), with ``SCRIPTS`` importable; asserts exit 0, returns what Lightning's
     loggers said. For runs that no signal, exit status or second rank is asked of: no interpreter start (~6 s)."""
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     said, lightning = _Said(), logging.getLogger("lightning.pytorch")
     lightning.addHandler(said)

@@ -19,7 +19,7 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     7 validation images: a count that does not divide by 2 ranks.
     """
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("tiny_synthetic")
     return make_synthetic_dataset(root, num_train=16, num_val=7, image_size=64, num_classes=3, seed=0)

@@ -132,9 +132,9 @@ def _cycle() -> list[str] | None:
 def test_the_rules_see_the_package() -> None:
     """The parser finds the modules and their imports (a rule over nothing would pass for nothing)."""
     assert len(MODULES) > 80 and sum(len(v) for v in EDGES.values()) > 200
-    assert f"{PACKAGE}.tasks" in EDGES[f"{PACKAGE}.nn.yolo11"]  # a module-level import
-    assert f"{PACKAGE}.training.metrics.detection" in EDGES[f"{PACKAGE}.tasks.base"]  # function-local
-    assert f"{PACKAGE}.data.labels" in EDGES[f"{PACKAGE}.data.augment.pipeline"]  # a package __init__ it runs
+    assert f"{PACKAGE}.nn.yolo11" in EDGES[f"{PACKAGE}.tasks"]  # a module-level import
+    assert f"{PACKAGE}.metrics.detection" in EDGES[f"{PACKAGE}.tasks.base"]  # function-local
+    assert f"{PACKAGE}.structures" in EDGES[f"{PACKAGE}.data.augment.pipeline"]  # a package __init__ it runs
 
 
 def test_no_import_cycle() -> None:
@@ -214,24 +214,74 @@ def test_the_task_rules_would_catch_a_branch() -> None:
     assert {"detect", "segment"} <= TASKS
 
 
-# A layer imports only what sits below it. Keys: module prefixes; values: prefixes they must not import.
-LAYERS = {
-    f"{PACKAGE}.ops": ("nn", "loss", "data", "tasks", "training", "export", "predict", "model_files"),
-    f"{PACKAGE}.loss": ("nn", "data", "tasks", "training", "export", "predict", "model_files"),
-    f"{PACKAGE}.nn.blocks": ("tasks", "data", "training", "export", "predict", "model_files"),
-    f"{PACKAGE}.nn.head": ("tasks", "data", "training", "export", "predict", "model_files"),
-    f"{PACKAGE}.data.labels": ("tasks", "training", "export", "predict", "nn", "loss"),
-    f"{PACKAGE}.data.augment": ("tasks", "training", "export", "predict", "nn", "loss"),
-    f"{PACKAGE}.data.sources": ("tasks", "training", "export", "predict", "nn", "loss", "data.dataset"),
-    f"{PACKAGE}.tasks": ("training.module", "training.lightning_cli", "export", "predict", "data.datamodule"),
-    f"{PACKAGE}.model_files": ("training", "export", "predict", "data"),
-    f"{PACKAGE}.training.module": ("export.command", "export.check", "predict", "data.datamodule"),
+# The folders (and top-level modules) of the package, bottom to top: each imports only parts before it in this
+# list. ARCHITECTURE.md draws the same order. The root ``__init__`` is left out: its imports are lazy.
+FOLDER_ORDER = (
+    "errors", "version", "extras",  # what every part may use
+    "ops", "structures",  # box maths; labels, records and the batch contract
+    "nn", "loss", "metrics", "plots",  # the network, its loss, evaluation, pictures
+    "data",  # files -> records -> samples
+    "tasks",  # one folder per task, plugging into all of the above
+    "synthetic", "model_files",  # the built-in datasets; every model file read or written
+    "training",  # the LightningModule, the LightningDataModule, callbacks
+    "export", "predict",  # model files out; predictions
+    "cli", "__main__",  # the entry points: the only code that resolves a run's task
+)  # fmt: skip
+# Finer rules inside the order. Keys: module prefixes; values: the only parts they may import.
+ONLY_IMPORTS = {
+    f"{PACKAGE}.nn": ("nn", "ops"),  # building a detector needs torch and box maths, nothing else
+    f"{PACKAGE}.ops": ("ops",),
+}
+MUST_NOT_IMPORT = {
+    f"{PACKAGE}.data.sources": ("data.dataset", "data.augment", "data.sampling"),
 }
 
 
-@pytest.mark.parametrize("layer", sorted(LAYERS))
-def test_layers_import_downwards(layer: str) -> None:
-    banned = tuple(f"{PACKAGE}.{b}" for b in LAYERS[layer])
+def _part(module: str) -> str:
+    """The top-level folder or module of ``module`` (``yolo11_lightning.data.sources.yolo`` -> ``data``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def test_every_part_is_in_the_folder_order() -> None:
+    parts = {_part(m) for m in MODULES} - {""}
+    assert parts == set(FOLDER_ORDER), f"place these in FOLDER_ORDER: {parts ^ set(FOLDER_ORDER)}"
+
+
+def test_folders_import_only_folders_below_them() -> None:
+    rank = {part: i for i, part in enumerate(FOLDER_ORDER)}
+    upward = sorted(
+        f"{module} -> {target}"
+        for module, targets in EDGES.items()
+        if _part(module)
+        for target in targets
+        if _part(target) and rank[_part(target)] > rank[_part(module)]
+    )
+    assert not upward, "a part imports a part above it (FOLDER_ORDER):\n" + "\n".join(upward)
+
+
+def test_the_folder_rule_would_catch_an_upward_import() -> None:
+    rank = {part: i for i, part in enumerate(FOLDER_ORDER)}
+    assert rank["nn"] < rank["tasks"] < rank["training"] < rank["cli"]
+    assert _part(f"{PACKAGE}.nn.yolo11") == "nn" and _part(f"{PACKAGE}.errors") == "errors"
+
+
+@pytest.mark.parametrize("layer", sorted(ONLY_IMPORTS))
+def test_the_lowest_parts_import_only_what_they_build_on(layer: str) -> None:
+    allowed = tuple(f"{PACKAGE}.{a}" for a in ONLY_IMPORTS[layer])
+    found = sorted(
+        f"{module} -> {target}"
+        for module, targets in EDGES.items()
+        if module == layer or module.startswith(layer + ".")
+        for target in targets
+        if not any(target == a or target.startswith(a + ".") for a in allowed)
+    )
+    assert not found, f"{layer} imports outside {ONLY_IMPORTS[layer]}:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("layer", sorted(MUST_NOT_IMPORT))
+def test_stages_import_downwards(layer: str) -> None:
+    banned = tuple(f"{PACKAGE}.{b}" for b in MUST_NOT_IMPORT[layer])
     upward = sorted(
         f"{module} -> {target}"
         for module, targets in EDGES.items()
@@ -239,7 +289,7 @@ def test_layers_import_downwards(layer: str) -> None:
         for target in targets
         if any(target == b or target.startswith(b + ".") for b in banned)
     )
-    assert not upward, f"{layer} imports a layer above it:\n" + "\n".join(upward)
+    assert not upward, f"{layer} imports a stage after it:\n" + "\n".join(upward)
 
 
 def test_tasks_reach_the_module_through_public_methods() -> None:

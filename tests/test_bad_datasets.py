@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data import check_data
+from yolo11_lightning.cli.main import check_data
 from yolo11_lightning.data.sources.split import dataset_config, load_split
 from yolo11_lightning.data.sources.task_hint import dataset_task
 
@@ -122,7 +122,7 @@ def test_degenerate_oriented_boxes_are_dropped_and_counted(
     rows stay boxes for detection, as before."""
     import dataclasses
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     yaml_path = _yolo_set(tmp_path / "set", ["a", "b", "c"])
     label = tmp_path / "set" / "labels" / "val" / "val0.txt"
@@ -164,8 +164,8 @@ def test_a_split_without_labels_is_refused_on_every_rank_and_no_folder_is_create
     The label cache goes to the cache folder: the dataset gets no ``labels/`` folder."""
     from types import SimpleNamespace
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
     from yolo11_lightning.data.sources.config import DatasetError
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     root = tmp_path / "set"
     yaml_path = _yolo_set(root, ["a"])
@@ -204,8 +204,8 @@ def test_a_one_class_root_is_refused_and_a_box_set_for_classify_on_every_rank(tm
     split and waited for rank 0, which had stopped)."""
     from types import SimpleNamespace
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
     from yolo11_lightning.data.sources.config import DatasetError
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     one = _class_root(tmp_path / "one", ("circle",))
     half = _class_root(tmp_path / "half")

@@ -19,8 +19,8 @@ from torch.utils.data import DataLoader, Dataset
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.structures.records import ImageRecord
 
 SCRIPT = Path(__file__).parent / "scripts" / "cache_wait_run.py"
 IMAGES = 2100  # runs of the check (``yolo.RUN_IMAGES``) in two worker processes, or in this one

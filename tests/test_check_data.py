@@ -8,9 +8,9 @@ import cv2
 import pytest
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.cli import main as cli_main
-from yolo11_lightning.data.check_data import main
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.cli.check_data import main
+from yolo11_lightning.cli.main import main as cli_main
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
 
 def test_good_dataset_exits_0_and_writes_pictures(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

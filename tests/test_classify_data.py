@@ -20,6 +20,7 @@ from PIL import Image
 from yolo11_lightning.data.image_dataset import ImageDataset
 from yolo11_lightning.data.sources.config import DatasetError
 from yolo11_lightning.data.sources.split import dataset_config, load_split
+from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.classify.augment import ClassifyAugment, ClassifyTransform
 
 SIDE, OUT, SAMPLES = 256, 64, 2000
@@ -71,7 +72,7 @@ def test_check_data_reports_an_image_folder_in_class_labels(
 ) -> None:
     """``check-data`` on an ImageFolder root speaks of class labels (the task's ``label_noun``), not of boxes or
     background images; its pictures are the class histogram without a box scatter."""
-    from yolo11_lightning.data import check_data
+    from yolo11_lightning.cli.main import check_data
 
     args = ["--dataset", str(folder), "--no-cache", "--out", str(tmp_path), "--imgsz", "64", "--samples", "2"]
     assert check_data.main(args) == 0
@@ -103,7 +104,7 @@ def test_eval_samples_equal_the_reference_transform(folder: Path) -> None:
 
     config = dataset_config(folder)
     records, _ = load_split(config, "train", use_cache=False, verbose=False)
-    ours = ImageDataset(records, OUT, augment=False, task="classify")
+    ours = ImageDataset(records, OUT, augment=False, task=get_task("classify"))
     oracle = classify_transforms(OUT)
     for i, rec in enumerate(records):
         expected = oracle(Image.fromarray(cv2.cvtColor(cv2.imread(rec.path), cv2.COLOR_BGR2RGB)))
@@ -193,12 +194,12 @@ def test_erasing_and_randaugment_rates_match_the_reference() -> None:
 
 def test_training_samples_are_a_function_of_seed_epoch_index(folder: Path) -> None:
     records, _ = load_split(dataset_config(folder), "train", use_cache=False, verbose=False)
-    data = ImageDataset(records, OUT, augment=True, seed=3, task="classify")
+    data = ImageDataset(records, OUT, augment=True, seed=3, task=get_task("classify"))
     first = data[(1, 2)]["image"]
     assert torch.equal(first, data[(1, 2)]["image"])  # again, after other draws of torch's global generator
     torch.manual_seed(123)
     assert torch.equal(
-        first, ImageDataset(records, OUT, augment=True, seed=3, task="classify")[(1, 2)]["image"]
+        first, ImageDataset(records, OUT, augment=True, seed=3, task=get_task("classify"))[(1, 2)]["image"]
     )
     assert not torch.equal(first, data[(2, 2)]["image"])
     assert first.shape == (3, OUT, OUT) and first.dtype == torch.uint8
@@ -218,7 +219,7 @@ def test_image_caches_give_the_same_samples(folder: Path, tmp_path: Path, cache:
     uncached ones, in training and evaluation."""
     import shutil
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     root = tmp_path / "data"
     shutil.copytree(folder, root)
@@ -243,9 +244,9 @@ def test_image_caches_give_the_same_samples(folder: Path, tmp_path: Path, cache:
 
 
 def test_a_box_dataset_is_refused_for_classification(tmp_path: Path) -> None:
-    from yolo11_lightning.data.datamodule import YOLODataModule
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
     from yolo11_lightning.errors import UserInputError
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     yaml_path = make_synthetic_dataset(tmp_path, num_train=4, num_val=2, image_size=32, min_objects=2)
     data = YOLODataModule(str(yaml_path), task="classify", image_size=OUT, batch_size=2, num_workers=0)

@@ -26,6 +26,7 @@ from yolo11_lightning.export.command import main as export_main
 from yolo11_lightning.model_files.weights import save_weights
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.predict.command import predict
+from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.classify.augment import ClassifyTransform
 
 pytest.importorskip("onnx")
@@ -48,13 +49,13 @@ def _probabilities(model: YOLO11, paths: list[Path], inputs_only: bool = False) 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory) -> SimpleNamespace:
-    from yolo11_lightning.data.synthetic.classes import make_classes_dataset
+    from yolo11_lightning.synthetic.classes import make_classes_dataset
 
     root = tmp_path_factory.mktemp("cls_export")
     data = root / "data"
     make_classes_dataset(data, num_train=6, num_val=6, image_size=80, num_classes=3)
     torch.manual_seed(0)
-    model = YOLO11("n", 3, task="classify")
+    model = create_model("n", 3, task="classify")
     model.names = list(NAMES)
     images = sorted((data / "val").rglob("*.png"))
     for (

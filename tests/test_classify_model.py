@@ -22,6 +22,7 @@ from yolo11_lightning.model_files.weights import (
     save_weights,
 )
 from yolo11_lightning.nn.attention import C2PSA
+from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.classify.head import Classify
 
 # Exact parameter counts of the reference YOLO11-cls at nc=1000 (ImageNet; docs/reference.md).
@@ -35,7 +36,7 @@ def n_params(model: torch.nn.Module) -> int:
 @pytest.mark.parametrize("scale", list(CLS_PARAMS))
 def test_parameter_counts_match_reference(scale: str) -> None:
     with torch.device("meta"):
-        ours = YOLO11(scale, 1000, task="classify")
+        ours = create_model(scale, 1000, task="classify")
     assert n_params(ours) == CLS_PARAMS[scale]
     assert len(ours.layers) == 10 and isinstance(ours.layers[9], C2PSA) and isinstance(ours.head, Classify)
     ref = reference_task_model("classify", scale, 1000, device="meta")
@@ -102,13 +103,13 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
     """The backbone layers 0-8 come from a detection file (name and shape, as the reference's intersect)."""
     det = reference_task_model("detect", "n", 80)
     det_file = save_like_release(det, tmp_path / "det.pt")
-    model = YOLO11("n", 1000, task="classify")
+    model = create_model("n", 1000, task="classify")
     load_pretrained(model, det_file, strict=False, warn=lambda m: None)
     reference = from_reference(det_file).state_dict()
     for key in ("layers.0.conv.weight", "layers.8.m.0.m.0.cv1.conv.weight"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
     cls_file = save_like_release(reference_task_model("classify", "n", 1000), tmp_path / "cls.pt")
-    model = YOLO11("n", 10, task="classify")
+    model = create_model("n", 10, task="classify")
     _loaded, skipped = load_pretrained(model, cls_file, info=lambda m: None)  # another class count: fine
     assert skipped == ["head.linear.weight", "head.linear.bias"]
 

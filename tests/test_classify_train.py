@@ -12,8 +12,7 @@ import torch
 from cli_runs import check_resume_two_ranks_to_one, fit_args, fit_here, load
 from torch import nn
 
-from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
 from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe
@@ -23,7 +22,7 @@ CLASSIFY = ["--model.task", "classify"]
 
 def _frozen_model(nc: int = 5) -> nn.Module:
     torch.manual_seed(0)
-    model = YOLO11("n", nc, task="classify").train()
+    model = create_model("n", nc, task="classify").train()
     for m in model.modules():  # batch statistics of a half batch are not the whole batch's: frozen
         if isinstance(m, nn.BatchNorm2d):
             m.eval()
@@ -125,7 +124,7 @@ def test_distributed_accuracy_equals_single_process_with_unpadded_shards() -> No
 @pytest.fixture(scope="module")
 def cls_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16 train / 7 val images of 64 px (the tiny run's sizes), 3 classes, as an ImageFolder root."""
-    from yolo11_lightning.data.synthetic.classes import make_classes_dataset
+    from yolo11_lightning.synthetic.classes import make_classes_dataset
 
     root = tmp_path_factory.mktemp("tiny_classify")
     make_classes_dataset(root, num_train=16, num_val=7, image_size=64, num_classes=3)

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor
 from torchvision.ops import box_convert
 
+from yolo11_lightning.metrics.detection import DetectionMAP
 from yolo11_lightning.tasks.segment.metric import SegmentationMAP
-from yolo11_lightning.training.metrics.detection import DetectionMAP
 
 SIZE = 1000  # image side in pixels; every box of these tests stays inside (nothing is clipped)
 Image = tuple[

@@ -14,13 +14,14 @@ import pytest
 import torch
 from lightning.pytorch.demos.boring_classes import BoringDataModule, BoringModel
 
-from yolo11_lightning.data import cpu_cores, datamodule
+from yolo11_lightning.data import cpu_cores
 from yolo11_lightning.data.cpu_cores import cgroup_cpu_limit, cores_per_rank
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.loader_workers import auto_num_workers
+from yolo11_lightning.training import datamodule
 from yolo11_lightning.training.callbacks import machine
 from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.cpu_threads import openmp_waits_briefly, training_threads
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 
 def test_spinning_threads_leave_the_workers_their_cores() -> None:
@@ -46,7 +47,7 @@ def test_the_command_sets_brief_waits_before_torch_loads(
     """``yolo11-lightning`` sets GOMP_SPINCOUNT before torch (and OpenMP with it) is imported, unless the user
     chose a wait policy; the commands' child processes (DDP ranks, loader workers) inherit it."""
     script = (
-        "import os, sys; from yolo11_lightning.cli import main; main(['configs']); "
+        "import os, sys; from yolo11_lightning.cli.main import main; main(['configs']); "
         "print('torch loaded' if 'torch' in sys.modules else 'torch not loaded', os.environ.get('GOMP_SPINCOUNT'))"
     )
     keep = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}

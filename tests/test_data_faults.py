@@ -29,15 +29,15 @@ from cli_runs import (
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import SPLITS, compare, fingerprint, first_difference, record_digests
-from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images import io as image_io
 from yolo11_lightning.data.images.loading import BLANK_SUBSTITUTE
 from yolo11_lightning.data.sampling.sampler import epoch_order
 from yolo11_lightning.data.sampling.seeds import substitute_index
 from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.records import ImageRecord
 from yolo11_lightning.training.callbacks.unreadable_images import SubstitutionLimitError, UnreadableImages
 
 SIZE = 64

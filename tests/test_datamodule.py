@@ -11,8 +11,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler, epoch_order
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 os.environ.setdefault("WANDB_MODE", "offline")
 

@@ -9,15 +9,15 @@ import torch
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.dataset import DetectionDataset
-from yolo11_lightning.data.eval_shapes import eval_resized_shape
 from yolo11_lightning.data.images import cache as image_cache_module
 from yolo11_lightning.data.images.cache import ImageCache, estimate_cache_bytes
+from yolo11_lightning.data.rect_batches import eval_resized_shape
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sampling.seeds import partner_stride
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.records import ImageRecord
 
 SIZE = 96
 

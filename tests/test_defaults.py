@@ -8,13 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from yolo11_lightning.training.defaults import (
-    CODE_CONSTANTS,
-    REFERENCE_DEFAULTS,
-    ROWS,
-    our_default,
-    render_table,
-)
+from yolo11_lightning.cli.defaults import CODE_CONSTANTS, REFERENCE_DEFAULTS, ROWS, our_default, render_table
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "defaults.md"
@@ -62,5 +56,5 @@ def test_every_row_is_equal_or_explains_why_not() -> None:
 
 def test_published_table_is_current() -> None:
     assert render_table() in DOC.read_text(), (
-        "docs/defaults.md is stale: paste `python -m yolo11_lightning.training.defaults` into it"
+        "docs/defaults.md is stale: paste `python -m yolo11_lightning.cli.defaults` into it"
     )

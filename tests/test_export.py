@@ -165,7 +165,7 @@ def test_export_writes_the_ema_weights(trained_checkpoint: Path, tmp_path: Path)
 
 def test_export_command_onnx_checks_parity(trained_checkpoint: Path, tmp_path: Path, capsys) -> None:
     pytest.importorskip("onnxruntime")
-    from yolo11_lightning.cli import main as cli_main
+    from yolo11_lightning.cli.main import main as cli_main
 
     out = tmp_path / "model.onnx"
     args = ["export", "--ckpt_path", str(trained_checkpoint), "--format", "onnx", "--image-size", "64"]
@@ -215,7 +215,7 @@ def test_export_and_predict_default_to_the_trained_size(
     from it, and predict on the ONNX file runs at 64, each saying which size it used and why."""
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxruntime")
-    from yolo11_lightning.cli import main as cli_main
+    from yolo11_lightning.cli.main import main as cli_main
     from yolo11_lightning.model_files.image_size import file_image_size
 
     assert file_image_size(trained_checkpoint) == 64  # Lightning's datamodule_hyper_parameters
@@ -241,7 +241,7 @@ def test_a_missing_onnx_extra_is_one_line(
     """After `pip install -e .` (no onnx): export names the extra in one line instead of torch's 40-line
     traceback and writes nothing; without onnxruntime the parity check and an .onnx file say the same."""
     pytest.importorskip("onnxruntime")
-    from yolo11_lightning.cli import main as cli_main
+    from yolo11_lightning.cli.main import main as cli_main
     from yolo11_lightning.extras import MissingExtraError
 
     weights = save_weights(_model(), tmp_path / "model.pth", image_size=64)
@@ -261,6 +261,6 @@ def test_a_missing_onnx_extra_is_one_line(
     assert cli_main(args) == 1
     assert capsys.readouterr().err == f"error: running {out} needs onnxruntime: {extra}\n"
     with pytest.raises(MissingExtraError):  # `validate --model.weights x.onnx`: the CLI prints it as one line
-        from yolo11_lightning.export.runtime import OnnxDetector
+        from yolo11_lightning.model_files.onnx_runtime import OnnxDetector
 
         OnnxDetector(out)

@@ -25,7 +25,7 @@ from yolo11_lightning.data.augment.transforms import (
 )
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.io import decode_scale, read_image
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.records import ImageRecord
 
 
 def smooth(height: int, width: int, seed: int) -> np.ndarray:

@@ -23,10 +23,10 @@ from cli_runs import SCRIPTS, TINY_FIT, cli_env, ddp, fit_args, records, run_cli
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from yolo11_lightning.cli.lightning_cli import default_callbacks, run_lightning_cli
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
 from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
-from yolo11_lightning.training.lightning_cli import default_callbacks, run_lightning_cli
 
 FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
 

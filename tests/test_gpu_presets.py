@@ -15,8 +15,8 @@ import torch
 import yaml
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
+from yolo11_lightning.cli.lightning_cli import run_lightning_cli
 from yolo11_lightning.training.callbacks.machine import MachineSettings
-from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
 REPO = Path(__file__).resolve().parents[1]
 BF16_HOOK = "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.bf16_compress_hook"

@@ -57,9 +57,9 @@ def _fit(tmp_path: Path, precision: str, strategy: str, task: str = "detect") ->
     import lightning as L
 
     from yolo11_lightning import YOLO11Module, YOLODataModule
-    from yolo11_lightning.data.datamodule import dataset_kpt_shape
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
-    from yolo11_lightning.training.lightning_cli import default_callbacks
+    from yolo11_lightning.cli.lightning_cli import default_callbacks
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.training.datamodule import dataset_kpt_shape
 
     dataset = make_synthetic_dataset(tmp_path / "data", num_train=96, num_val=8, image_size=96, task=task)
     data = YOLODataModule(dataset=str(dataset), batch_size=8, image_size=96, num_workers=2, close_mosaic=0)

@@ -45,9 +45,9 @@ from yolo11_lightning.data.images.io import (
 )
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_coco
+from yolo11_lightning.structures.records import ImageRecord
+from yolo11_lightning.synthetic.shapes import make_synthetic_coco
 
 MB = 1 << 20
 # Peak RSS a run with bombs may exceed the same run without them by (one decoded bomb: >= 537 MB).
@@ -346,7 +346,7 @@ def test_dataset_checks_the_records_size_before_reading(tmp_path: Path) -> None:
 
 
 def test_datamodule_limit_reaches_the_scan_and_the_datasets(tmp_path: Path) -> None:
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     yaml_path = _sized_dataset(tmp_path)
     data = YOLODataModule(str(yaml_path), batch_size=2, image_size=64, num_workers=0, max_image_pixels=2500)
@@ -388,9 +388,9 @@ def run_measured(
 def test_check_data_names_bombs_with_flat_memory(tmp_path: Path, bombs: dict[str, bytes]) -> None:
     clean, hostile = _dataset(tmp_path / "clean", None), _dataset(tmp_path / "hostile", bombs)
     common = ["check-data", "--no-images", "--no-cache"]
-    (peak_without,), codes, _ = run_measured("yolo11_lightning.cli", [[*common, "--dataset", str(clean)]],
+    (peak_without,), codes, _ = run_measured("yolo11_lightning.cli.main", [[*common, "--dataset", str(clean)]],
                                              tmp_path, cap_mb=4096)  # fmt: skip
-    (peak_with,), codes2, out = run_measured("yolo11_lightning.cli", [[*common, "--dataset", str(hostile)]],
+    (peak_with,), codes2, out = run_measured("yolo11_lightning.cli.main", [[*common, "--dataset", str(hostile)]],
                                              tmp_path, cap_mb=4096)  # fmt: skip
     assert codes == codes2 == [0], out
     for name in DATASET_BOMBS:
@@ -400,7 +400,7 @@ def test_check_data_names_bombs_with_flat_memory(tmp_path: Path, bombs: dict[str
     assert peak_with <= peak_without + RSS_MARGIN, (peak_with / MB, peak_without / MB)
 
     # The option: a limit below the normal images' 48 x 64 = 3072 pixels refuses them too (val: no image left).
-    (_,), codes, out = run_measured("yolo11_lightning.cli", [[*common, "--dataset", str(clean),
+    (_,), codes, out = run_measured("yolo11_lightning.cli.main", [[*common, "--dataset", str(clean),
                                                               "--max_image_pixels", "3000"]], tmp_path)  # fmt: skip
     assert codes == [1] and "64x48 = 3072 pixels exceeds the limit of 3000 pixels" in out
 

@@ -25,10 +25,10 @@ import torch
 from torch import nn
 from torchvision.ops import box_iou
 
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks import create_model, get_task
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 STEPS, LR = 40, 1e-3
 TASKS = ["detect", "segment", "pose", "obb", "classify"]
@@ -43,9 +43,9 @@ CLS_STEPS, CLS_TOP1 = 18, 0.5
 
 
 def _dataset(task: str, root: Path) -> Path:
-    from yolo11_lightning.data.synthetic.classes import make_classes_dataset
-    from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.classes import make_classes_dataset
+    from yolo11_lightning.synthetic.poses import make_synthetic_pose_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     if task == "pose":
         return make_synthetic_pose_dataset(root, 2, 2, 64, num_classes=2)
@@ -81,7 +81,7 @@ def train(task: str, batch: dict, nc: int, seed: int, steps: int = STEPS) -> tup
     """``steps`` Adam steps of a fresh yolo11n on ``batch``; the model and its loss before each step."""
     torch.manual_seed(seed)
     kpt_shape = {"kpt_shape": [5, 3]} if task == "pose" else {}
-    model = YOLO11("n", nc, task=task, **kpt_shape).train()
+    model = create_model("n", nc, task=task, **kpt_shape).train()
     spec = get_task(task)
     criterion = spec.build_loss(model, 7.5, 0.5, 1.5)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)
@@ -142,7 +142,7 @@ def classify_top1(root: Path, seed: int, steps: int = CLS_STEPS) -> float:
                           task="classify")  # fmt: skip
     data.setup("fit")
     torch.manual_seed(seed)
-    model, spec = YOLO11("n", 3, task="classify").train(), get_task("classify")
+    model, spec = create_model("n", 3, task="classify").train(), get_task("classify")
     criterion, optimizer = spec.build_loss(model, 7.5, 0.5, 1.5), torch.optim.Adam(model.parameters(), lr=LR)
     done = 0
     while done < steps:  # passes over the 48 augmented images, 6 batches of 8 each
@@ -170,7 +170,7 @@ def classify_top1(root: Path, seed: int, steps: int = CLS_STEPS) -> float:
 
 
 def test_a_fresh_classifier_labels_unseen_quickstart_images_above_chance(tmp_path: Path) -> None:
-    from yolo11_lightning.data.synthetic.classes import make_classes_dataset
+    from yolo11_lightning.synthetic.classes import make_classes_dataset
 
     make_classes_dataset(tmp_path, num_train=48, num_val=30, image_size=64, num_classes=3)
     top1 = classify_top1(tmp_path, seed=0)

@@ -8,7 +8,7 @@ import pytest
 
 from yolo11_lightning.data.images import cache as image_cache
 from yolo11_lightning.data.images.cache import GIB, ImageCache, cgroup_memory_limits, memory_budget
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.records import ImageRecord
 
 
 def fake_v2(root: Path, path: str, limit: str, current: int, inactive: int = 0) -> Path:

@@ -49,7 +49,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> tuple[YOLO11Module, YOL
     """yolo11n trained from scratch on the synthetic shapes at 96 px (about half a minute): confident
     predictions, as a trained checkpoint has (a random network's scores are near-ties that any rounding
     reorders), on 96 validation images."""
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("bf16")
     dataset = make_synthetic_dataset(root / "data", num_train=192, num_val=96, image_size=96, seed=0)

@@ -208,7 +208,7 @@ def test_backward_reaches_every_trainable_parameter():
 
 
 def test_info_prints_a_table(capsys):
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     assert main(["info"]) == 0
     out = capsys.readouterr().out

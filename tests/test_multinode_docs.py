@@ -18,7 +18,7 @@ import pytest
 import yaml
 from doc_pages import REPO, doc_pages, multinode_spans
 
-from yolo11_lightning.training.lightning_cli import run_lightning_cli
+from yolo11_lightning.cli.lightning_cli import run_lightning_cli
 
 TORCHRUN_NODE, SLURM = REPO / "scripts" / "torchrun_node.sh", REPO / "scripts" / "slurm_ddp.sbatch"
 

@@ -248,8 +248,8 @@ def test_a_segment_is_owned_from_its_creation(splits: tuple[list, list], tmp_pat
 def test_disk_cache_is_written_once_beside_the_labels_and_reused_without_decoding(
     tmp_path: Path, monkeypatch
 ) -> None:
-    from yolo11_lightning.data.datamodule import YOLODataModule
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     yaml = make_synthetic_dataset(
         tmp_path / "ds", num_train=8, num_val=3, image_size=64, num_classes=2, seed=0

@@ -17,11 +17,11 @@ import numpy as np
 import pytest
 import torch
 
-from yolo11_lightning.data import check_data
+from yolo11_lightning.cli.main import check_data
 from yolo11_lightning.data.augment.transforms import random_affine_matrix
-from yolo11_lightning.data.labels.instances import Instances
-from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.structures.instances import Instances
+from yolo11_lightning.structures.records import ImageRecord
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.obb.labels import ObbCorners, corner_problem, rotated_boxes
 from yolo11_lightning.tasks.obb.rotated import corners
@@ -213,7 +213,7 @@ def test_augmentation_statistics_match_the_oracle(obb_yaml: Path) -> None:
 
     samples = 2000
     records, _ = load_split(load_dataset_config(obb_yaml), "train")
-    ours_ds = DetectionDataset(records, SIZE, augment=True, task="obb", seed=0)
+    ours_ds = DetectionDataset(records, SIZE, augment=True, task=get_task("obb"), seed=0)
     ours = _stats(ours_ds[(k // len(records), k % len(records))]["rboxes"].numpy() for k in range(samples))
     random.seed(0)
     np.random.seed(0)
@@ -236,7 +236,7 @@ def test_obb_batches_carry_rotated_targets(obb_yaml: Path) -> None:
     from yolo11_lightning.data.sources.split import load_split
 
     records, _ = load_split(load_dataset_config(obb_yaml), "val")
-    dataset = DetectionDataset(records, SIZE, task="obb")
+    dataset = DetectionDataset(records, SIZE, task=get_task("obb"))
     batch = TASK.collate([dataset[i] for i in range(len(records))])
     targets = batch["targets"]
     assert targets.shape == (sum(len(r.classes) for r in records), 7)
@@ -302,7 +302,7 @@ def test_synthetic_obb_set_labels_the_painted_objects(obb_yaml: Path) -> None:
 
 
 def _batches(yaml_path: Path, num_workers: int, **kwargs) -> list[dict]:
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     dm = YOLODataModule(
         str(yaml_path), batch_size=8, image_size=SIZE, num_workers=num_workers, pin_memory=False,
@@ -335,5 +335,5 @@ def test_rank_agreement_hash_covers_the_corners(obb_yaml: Path) -> None:
     moved = [ImageRecord(r.path, r.height, r.width, r.classes, r.boxes, r.segments.copy(), r.segment_sizes)
              for r in records]  # fmt: skip
     moved[1].segments[2] += np.float32(0.01)  # one corner of one image
-    a, b = (record_digests(DetectionDataset(r, SIZE, task="obb")) for r in (records, moved))
+    a, b = (record_digests(DetectionDataset(r, SIZE, task=get_task("obb"))) for r in (records, moved))
     assert [x != y for x, y in zip(a, b)] == [i == 1 for i in range(len(records))]

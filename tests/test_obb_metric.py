@@ -163,8 +163,8 @@ def test_validation_score_threshold_follows_the_task_as_the_oracles_validator_do
 def test_a_kept_obb_evaluation_gives_the_summary_table_and_a_probiou_confusion_matrix() -> None:
     """OBB keeps its evaluation like the box tasks: per-class rows whose ``all`` mAP is the logged one, and a
     confusion matrix matched by probiou (a perfect predictor: the diagonal)."""
+    from yolo11_lightning.metrics.class_results import class_results
     from yolo11_lightning.training.callbacks.closing_summary import class_rows
-    from yolo11_lightning.training.metrics.class_results import class_results
 
     names = [str(i) for i in range(NUM_CLASSES)]
     metric = ObbMAP(names)

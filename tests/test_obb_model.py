@@ -14,7 +14,6 @@ import pytest
 import torch
 from model_oracle import reference_task_model, save_like_release
 
-from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.weights import (
     from_reference,
     load_model,
@@ -22,6 +21,7 @@ from yolo11_lightning.model_files.weights import (
     load_weights,
     save_weights,
 )
+from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.obb.head import OBB, ObbOutput
 
 # Exact parameter counts of the reference YOLO11-obb at nc=15 (DOTA; docs/reference.md).
@@ -40,7 +40,7 @@ def num_anchors(h: int, w: int) -> int:
 @pytest.mark.parametrize("scale", list(OBB_PARAMS))
 def test_parameter_counts_match_reference(scale: str) -> None:
     with torch.device("meta"):
-        ours = YOLO11(scale, 15, task="obb")
+        ours = create_model(scale, 15, task="obb")
     assert n_params(ours) == OBB_PARAMS[scale]
     ref = reference_task_model("obb", scale, 15, device="meta")
     assert [tuple(v.shape) for v in ours.state_dict().values()] == [
@@ -66,7 +66,7 @@ def test_eval_outputs_equal_the_reference_on_its_weights() -> None:
 
 def test_output_contract() -> None:
     torch.manual_seed(0)
-    model = YOLO11("n", 3, task="obb")
+    model = create_model("n", 3, task="obb")
     x = torch.rand(INPUT_SHAPE)
     h, w = INPUT_SHAPE[2:]
     with torch.no_grad():
@@ -105,7 +105,7 @@ def test_reference_files_and_our_files(tmp_path: Path) -> None:
 
 def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
     det_file = save_like_release(reference_task_model("detect", "n", 15), tmp_path / "det.pt")
-    model = YOLO11("n", 15, task="obb")
+    model = create_model("n", 15, task="obb")
     _loaded, skipped = load_pretrained(model, det_file, strict=False, warn=lambda m: None)
     assert skipped and all(k.startswith("head.cv4.") for k in skipped)  # all but the angle branch
     torch.testing.assert_close(

@@ -31,7 +31,7 @@ OBB = ["--model.task", "obb"]
 
 @pytest.fixture(scope="module")
 def obb_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("tiny_obb")
     return make_synthetic_dataset(root, num_train=16, num_val=7, image_size=64, num_classes=3, task="obb")

@@ -257,7 +257,7 @@ def test_our_validate_scores_onnx_like_the_checkpoint(interop: SimpleNamespace) 
     assert 0.3 < fixed.checkpoint["mAP50-95"] < 0.95
     assert abs(fixed.difference("mAP50-95")) <= 1e-3 and abs(fixed.difference("mAP50")) <= 1e-3
     # A fixed-shape file fed another shape says what to do instead of scoring a different preprocessing.
-    from yolo11_lightning.export.runtime import OnnxDetector
+    from yolo11_lightning.model_files.onnx_runtime import OnnxDetector
 
     with pytest.raises(ValueError, match=r"fixed\.onnx: exported with a fixed 160x160 input, got a 96x160 batch.*"
                                          r"--data\.rect_val false --data\.image_size 160.*--dynamic"):  # fmt: skip
@@ -267,7 +267,7 @@ def test_our_validate_scores_onnx_like_the_checkpoint(interop: SimpleNamespace) 
 def test_export_check_data_prints_both_numbers(
     interop: SimpleNamespace, capsys: pytest.CaptureFixture
 ) -> None:
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     out = interop.root / "checked.onnx"
     args = ["export", "--ckpt_path", str(interop.pt), "--out", str(out), "--image-size", str(SIZE), "--dynamic",
@@ -287,8 +287,8 @@ def test_export_check_data_prints_both_numbers(
 
 
 def test_validate_command_takes_an_onnx_file(interop: SimpleNamespace) -> None:
+    from yolo11_lightning.cli.lightning_cli import run_lightning_cli
     from yolo11_lightning.export.check import _square_batches
-    from yolo11_lightning.training.lightning_cli import run_lightning_cli
 
     square = [f"--data.{k}={str(v).lower()}" for k, v in _square_batches().items()]
     cli = run_lightning_cli([
@@ -312,7 +312,7 @@ def test_dynamic_file_takes_any_multiple_of_32(interop: SimpleNamespace, tmp_pat
 
     import onnx
 
-    from yolo11_lightning.export.runtime import OnnxDetector
+    from yolo11_lightning.model_files.onnx_runtime import OnnxDetector
 
     runner = OnnxDetector(interop.dynamic, num_classes=len(NAMES))
     assert (runner.input_shape, runner.names) == (None, list(NAMES.values()))

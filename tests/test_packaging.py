@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo11_lightning.cli import main
+from yolo11_lightning.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 NAMES = ("quickstart", "model/yolo11s", "trainer/ddp_8gpu", "trainer/cpu", "data/coco", "logger/wandb")
@@ -166,7 +166,7 @@ def test_wheel_stands_alone(tmp_path: Path) -> None:
 
 def test_utility_commands_start_without_lightning(tmp_path: Path) -> None:
     code = (
-        "import sys\nfrom yolo11_lightning.cli import main\n"
+        "import sys\nfrom yolo11_lightning.cli.main import main\n"
         "assert main(['configs']) == 0 and main(['--version']) == 0 and main(['info', '--scales', 'n']) == 0\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('lightning', 'jsonargparse'))\n"
         "assert not heavy, heavy\n"

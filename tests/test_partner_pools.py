@@ -16,7 +16,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.data.batch import collate_detection
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
@@ -27,7 +26,8 @@ from yolo11_lightning.data.sampling.partner_pools import (
 )
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
 from yolo11_lightning.data.sampling.seeds import partner_stride
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.records import ImageRecord
 
 SIZE = 64
 

@@ -15,15 +15,16 @@ import pytest
 import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data import check_data
+from yolo11_lightning.cli.main import check_data
 from yolo11_lightning.data.augment.transforms import letterbox, random_affine_matrix
-from yolo11_lightning.data.labels.instances import Instances
-from yolo11_lightning.data.labels.keypoints import Keypoints
 from yolo11_lightning.data.sources.config import DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
-from yolo11_lightning.data.synthetic.poses import FLIP_IDX, SYNTHETIC_KPT_SHAPE, make_synthetic_pose_dataset
+from yolo11_lightning.structures.instances import Instances
+from yolo11_lightning.structures.keypoints import Keypoints
+from yolo11_lightning.structures.records import ImageRecord
+from yolo11_lightning.synthetic.poses import FLIP_IDX, SYNTHETIC_KPT_SHAPE, make_synthetic_pose_dataset
+from yolo11_lightning.tasks import get_task
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 
@@ -267,14 +268,14 @@ def test_pose_samples_and_batches(pose_yaml: Path, monkeypatch: pytest.MonkeyPat
     task = get_task("pose")
     monkeypatch.setattr(type(task), "not_yet", "")
     records, _ = load_split(load_dataset_config(pose_yaml), "train", use_cache=False)
-    train = DetectionDataset(records, 64, augment=True, task="pose", seed=1)
+    train = DetectionDataset(records, 64, augment=True, task=get_task("pose"), seed=1)
     batch = task.collate([train[(0, i)] for i in range(len(records))])
     n = len(batch["targets"])
     assert batch["keypoints"].shape == (n, K, 3) and n > 0
     labelled = batch["keypoints"][..., 2] > 0
     xy = batch["keypoints"][..., :2][labelled]
     assert ((xy >= 0) & (xy <= 1)).all()
-    val = DetectionDataset(records, 64, augment=False, task="pose")
+    val = DetectionDataset(records, 64, augment=False, task=get_task("pose"))
     sample = val[0]
     rec = records[0]
     scale, (left, top) = sample["scale"], sample["pad"]
@@ -292,13 +293,16 @@ def test_rank_agreement_hashes_the_keypoints(pose_yaml: Path) -> None:
     arrays = records.arrays()
     moved = {**arrays, "keypoints": arrays["keypoints"] + np.float32(0.01)}
     other = PackedRecords.from_arrays(moved)
-    same, changed = DetectionDataset(records, 64, task="pose"), DetectionDataset(other, 64, task="pose")
+    same, changed = (
+        DetectionDataset(records, 64, task=get_task("pose")),
+        DetectionDataset(other, 64, task=get_task("pose")),
+    )
     assert split_hash(same) != split_hash(changed)
     assert record_digests(same) != record_digests(changed)
 
 
 def test_without_flip_idx_the_flips_are_off(tmp_path: Path) -> None:
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     yaml_path = _pose_dataset(tmp_path, [r for r, why in POSE_ROWS if why is None], kpt_shape=[2, 3])
     data = YOLODataModule(str(yaml_path), batch_size=2, image_size=64, num_workers=0, pin_memory=False)

@@ -163,9 +163,9 @@ def test_an_empty_rank_and_no_detections() -> None:
 def test_the_summary_table_and_pictures_show_the_pose_map() -> None:
     """A kept evaluation carries the keypoints as a kind of their own: the closing table has pose P, R, mAP50 and
     mAP50-95 (the logged value in the ``all`` row), the per-class curves and a box confusion matrix are there."""
+    from yolo11_lightning.metrics.class_results import class_results
     from yolo11_lightning.plots.evaluation import confusion_matrix_image
     from yolo11_lightning.training.callbacks.closing_summary import class_rows
-    from yolo11_lightning.training.metrics.class_results import class_results
 
     metric = PoseMAP(["person"])
     metric.keep_evaluation = True

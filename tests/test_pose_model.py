@@ -24,6 +24,7 @@ from yolo11_lightning.model_files.weights import (
     load_weights,
     save_weights,
 )
+from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.pose.head import Pose, PoseOutput
 
 # Exact parameter counts of the reference YOLO11-pose at nc=1, kpt_shape (17, 3) (docs/reference.md).
@@ -42,7 +43,7 @@ def num_anchors(h: int, w: int) -> int:
 @pytest.mark.parametrize("scale", list(POSE_PARAMS))
 def test_parameter_counts_match_reference(scale: str) -> None:
     with torch.device("meta"):
-        ours = YOLO11(scale, 1, task="pose")
+        ours = create_model(scale, 1, task="pose")
     assert ours.kpt_shape == (17, 3) and n_params(ours) == POSE_PARAMS[scale]
     ref = reference_task_model("pose", scale, 1, device="meta")
     # Same layout and order: the same state-dict shapes entry by entry (our keys are a prefix rename).
@@ -54,7 +55,7 @@ def test_parameter_counts_match_reference(scale: str) -> None:
 def test_other_keypoint_shapes_match_reference() -> None:
     for kpt_shape, nc in (((5, 2), 3), ((21, 3), 80)):
         with torch.device("meta"):
-            ours = YOLO11("s", nc, task="pose", kpt_shape=kpt_shape)
+            ours = create_model("s", nc, task="pose", kpt_shape=kpt_shape)
         ref = reference_task_model("pose", "s", nc, device="meta", data_kpt_shape=kpt_shape)
         assert [tuple(v.shape) for v in ours.state_dict().values()] == [
             tuple(v.shape) for v in ref.state_dict().values()
@@ -82,7 +83,7 @@ def test_eval_outputs_equal_the_reference_on_its_weights() -> None:
 
 def test_output_contract() -> None:
     torch.manual_seed(0)
-    model = YOLO11("n", 2, task="pose", kpt_shape=(4, 3))
+    model = create_model("n", 2, task="pose", kpt_shape=(4, 3))
     x = torch.rand(INPUT_SHAPE)
     h, w = INPUT_SHAPE[2:]
     with torch.no_grad():
@@ -96,9 +97,9 @@ def test_output_contract() -> None:
     visibility = preds[:, 6:].unflatten(1, (4, 3))[:, :, 2]
     assert ((visibility > 0) & (visibility < 1)).all()
     with pytest.raises(ValueError, match=r"kpt_shape must be \[K, D\]"):
-        YOLO11("n", 1, task="pose", kpt_shape=(17, 4))
+        create_model("n", 1, task="pose", kpt_shape=(17, 4))
     with pytest.raises(ValueError, match="kpt_shape is for pose models; a detection model has none"):
-        YOLO11("n", 1, kpt_shape=(17, 3))
+        create_model("n", 1, kpt_shape=(17, 3))
 
 
 def test_fuse_and_reset_head_keep_the_keypoints() -> None:
@@ -140,7 +141,7 @@ def test_reference_files_read_by_the_guarded_reader(tmp_path: Path) -> None:
 
 def test_our_files_keep_the_keypoint_shape(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = YOLO11("n", 2, ["a", "b"], task="pose", kpt_shape=(6, 2))
+    model = create_model("n", 2, ["a", "b"], task="pose", kpt_shape=(6, 2))
     save_weights(model, tmp_path / "pose.pth")
     payload = torch.load(tmp_path / "pose.pth", weights_only=True)
     assert payload["task"] == "pose" and payload["kpt_shape"] == [6, 2]
@@ -163,8 +164,8 @@ def test_fine_tuning_from_another_tasks_file(tmp_path: Path) -> None:
     with pytest.raises(
         WeightsMismatchError, match=r"det\.pt.*holds a detection model .*not a keypoint \(pose\)"
     ):
-        load_pretrained(YOLO11("n", 1, task="pose"), det_file)
-    model = YOLO11("n", 1, task="pose")
+        load_pretrained(create_model("n", 1, task="pose"), det_file)
+    model = create_model("n", 1, task="pose")
     with pytest.warns(UserWarning, match=r"loaded \d+ of \d+ tensors .*holds a detection model"):
         _loaded, skipped = load_pretrained(model, det_file, strict=False)
     # Everything but the class branch (80 -> 1 classes) and the keypoint branch.

@@ -28,11 +28,11 @@ from cli_runs import SCRIPTS, check_resume_two_ranks_to_one, fit_args, fit_here,
 from data_files import pattern, write_image
 
 from yolo11_lightning.data.augment.transforms import letterbox
-from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
 from yolo11_lightning.export.command import main as export_main
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.ops.letterbox import letterbox_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.synthetic.poses import make_synthetic_pose_dataset
 from yolo11_lightning.tasks.pose.drawing import keypoints_to_original
 
 POSE = ["--model.task", "pose"]  # the data follows the model; kpt_shape [5, 3] follows the dataset
@@ -80,7 +80,7 @@ def test_predict_writes_coco_keypoints_and_a_model_of_another_kpt_shape_is_refus
 ) -> None:  # fmt: skip
     """In this process (the CLI's ``main``): what a subprocess would add, the interpreter's start, is the
     resume test's and test_cli's."""
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     (last,) = [p for p in pose_uninterrupted.rglob("last.ckpt") if "version_0" in str(p)]
     out = tmp_path / "pred"

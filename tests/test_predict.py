@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.cli import main as cli_main
+from yolo11_lightning.cli.main import main as cli_main
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.io import read_image
 from yolo11_lightning.model_files.weights import read_weights, save_weights
@@ -149,7 +149,7 @@ def test_clear_errors(tiny_dataset: Path, weights: Path, tmp_path: Path, capsys)
 
 def test_predict_routing(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     """With --source (or only --help): the utility; otherwise LightningCLI's predict, untouched."""
-    import yolo11_lightning.training.lightning_cli as training_cli
+    import yolo11_lightning.cli.lightning_cli as training_cli
 
     seen: list[list[str]] = []
     monkeypatch.setattr(training_cli, "run_lightning_cli", lambda args: seen.append(list(args)))

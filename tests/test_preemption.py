@@ -43,7 +43,7 @@ from cli_runs import (
     tail,
 )
 
-from yolo11_lightning.cli import main
+from yolo11_lightning.cli.main import main
 
 BATCHES_PER_EPOCH = IMAGES // BATCH
 GRACE_SECONDS = 30  # the grace period the issue sets (Kubernetes' default)

@@ -156,7 +156,7 @@ def test_every_command_is_run_or_skipped_with_a_reason() -> None:
 
 _RUNNER = r"""
 import contextlib, io, json, sys, traceback
-from yolo11_lightning.cli import main
+from yolo11_lightning.cli.main import main
 
 jobs = json.load(open(sys.argv[1]))
 results = []

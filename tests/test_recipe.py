@@ -7,9 +7,9 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe
+from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 

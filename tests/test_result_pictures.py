@@ -15,18 +15,13 @@ import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.metrics.class_results import CONFIDENCES, Evaluation, class_results, confusion_matrix
+from yolo11_lightning.metrics.detection import DetectionMAP
 from yolo11_lightning.plots.evaluation import confusion_matrix_image
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
-from yolo11_lightning.training.metrics.class_results import (
-    CONFIDENCES,
-    Evaluation,
-    class_results,
-    confusion_matrix,
-)
-from yolo11_lightning.training.metrics.detection import DetectionMAP
+from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 os.environ["YOLO_OFFLINE"] = "1"  # before any import of the reference package

@@ -143,7 +143,7 @@ def test_rect_eval_batches_lie_in_one_group_on_any_world_size():
     """Groups of the global batch in aspect-ratio order: every per-device batch is inside one group."""
     import numpy as np
 
-    from yolo11_lightning.data.eval_shapes import rect_batches
+    from yolo11_lightning.data.rect_batches import rect_batches
 
     rng = np.random.default_rng(0)
     heights, widths = rng.integers(20, 400, 29), rng.integers(20, 400, 29)

@@ -18,9 +18,12 @@ import pytest
 import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data import check_data
-from yolo11_lightning.data.batch import collate_detection
-from yolo11_lightning.data.labels.polygons import (
+from yolo11_lightning.cli.main import check_data
+from yolo11_lightning.data.sources.config import load_dataset_config
+from yolo11_lightning.data.sources.rle import decode_rle
+from yolo11_lightning.data.sources.split import load_split
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.polygons import (
     apply_matrix,
     boxes_from_polygons,
     flip_horizontal,
@@ -32,12 +35,9 @@ from yolo11_lightning.data.labels.polygons import (
     to_pixels,
     with_box_outlines,
 )
-from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.data.sources.rle import decode_rle
-from yolo11_lightning.data.sources.split import load_split
-from yolo11_lightning.data.synthetic import command as synthetic
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.structures.records import ImageRecord
+from yolo11_lightning.synthetic import command as synthetic
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 from yolo11_lightning.tasks.segment.batch import collate_segmentation
 from yolo11_lightning.tasks.segment.masks import instance_masks, overlap_mask, polygon_mask, rasterize
 

@@ -166,7 +166,7 @@ def test_oracle_predicts_our_onnx_like_ours_in_torch(seg_export: SimpleNamespace
 
 
 def test_onnx_runner_returns_predictions_and_protos(seg_export: SimpleNamespace) -> None:
-    from yolo11_lightning.export.runtime import OnnxDetector
+    from yolo11_lightning.model_files.onnx_runtime import OnnxDetector
 
     runner = OnnxDetector(seg_export.onnx, num_classes=3, task="segment")
     assert OnnxDetector(seg_export.onnx, task=None).task == "segment"

@@ -36,6 +36,7 @@ from yolo11_lightning.model_files.weights import (
     load_weights,
     save_weights,
 )
+from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.segment.head import Segment, SegmentOutput
 
 # Exact parameter counts of the reference YOLO11-seg at nc=80 (docs/reference.md).
@@ -69,7 +70,7 @@ def reference_seg_model(
 @pytest.mark.parametrize("scale", list(SEG_PARAMS_NC80))
 def test_parameter_counts_match_reference(scale: str) -> None:
     with torch.device("meta"):
-        ours80, ours3 = YOLO11(scale, task="segment"), YOLO11(scale, 3, task="segment")
+        ours80, ours3 = create_model(scale, task="segment"), create_model(scale, 3, task="segment")
     assert n_params(ours80) == SEG_PARAMS_NC80[scale]
     for ours, nc in ((ours80, 80), (ours3, 3)):
         ref = reference_seg_model(scale, nc, device="meta")
@@ -84,7 +85,7 @@ def test_parameter_counts_match_reference(scale: str) -> None:
 @pytest.fixture(scope="module")
 def seg_n() -> YOLO11:
     torch.manual_seed(0)
-    return YOLO11("n", 5, task="segment")
+    return create_model("n", 5, task="segment")
 
 
 def test_output_contract(seg_n: YOLO11) -> None:
@@ -105,7 +106,7 @@ def test_output_contract(seg_n: YOLO11) -> None:
     torch.testing.assert_close(preds[:, 9:], raw.coefficients)
     torch.testing.assert_close(protos, raw.protos)
     with pytest.raises(ValueError, match="unknown YOLO11 task 'depth'"):
-        YOLO11("n", task="depth")
+        create_model("n", task="depth")
 
 
 def test_fuse_and_reset_head_keep_the_masks(seg_n: YOLO11) -> None:
@@ -137,6 +138,7 @@ _LOAD_AND_RUN = """
 import json, torch
 from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.tasks import create_model
 results = {}
 for name in NAMES:
     model = from_reference(f"{name}.pt").eval()
@@ -198,7 +200,7 @@ def test_weights_file_keeps_the_task(tmp_path: Path, seg_n: YOLO11) -> None:
 def test_pretrained_seg_weights_and_wrong_task(tmp_path: Path) -> None:
     pytest.importorskip("ultralytics")
     seg_file = _save_seg_release(reference_seg_model("n", 80, seed=1), tmp_path / "yolo11n-seg.pt", {0: "a"})
-    model = YOLO11("n", 3, task="segment")
+    model = create_model("n", 3, task="segment")
     loaded, skipped = load_pretrained(model, seg_file)  # another class count: all but the class branch
     assert skipped and all(k.startswith("head.cv3.") for k in skipped)
     reference = from_reference(seg_file).state_dict()
@@ -212,9 +214,9 @@ def test_pretrained_seg_weights_and_wrong_task(tmp_path: Path) -> None:
         WeightsMismatchError,
         match=r"det\.pt.*holds a detection model .*DetectionModel.*not a segmentation model",
     ):
-        load_pretrained(YOLO11("n", 80, task="segment"), det_file)
+        load_pretrained(create_model("n", 80, task="segment"), det_file)
     with pytest.warns(UserWarning, match=r"loaded 499 of 561 tensors .*holds a detection model"):
-        loaded, _ = load_pretrained(YOLO11("n", 80, task="segment"), det_file, strict=False)
+        loaded, _ = load_pretrained(create_model("n", 80, task="segment"), det_file, strict=False)
     assert loaded > 400  # backbone and detection branches; proto and coefficient branch keep their init
 
 
@@ -243,7 +245,7 @@ def test_crafted_seg_files_are_refused(tmp_path: Path) -> None:
     loaders = {
         "from_reference": from_reference,
         "load_model": lambda p: load_model(p, task=None),
-        "load_pretrained": lambda p: load_pretrained(YOLO11("n", 3, task="segment"), p),
+        "load_pretrained": lambda p: load_pretrained(create_model("n", 3, task="segment"), p),
     }
     for name, (data, pattern) in files.items():
         (tmp_path / name).write_bytes(data)
@@ -254,7 +256,7 @@ def test_crafted_seg_files_are_refused(tmp_path: Path) -> None:
 
 
 def test_info_shows_the_task(capsys: pytest.CaptureFixture[str]) -> None:
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     assert main(["info", "--task", "segment", "--scales", "n,x"]) == 0
     out = capsys.readouterr().out
@@ -293,7 +295,7 @@ def test_train_output_feeds_the_segmentation_loss() -> None:
     from yolo11_lightning.tasks.segment.loss import SegmentationLoss
 
     torch.manual_seed(0)
-    model = YOLO11("n", 3, task="segment").train()
+    model = create_model("n", 3, task="segment").train()
     targets = torch.tensor(
         [[0, 1, 0.5, 0.5, 0.5, 0.4], [0, 2, 0.3, 0.3, 0.2, 0.2], [1, 0, 0.6, 0.4, 0.3, 0.5]]
     )

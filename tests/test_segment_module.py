@@ -19,12 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from yolo11_lightning.cli.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.tasks.segment.batch import collate_segmentation
 from yolo11_lightning.tasks.segment.metric import SegmentationMAP, mask_iou
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
-from yolo11_lightning.training.lightning_cli import YOLOLightningCLI
 from yolo11_lightning.training.module import YOLO11Module
 
 SIZE = 64
@@ -358,7 +358,7 @@ def test_cli_refuses_model_and_data_of_different_tasks() -> None:
 
 
 def test_cli_parses_model_task(tiny_dataset: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from yolo11_lightning.cli import main
+    from yolo11_lightning.cli.main import main
 
     with pytest.raises(SystemExit) as stop:
         main(["fit", "--model.task", "segment", "--data.dataset", str(tiny_dataset), "--print_config"])
@@ -369,7 +369,7 @@ def test_cli_parses_model_task(tiny_dataset: Path, capsys: pytest.CaptureFixture
 def _data_has_task() -> bool:
     import inspect
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
+    from yolo11_lightning.training.datamodule import YOLODataModule
 
     return "task" in inspect.signature(YOLODataModule).parameters
 
@@ -383,8 +383,8 @@ def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> 
 
     from cli_runs import TINY_FIT, ddp, run_cli, tail
 
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
-    from yolo11_lightning.training.lightning_cli import run_lightning_cli
+    from yolo11_lightning.cli.lightning_cli import run_lightning_cli
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     dataset = make_synthetic_dataset(tmp_path / "seg", num_train=8, num_val=7, image_size=64, task="segment")
     root = tmp_path / "run"

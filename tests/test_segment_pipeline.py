@@ -21,12 +21,13 @@ import torch
 
 from yolo11_lightning.data.agreement import first_difference, record_digests, split_hash
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.sources.config import load_dataset_config
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import load_split
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.structures.records import ImageRecord
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.tasks import get_task
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # the reference datasets (oracle) stay offline
 
@@ -121,7 +122,13 @@ def test_augmented_masks_match_the_painted_ground_truth(painted, geometry: str, 
     inter = union = 0
     for seed in (0, 1, 2):
         dataset = DetectionDataset(
-            painted, PAINTED_SIZE, augment=True, aug=aug, seed=seed, task="segment", mask_overlap=overlap
+            painted,
+            PAINTED_SIZE,
+            augment=True,
+            aug=aug,
+            seed=seed,
+            task=get_task("segment"),
+            mask_overlap=overlap,
         )
         for index in range(len(painted)):
             sample = dataset[(seed, index)]
@@ -152,7 +159,7 @@ def test_augmented_masks_match_the_painted_ground_truth(painted, geometry: str, 
 @pytest.mark.parametrize("rect", [False, True])
 @pytest.mark.parametrize("gain", ["reference", "per_axis"])
 def test_validation_masks_are_letterboxed_like_the_image(painted, rect: bool, gain: str) -> None:
-    dataset = DetectionDataset(painted, PAINTED_SIZE, task="segment", eval_box_gain=gain)
+    dataset = DetectionDataset(painted, PAINTED_SIZE, task=get_task("segment"), eval_box_gain=gain)
     if rect:
         dataset.set_rect_batches(2)
     shapes = set()
@@ -283,7 +290,7 @@ def test_rank_agreement_hash_covers_the_polygons(painted) -> None:
         for r in painted
     ]
     moved[3].segments[2] += np.float32(0.01)  # one vertex of one image
-    seg_a, seg_b = (DetectionDataset(r, SIZE, task="segment") for r in (painted, moved))
+    seg_a, seg_b = (DetectionDataset(r, SIZE, task=get_task("segment")) for r in (painted, moved))
     assert split_hash(seg_a) != split_hash(seg_b)
     differs = [a != b for a, b in zip(record_digests(seg_a), record_digests(seg_b))]
     assert differs == [i == 3 for i in range(len(painted))]
@@ -316,7 +323,7 @@ def test_validation_masks_equal_the_reference_datasets(tmp_path: Path, rect: boo
 
     yaml_path = make_synthetic_dataset(tmp_path, num_train=1, num_val=8, image_size=(48, 80), task="segment")
     records, _ = load_split(load_dataset_config(yaml_path), "val")
-    ours = DetectionDataset(records, SIZE, task="segment", mask_overlap=overlap)
+    ours = DetectionDataset(records, SIZE, task=get_task("segment"), mask_overlap=overlap)
     if rect:
         ours.set_rect_batches(4)
     reference = YOLODataset(

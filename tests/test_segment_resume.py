@@ -20,7 +20,7 @@ SEGMENT = ["--model.task", "segment", "--data.task", "segment"]
 @pytest.fixture(scope="module")
 def seg_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16 train / 7 val images of 64 px (the tiny detection set's sizes), exact polygons."""
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     root = tmp_path_factory.mktemp("tiny_segment")
     return make_synthetic_dataset(

@@ -16,7 +16,7 @@ from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.data.sources.yolo import label_path_for
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_coco, make_synthetic_dataset
+from yolo11_lightning.synthetic.shapes import make_synthetic_coco, make_synthetic_dataset
 
 
 def assert_same_records(a, b) -> None:

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import yaml
 
-from yolo11_lightning.data.synthetic import command as synthetic
-from yolo11_lightning.data.synthetic.painter import SYNTHETIC_CLASS_NAMES
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset, synthetic_class_names
+from yolo11_lightning.synthetic import command as synthetic
+from yolo11_lightning.synthetic.painter import SYNTHETIC_CLASS_NAMES
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset, synthetic_class_names
 
 
 def _files(root: Path) -> dict[str, bytes]:
@@ -98,7 +98,7 @@ def test_class_names_and_limits(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------ the hard set
 def test_hard_set_is_deterministic_non_square_and_its_labels_parse(tmp_path: Path) -> None:
     from yolo11_lightning.data.sources.config import load_dataset_config
-    from yolo11_lightning.data.synthetic.hard import HARD_CLASS_NAMES, make_hard_synthetic_dataset
+    from yolo11_lightning.synthetic.hard import HARD_CLASS_NAMES, make_hard_synthetic_dataset
 
     a = make_hard_synthetic_dataset(tmp_path / "a", num_train=12, num_val=2, image_size=(48, 80), seed=3)
     b = make_hard_synthetic_dataset(tmp_path / "b", num_train=14, num_val=2, image_size=(48, 80), seed=3)

@@ -17,15 +17,14 @@ import torch
 import yaml
 from cli_runs import REPO
 
-from yolo11_lightning.cli import main
-from yolo11_lightning.data.datamodule import YOLODataModule
+from yolo11_lightning.cli.lightning_cli import run_lightning_cli
+from yolo11_lightning.cli.main import main
 from yolo11_lightning.data.sources.config import MissingSplitError
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.weights import file_task, save_weights
-from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
-from yolo11_lightning.training.lightning_cli import run_lightning_cli
+from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 SMALL = [
@@ -40,7 +39,7 @@ FIT = ["--trainer.max_epochs", "1", "--trainer.limit_train_batches", "2", "--tra
 @pytest.fixture(scope="module")
 def polygons(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 train / 4 val images of polygon rows (YOLO-seg), no test split; beside it ``pose.yaml`` (kpt_shape)."""
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
     path = make_synthetic_dataset(
         tmp_path_factory.mktemp("polygons"), num_train=8, num_val=4, image_size=64, task="segment"
@@ -110,7 +109,7 @@ def test_validate_takes_the_task_from_the_checkpoint(
 
 
 def test_weights_file_names_the_task(polygons: Path, tmp_path: Path) -> None:
-    weights = save_weights(YOLO11("n", 3, task="segment"), tmp_path / "seg.pth")
+    weights = save_weights(create_model("n", 3, task="segment"), tmp_path / "seg.pth")
     assert file_task(weights) == "segment" and file_task(tmp_path / "missing.pth") is None
     module = YOLO11Module(weights=str(weights), num_classes=3)
     assert module.task.name == "segment" and module.hparams.task == "segment"
@@ -129,7 +128,7 @@ def test_weights_file_names_the_task(polygons: Path, tmp_path: Path) -> None:
 def test_file_task_of_a_reference_state_dict(tmp_path: Path) -> None:
     """A reference-format state dict (``model.<i>.*`` keys): the Segment head's prototypes make it segmentation."""
     for task in ("detect", "segment"):
-        ours = YOLO11("n", 2, task=task).state_dict()
+        ours = create_model("n", 2, task=task).state_dict()
         state = {
             (f"model.23.{k[5:]}" if k.startswith("head.") else f"model.{k[7:]}"): v for k, v in ours.items()
         }

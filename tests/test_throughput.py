@@ -14,8 +14,8 @@ from lightning.pytorch.loggers import Logger
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from yolo11_lightning.cli.lightning_cli import default_callbacks
 from yolo11_lightning.training.callbacks.throughput import Throughput, _GpuIdle
-from yolo11_lightning.training.lightning_cli import default_callbacks
 
 KEYS = ("perf/images_per_second", "perf/images_per_second_per_device", "perf/data_wait_fraction")
 

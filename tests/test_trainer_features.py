@@ -30,7 +30,7 @@ from cli_runs import (
     tail,
 )
 
-from yolo11_lightning.cli import main
+from yolo11_lightning.cli.main import main
 
 BATCHES_PER_EPOCH = 4  # tiny_dataset: 16 images, batch 4
 

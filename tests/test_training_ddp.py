@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
 
 SCRIPT = Path(__file__).parent / "scripts" / "equivalence_run.py"
 

@@ -12,18 +12,15 @@ from yolo11_lightning.data.augment.color import augment_hsv
 from yolo11_lightning.data.augment.pipeline import AugmentConfig, Labelled, augment_train_sample
 from yolo11_lightning.data.augment.transforms import (
     FILL_VALUE,
-    box_candidates,
     flip_lr,
     flip_ud,
     letterbox,
     mosaic4,
     random_affine_matrix,
     resize_long_side,
-    transform_boxes,
-    xywhn_to_xyxy,
-    xyxy_to_xywhn,
 )
-from yolo11_lightning.data.labels.instances import Instances
+from yolo11_lightning.structures.boxes import box_candidates, transform_boxes, xywhn_to_xyxy, xyxy_to_xywhn
+from yolo11_lightning.structures.instances import Instances
 
 os.environ["YOLO_OFFLINE"] = "1"
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from cli_runs import SCRIPTS, run_cli
 
-from yolo11_lightning.cli import main
+from yolo11_lightning.cli.main import main
 
 TINY = ["--config", str(SCRIPTS / "tiny_fit.yaml"), "--trainer.max_steps", "1"]
 

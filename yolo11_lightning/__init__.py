@@ -14,16 +14,16 @@ _LAZY = {
     "YOLO11": "yolo11_lightning.nn.yolo11",
     "DetectionLoss": "yolo11_lightning.loss",
     "TaskAlignedAssigner": "yolo11_lightning.loss",
-    "YOLODataModule": "yolo11_lightning.data.datamodule",
+    "YOLODataModule": "yolo11_lightning.training.datamodule",
     "YOLO11Module": "yolo11_lightning.training.module",
 }
 
 __all__ = ["YOLO11", "DetectionLoss", "TaskAlignedAssigner", "YOLO11Module", "YOLODataModule", "__version__"]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from yolo11_lightning.data.datamodule import YOLODataModule
     from yolo11_lightning.loss import DetectionLoss, TaskAlignedAssigner
     from yolo11_lightning.nn.yolo11 import YOLO11
+    from yolo11_lightning.training.datamodule import YOLODataModule
     from yolo11_lightning.training.module import YOLO11Module
 
 

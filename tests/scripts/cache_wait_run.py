@@ -21,10 +21,10 @@ from types import SimpleNamespace
 import torch
 import torch.distributed as dist
 
-import yolo11_lightning.data.datamodule as datamodule_module
-from yolo11_lightning.data.datamodule import YOLODataModule
+import yolo11_lightning.training.datamodule as datamodule_module
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import DatasetError
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 TIMEOUT_S, DELAY_S = 1.0, 2.5
 

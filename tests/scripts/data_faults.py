@@ -105,7 +105,7 @@ class DropRecordOnRank(Callback):
     def __init__(self, rank: int, split: str, index: int) -> None:
         if int(os.environ.get("LOCAL_RANK", "0")) != rank:
             return
-        from yolo11_lightning.data import datamodule
+        from yolo11_lightning.training import datamodule
 
         original = datamodule.load_split
 

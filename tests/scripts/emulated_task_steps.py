@@ -18,9 +18,9 @@ from emulated_audit import StepAudit
 from lightning.pytorch.strategies import SingleDeviceStrategy
 
 from yolo11_lightning import YOLO11Module, YOLODataModule
-from yolo11_lightning.data.datamodule import dataset_kpt_shape
-from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
-from yolo11_lightning.training.lightning_cli import default_callbacks
+from yolo11_lightning.cli.lightning_cli import default_callbacks
+from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+from yolo11_lightning.training.datamodule import dataset_kpt_shape
 
 STEPS = 7
 

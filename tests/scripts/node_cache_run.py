@@ -23,10 +23,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
-from yolo11_lightning.data.batch import collate_detection
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.node_cache import PREFIX
+from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.training.datamodule import YOLODataModule
 
 
 class Tiny(L.LightningModule):

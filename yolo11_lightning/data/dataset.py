@@ -34,13 +34,11 @@ import torch
 from torch.utils.data import Dataset
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_sample
-from yolo11_lightning.data.augment.transforms import letterbox, xywhn_to_xyxy, xyxy_to_xywhn
-from yolo11_lightning.data.batch import image_tensor
-from yolo11_lightning.data.eval_shapes import eval_resized_shape, rect_batches
+from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
 from yolo11_lightning.data.images.loading import RecordImageLoader
-from yolo11_lightning.data.labels.instances import Instances
+from yolo11_lightning.data.rect_batches import eval_resized_shape, rect_batches
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
     pool_positions,
@@ -49,11 +47,16 @@ from yolo11_lightning.data.sampling.partner_pools import (
 from yolo11_lightning.data.sampling.sampler import epoch_order
 from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.records import ImageRecord
-from yolo11_lightning.tasks import get_task
-from yolo11_lightning.tasks.choice import check_available
+from yolo11_lightning.data.task_samples import TaskSamples
+from yolo11_lightning.structures.batch import image_tensor
+from yolo11_lightning.structures.boxes import xywhn_to_xyxy, xyxy_to_xywhn
+from yolo11_lightning.structures.instances import Instances
+from yolo11_lightning.structures.records import ImageRecord
 
 log = logging.getLogger(__name__)
+
+
+DETECTION = TaskSamples()  # detection's samples: boxes and classes
 
 
 class DetectionDataset(RecordImageLoader, Dataset):
@@ -115,7 +118,8 @@ class DetectionDataset(RecordImageLoader, Dataset):
         retry_backoff_s: first pause between reads, doubled after each failure.
         reduced_decode: in training, decode a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
             (see ``_read``); False always decodes fully, as evaluation does.
-        task: "detect", or "segment" for samples with instance masks (module docstring).
+        task: the run's task as the samples see it (``TaskSamples``; ``tasks.get_task(name)``), detection's by
+            default (module docstring).
         mask_overlap: segment task: one index map per image (True, the reference's default) or one 0/1
             mask per instance (False).
         max_image_pixels: an image of more pixels is unreadable (``images.io.ImageTooLargeError``, never
@@ -139,12 +143,11 @@ class DetectionDataset(RecordImageLoader, Dataset):
         retry_backoff_s: float = 0.05,
         reduced_decode: bool = True,
         eval_box_gain: str = "reference",
-        task: str = "detect",
+        task: TaskSamples = DETECTION,
         mask_overlap: bool = True,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     ) -> None:
-        self.task = get_task(task)  # a clear error naming the known tasks
-        check_available(task, f"task={task!r}")  # a task whose data is still to come: one-line TaskError
+        self.task = task
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")

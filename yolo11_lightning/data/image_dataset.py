@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo11_lightning.data.batch import image_tensor
 from yolo11_lightning.data.dataset import DetectionDataset
 from yolo11_lightning.data.images.io import ImageReadError
 from yolo11_lightning.data.sampling.seeds import sample_rng
+from yolo11_lightning.structures.batch import image_tensor
 
 __all__ = ["ImageDataset"]
 

@@ -18,9 +18,9 @@ from typing import Any
 
 import lightning as L
 
-from yolo11_lightning.data.datamodule import YOLODataModule
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import DEFAULT_TASK, get_task
+from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 

@@ -146,7 +146,7 @@ def _parity_check(model: YOLO11, path: Path, size: tuple[int, int], dynamic: boo
 
 def _accuracy_check(model: YOLO11, path: Path, size: tuple[int, int], args: argparse.Namespace) -> int:
     """``--check-data``: both mAPs on the dataset's val split; 1 when they differ by more than allowed."""
-    from yolo11_lightning.export.check import compare  # imports Lightning
+    from yolo11_lightning.export.check import compare
 
     try:
         result = compare(

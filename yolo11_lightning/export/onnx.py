@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from yolo11_lightning.export.metadata import metadata_props
 from yolo11_lightning.extras import require
+from yolo11_lightning.model_files.onnx_metadata import metadata_props
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.version import package_version

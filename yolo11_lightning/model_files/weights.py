@@ -42,7 +42,7 @@ from yolo11_lightning.model_files.reference import (
 from yolo11_lightning.model_files.torch_file import CheckpointError
 from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import DEFAULT_TASK, get_task
+from yolo11_lightning.tasks import DEFAULT_TASK, create_model, get_task
 
 __all__ = [
     "WEIGHTS_FORMAT",
@@ -185,7 +185,7 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     scale, num_classes, task = hparams.get("scale"), hparams.get("num_classes"), hparams.get("task")
     if scale is None or num_classes is None or task is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`/`task`")
-    model = YOLO11(
+    model = create_model(
         scale, int(num_classes), hparams.get("class_names"), task=task, kpt_shape=hparams.get("kpt_shape")
     )
     model.load_state_dict(ours, strict=True)

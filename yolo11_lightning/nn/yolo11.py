@@ -1,5 +1,5 @@
-"""YOLO11 at scales n/s/m/l/x: backbone and neck (or the backbone alone, for classification), with the head of
-its task (``tasks``), and BN fusion.
+"""YOLO11 at scales n/s/m/l/x: backbone and neck (or the backbone alone, for classification), the head a
+``HeadSpec`` builds (detection's by default; a task hands its own: ``tasks.create_model``), and BN fusion.
 
 Model files (weights-only files, reference ``.pt``, checkpoints) are read and written by ``model_files.weights``.
 """
@@ -7,17 +7,46 @@ Model files (weights-only files, reference ``.pt``, checkpoints) are read and wr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from yolo11_lightning.nn.attention import C2PSA
-from yolo11_lightning.nn.blocks import SPPF, C3k2, Concat, Conv
+from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM, SPPF, C3k2, Concat, Conv
 from yolo11_lightning.nn.head import Detect
 from yolo11_lightning.nn.scales import SCALES, scaled_channels
-from yolo11_lightning.tasks import get_task
+
+__all__ = ["YOLO11", "HeadBuilder", "HeadSpec"]
+
+# (num_classes, in channels per level, strides, reg_max, scale) -> the head module
+HeadBuilder = Callable[[int, Sequence[int], Sequence[int], int, str], nn.Module]
+
+
+def detect_head(
+    num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str
+) -> nn.Module:
+    """Detection's head on the maps of ``channels`` (P3/P4/P5)."""
+    return Detect(num_classes, channels, strides, reg_max)
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """What a task decides of the network: its name, which layers feed the head, the head, BatchNorm settings.
+
+    ``neck``: backbone and neck, the head after layers 16/19/22 (P3/P4/P5); False: the backbone alone, the head
+    after layer 9 (P5). ``batch_norm``: (eps, momentum) of every BatchNorm.
+    """
+
+    task: str = "detect"
+    neck: bool = True
+    build_head: HeadBuilder = detect_head
+    batch_norm: tuple[float, float] = (BN_EPS, BN_MOMENTUM)
+
+
+DETECTION = HeadSpec()
 
 # Layer index -> index of the earlier layer concatenated with the previous output (layer i-1).
 _CONCAT_FROM = {12: 6, 15: 4, 18: 13, 21: 10}
@@ -90,12 +119,12 @@ def _build_layers(scale: str, neck: bool = True) -> tuple[nn.ModuleList, list[in
 
 
 class YOLO11(nn.Module):
-    """YOLO11 for a task (``tasks``): detection (``task="detect"``), instance segmentation (``"segment"``),
-    keypoints (``"pose"``, with ``kpt_shape`` (K, D)), oriented boxes (``"obb"``), classification (``"classify"``).
+    """YOLO11 with the head of ``head`` (a ``HeadSpec``): detection by default; a task's model comes from
+    ``tasks.create_model(scale, num_classes, task=...)`` (segment, pose with ``kpt_shape`` (K, D), obb, classify).
 
-    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The task says which layers the network has
-    (``Task.neck``: backbone and neck, the head at layer 23 on P3/P4/P5; or the backbone alone, the head at
-    layer 10 on P5) and builds the head (``Task.build_head``), which decides the outputs. Detection. Train mode:
+    Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The spec says which layers the network has
+    (``neck``: backbone and neck, the head at layer 23 on P3/P4/P5; or the backbone alone, the head at layer 10
+    on P5) and builds the head, which decides the outputs. Detection. Train mode:
     list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32, box-distribution channels first, then
     class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels then sigmoid class scores, A = sum over
     levels of (H/s)·(W/s). The other tasks: their heads (``tasks/<task>/head.py``).
@@ -108,27 +137,26 @@ class YOLO11(nn.Module):
         scale: str = "n",
         num_classes: int = 80,
         names: list[str] | None = None,
-        task: str = "detect",
-        kpt_shape: Sequence[int] | None = None,
+        head: HeadSpec = DETECTION,
     ) -> None:
         super().__init__()
         if scale not in SCALES:
             raise ValueError(f"unknown YOLO11 scale {scale!r}; choose one of {', '.join(SCALES)}")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
-        spec = get_task(task)  # a clear error naming the known tasks
         self.scale = scale
-        self.task = task
-        self.kpt_shape = spec.check_kpt_shape(kpt_shape)  # (K, D) for pose, else None
-        self.layers, out = _build_layers(scale, spec.neck)
-        self._head_from = _HEAD_FROM if spec.neck else (len(self.layers) - 1,)
-        self.strides: tuple[int, ...] = _STRIDES if spec.neck else _STRIDES[-1:]
+        self.task = head.task
+        self.layers, out = _build_layers(scale, head.neck)
+        self._head_from = _HEAD_FROM if head.neck else (len(self.layers) - 1,)
+        self.strides: tuple[int, ...] = _STRIDES if head.neck else _STRIDES[-1:]
         ch = [out[i] for i in self._head_from]
-        self.head: Detect = spec.build_head(  # type: ignore[assignment]
-            num_classes, ch, self.strides, self.reg_max, scale, self.kpt_shape
+        self.head: Detect = head.build_head(  # type: ignore[assignment]
+            num_classes, ch, self.strides, self.reg_max, scale
         )
+        # (K, D) of a keypoint head, else None
+        self.kpt_shape: tuple[int, int] | None = getattr(self.head, "kpt_shape", None)
         self.names = self._check_names(names, num_classes)
-        eps, momentum = spec.batch_norm
+        eps, momentum = head.batch_norm
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 m.eps, m.momentum = eps, momentum

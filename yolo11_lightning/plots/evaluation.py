@@ -8,8 +8,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from yolo11_lightning.metrics.class_results import CONFIDENCES, RECALLS, KindResults
 from yolo11_lightning.plots._canvas import new_figure, to_rgb
-from yolo11_lightning.training.metrics.class_results import CONFIDENCES, RECALLS, KindResults
 
 _LEGEND_CLASSES = 20
 

@@ -1,6 +1,6 @@
 """Label statistics drawn with OpenCV: class histogram and box scatter plots (``check-data``, the fit start).
 
-All functions return (H, W, 3) uint8 RGB images; ``save_rgb`` from ``yolo11_lightning.visualize``
+All functions return (H, W, 3) uint8 RGB images; ``save_rgb`` from ``yolo11_lightning.plots.drawing``
 writes them.
 """
 
@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from yolo11_lightning.visualize import class_color
+from yolo11_lightning.plots.drawing import class_color
 
 _WHITE, _BLACK, _GREY = (255, 255, 255), (0, 0, 0), (200, 200, 200)
 _FONT = cv2.FONT_HERSHEY_SIMPLEX

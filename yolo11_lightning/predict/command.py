@@ -37,22 +37,12 @@ import torch
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
-from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
+from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.predict.sources import (
-    PredictionSource,
-    Source,
-    collate_prediction,
-    list_sources,
-)
-from yolo11_lightning.predict.writer import (
-    RESULTS_JSON,
-    RESULTS_JSONL,
-    PredictionWriter,
-    output_names,
-)
+from yolo11_lightning.predict.sources import PredictionSource, Source, collate_prediction, list_sources
+from yolo11_lightning.predict.writer import RESULTS_JSON, RESULTS_JSONL, PredictionWriter, output_names
 from yolo11_lightning.training.module import YOLO11Module
 
 

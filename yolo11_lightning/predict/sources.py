@@ -29,7 +29,6 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from yolo11_lightning.data.augment.transforms import letterbox
-from yolo11_lightning.data.batch import PredictionBatch, image_tensor, stack_images
 from yolo11_lightning.data.images.io import (
     DEFAULT_MAX_IMAGE_PIXELS,
     IMAGE_EXTENSIONS,
@@ -37,6 +36,7 @@ from yolo11_lightning.data.images.io import (
     pixel_limit,
     read_image,
 )
+from yolo11_lightning.structures.batch import PredictionBatch, image_tensor, stack_images
 
 VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mov", "mkv", "m4v", "webm", "mpg", "mpeg", "wmv", "asf", "gif"})
 

@@ -20,12 +20,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import BasePredictionWriter
 
-from yolo11_lightning.predict.sources import (
-    VIDEO_EXTENSIONS,
-    SkippedSourceWarning,
-    Source,
-)
-from yolo11_lightning.visualize import save_rgb
+from yolo11_lightning.plots.drawing import save_rgb
+from yolo11_lightning.predict.sources import VIDEO_EXTENSIONS, SkippedSourceWarning, Source
 
 RESULTS_JSON = "predictions.json"
 RESULTS_JSONL = "predictions.jsonl"

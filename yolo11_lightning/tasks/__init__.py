@@ -2,12 +2,14 @@
 
 A new task is its own files (a ``Task`` subclass and what it needs: head, loss, label fields, metric) and one
 entry in ``TASKS`` below; nothing else in the package names it (ARCHITECTURE.md, "A task").
-A task whose data, metrics, prediction or export are still to come says so in ``Task.not_yet``: its model, model
-files and loss work, and ``tasks.choice`` refuses runs of it. Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.choice``.
+Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.choice``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks.base import Task
 from yolo11_lightning.tasks.classify.task import ClassifyTask
 from yolo11_lightning.tasks.detect import DetectTask
@@ -15,7 +17,7 @@ from yolo11_lightning.tasks.obb.task import ObbTask
 from yolo11_lightning.tasks.pose.task import PoseTask
 from yolo11_lightning.tasks.segment.task import SegmentTask
 
-__all__ = ["DEFAULT_TASK", "TASKS", "Task", "get_task"]
+__all__ = ["DEFAULT_TASK", "TASKS", "Task", "create_model", "get_task"]
 
 # Registry order matters where a reference state dict is recognised by its keys (``Task.matches_reference``): the
 # first task that claims it has it (segmentation before pose and OBB, whose extra branch a Segment head also has).
@@ -31,3 +33,14 @@ def get_task(name: str) -> Task:
     if task is None:
         raise ValueError(f"unknown YOLO11 task {name!r}; choose one of {', '.join(TASKS)}")
     return task
+
+
+def create_model(
+    scale: str = "n",
+    num_classes: int = 80,
+    names: list[str] | None = None,
+    task: str = "detect",
+    kpt_shape: Sequence[int] | None = None,
+) -> YOLO11:
+    """A freshly initialised YOLO11 of ``task`` (``kpt_shape`` (K, D): pose only, (17, 3) when None)."""
+    return YOLO11(scale, num_classes, names, head=get_task(task).head_spec(kpt_shape))

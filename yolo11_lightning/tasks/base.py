@@ -39,31 +39,33 @@ Tasks reach the module (``training.module.YOLO11Module``) through its public met
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.data.batch import collate_detection
+from yolo11_lightning.data.task_samples import TaskSamples
 from yolo11_lightning.loss.detection import DetectionLoss
 from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM
 from yolo11_lightning.nn.head import Detect
+from yolo11_lightning.nn.yolo11 import HeadSpec
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.ops.postprocess import non_max_suppression
-from yolo11_lightning.visualize import draw_boxes
+from yolo11_lightning.plots.drawing import draw_boxes
+from yolo11_lightning.structures.batch import collate_detection
 
 if TYPE_CHECKING:
-    from yolo11_lightning.data.labels.instances import InstanceField, Instances
-    from yolo11_lightning.training.metrics.class_results import ClassResults
-    from yolo11_lightning.training.metrics.detection import DetectionMAP
+    from yolo11_lightning.metrics.class_results import ClassResults
+    from yolo11_lightning.metrics.detection import DetectionMAP
 
 __all__ = ["Task"]
 
 OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
 
 
-class Task:
+class Task(TaskSamples):
     """A YOLO11 task as every layer sees it (module docstring); detection's behaviour is the default."""
 
     name: ClassVar[str]
@@ -91,9 +93,6 @@ class Task:
     )
     reported_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95", "mAP50")  # ``export --check-data`` prints
     checked_metrics: ClassVar[tuple[str, ...]] = ("mAP50-95",)  # ... and holds to the allowed difference
-    label_fields: ClassVar[
-        tuple[type[InstanceField], ...]
-    ] = ()  # instance fields of the labels (``data.labels``)
     # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
     whole_image: ClassVar[bool] = False
     # what ``check-data`` calls the labels it counts: "180 boxes", "boxes per class"
@@ -133,6 +132,11 @@ class Task:
         """The head on the maps of ``channels`` (P3/P4/P5; ``scale`` for heads whose width follows it)."""
         return Detect(num_classes, channels, strides, reg_max)
 
+    def head_spec(self, kpt_shape: Sequence[int] | None = None) -> HeadSpec:
+        """What ``nn.yolo11.YOLO11`` needs to build this task's network (``kpt_shape`` checked here)."""
+        checked = self.check_kpt_shape(kpt_shape)
+        return HeadSpec(self.name, self.neck, partial(self.build_head, kpt_shape=checked), self.batch_norm)
+
     # ------------------------------------------------------------------------------------ model files
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
         """Whether a reference state dict (keys ``model.<i>...``) is this task's: it has ``reference_key``.
@@ -158,23 +162,11 @@ class Task:
         return global_batch
 
     # ------------------------------------------------------------------------------------ data
-    def sample_targets(
-        self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
-    ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """What a sample of ``image_shape`` (h, w) adds to its labels: (row order or None, extra sample keys).
-
-        ``options``: the data module's task options (``mask_overlap``)."""
-        return None, {}
-
     def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> Any:
         """A ``whole_image`` task's sample pipeline (``data.image_dataset.ImageDataset``): an object with
         ``load_shape(h, w)``, ``fit(image)`` (what the loader keeps) and ``__call__(image, seed)`` (the sample,
         (size, size, 3) uint8); ``options``: the data module's augmentation settings."""
         raise NotImplementedError(f"the {self.name} task augments boxes, not whole images")
-
-    def missing_targets(self, options: dict[str, Any]) -> dict[str, Any]:
-        """The extra keys of an evaluation sample whose image could not be read."""
-        return {}
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_detection(samples)
@@ -205,7 +197,7 @@ class Task:
 
     # ------------------------------------------------------------------------------------ evaluation
     def make_metric(self, class_names: list[str] | None, reference_style: bool = False) -> DetectionMAP:
-        from yolo11_lightning.training.metrics.detection import DetectionMAP
+        from yolo11_lightning.metrics.detection import DetectionMAP
 
         return DetectionMAP(class_names, reference_style=reference_style)
 
@@ -217,7 +209,7 @@ class Task:
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
         """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
         and the result pictures (``training.metrics.class_results``)."""
-        from yolo11_lightning.training.metrics.class_results import class_results
+        from yolo11_lightning.metrics.class_results import class_results
 
         return class_results(evaluation, names)
 

@@ -16,12 +16,13 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from torch import Tensor
 
-from yolo11_lightning.data.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.errors import UserInputError
-from yolo11_lightning.export.runtime import OnnxDetector, is_onnx_file, refuse_training
+from yolo11_lightning.metrics.class_results import ClassResults
+from yolo11_lightning.metrics.detection import DetectionMAP
+from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.nn.scales import SCALES
-from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import TASKS, get_task
+from yolo11_lightning.structures.batch import DetectionBatch, ImageBatch
+from yolo11_lightning.tasks import TASKS, create_model, get_task
 from yolo11_lightning.tasks.choice import check_available, choose_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
@@ -30,8 +31,6 @@ from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImag
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.faults import NonFiniteStepGuard
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
-from yolo11_lightning.training.metrics.class_results import ClassResults
-from yolo11_lightning.training.metrics.detection import DetectionMAP
 from yolo11_lightning.training.optim import (
     LRScaling,
     OptimizerName,
@@ -210,7 +209,7 @@ class YOLO11Module(L.LightningModule):
             if initial is not None:
                 initial["conf_threshold"] = self.task.validation_conf
         try:
-            self.model = YOLO11(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
+            self.model = create_model(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
         except ValueError as e:  # a kpt_shape for a task without keypoints, or not [K, D]
             raise UserInputError(f"model.kpt_shape: {e}") from None
         self.model.names = list(class_names) if class_names is not None else None

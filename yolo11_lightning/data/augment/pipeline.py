@@ -26,7 +26,7 @@ from yolo11_lightning.data.augment.transforms import (
     random_affine_matrix,
     warp_tiles,
 )
-from yolo11_lightning.data.labels.instances import Instances
+from yolo11_lightning.structures.instances import Instances
 
 
 @dataclass(frozen=True)

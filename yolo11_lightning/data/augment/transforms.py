@@ -14,32 +14,19 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from yolo11_lightning.structures.boxes import (
+    box_candidates,
+    clip_boxes,
+    flip_boxes_lr,
+    flip_boxes_ud,
+    transform_boxes,
+)
+
 FILL_VALUE = 114
 """Grey used for letterbox padding, the mosaic canvas and pixels an affine warp pulls from outside."""
 
 
 # ----------------------------------------------------------------------------------------------- box formats
-def xywhn_to_xyxy(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """(n, 4) normalised ``cx, cy, w, h`` -> (n, 4) float32 pixel ``x1, y1, x2, y2``."""
-    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    scale = np.array([width, height, width, height], dtype=np.float32)
-    half = boxes[:, 2:] / 2
-    return np.concatenate([boxes[:, :2] - half, boxes[:, :2] + half], axis=1) * scale
-
-
-def xyxy_to_xywhn(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """(n, 4) pixel ``x1, y1, x2, y2`` -> (n, 4) float32 ``cx, cy, w, h`` normalised by (width, height)."""
-    boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
-    scale = np.array([width, height, width, height], dtype=np.float32)
-    xywh = np.concatenate([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], axis=1)
-    return xywh / scale
-
-
-def clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """Clip (n, 4) pixel xyxy boxes to ``[0, width] x [0, height]`` (new array)."""
-    return np.clip(boxes, 0, np.array([width, height, width, height], dtype=np.float32))
-
-
 # ----------------------------------------------------------------------------------------------- resizing
 def resize_long_side(image: np.ndarray, size: int, scaleup: bool = True) -> tuple[np.ndarray, float]:
     """Resize so the longer side is ``size`` pixels, keeping the aspect ratio.
@@ -150,45 +137,6 @@ def warp_image(
     if matrix[2, 0] != 0 or matrix[2, 1] != 0:
         return cv2.warpPerspective(image, matrix, dsize=out_wh, borderValue=border)
     return cv2.warpAffine(image, matrix[:2], dsize=out_wh, borderValue=border)
-
-
-def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """Map (n, 4) xyxy boxes through a (3, 3) matrix: the extent of the four transformed corners."""
-    n = len(boxes)
-    if n == 0:
-        return np.zeros((0, 4), np.float32)
-    x1, y1, x2, y2 = boxes.T
-    corners = np.stack(
-        [np.stack([x1, x2, x1, x2], 1), np.stack([y1, y2, y2, y1], 1), np.ones((n, 4))], axis=-1
-    )  # (n, 4 corners, 3)
-    mapped = corners @ matrix.T
-    xy = mapped[..., :2] / mapped[..., 2:3]  # the divide is exact (by 1) for affine matrices
-    return np.concatenate([xy.min(1), xy.max(1)], axis=1).astype(np.float32)
-
-
-def box_candidates(
-    before: np.ndarray,
-    after: np.ndarray,
-    min_side: float = 2.0,
-    max_aspect: float = 100.0,
-    min_area_ratio: float = 0.1,
-    eps: float = 1e-16,
-) -> np.ndarray:
-    """Which boxes survive a warp: (n,) bool.
-
-    Keeps boxes whose sides both exceed ``min_side`` pixels, whose aspect ratio stays below ``max_aspect``,
-    and that keep more than ``min_area_ratio`` of their area ``before`` (already multiplied by the warp's
-    zoom, so only clipping counts). Both inputs are (n, 4) xyxy pixels.
-    """
-    w1, h1 = before[:, 2] - before[:, 0], before[:, 3] - before[:, 1]
-    w2, h2 = after[:, 2] - after[:, 0], after[:, 3] - after[:, 1]
-    aspect = np.maximum(w2 / (h2 + eps), h2 / (w2 + eps))
-    return (
-        (w2 > min_side)
-        & (h2 > min_side)
-        & (w2 * h2 / (w1 * h1 + eps) > min_area_ratio)
-        & (aspect < max_aspect)
-    )
 
 
 def apply_affine(
@@ -375,16 +323,6 @@ def mosaic_offsets(
 
 
 # ----------------------------------------------------------------------------------------------- flips, mixup
-def flip_boxes_lr(boxes: np.ndarray, width: float) -> np.ndarray:
-    """Mirror (n, 4) xyxy pixel boxes left-right in an image ``width`` pixels wide."""
-    return np.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], 1)
-
-
-def flip_boxes_ud(boxes: np.ndarray, height: float) -> np.ndarray:
-    """Mirror (n, 4) xyxy pixel boxes top-bottom in an image ``height`` pixels high."""
-    return np.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], 1)
-
-
 def flip_lr(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mirror left-right: image (new contiguous array) and (n, 4) xyxy boxes."""
     return cv2.flip(image, 1), flip_boxes_lr(boxes, image.shape[1])

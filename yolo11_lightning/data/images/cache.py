@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from yolo11_lightning.data.images.io import ImageReadError
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.records import ImageRecord
 
 log = logging.getLogger(__name__)
 

@@ -42,13 +42,13 @@ from yolo11_lightning.data.images.io import (
     ImageTooLargeError,
     probe_image,
 )
-from yolo11_lightning.data.labels.polygons import merge_parts
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport, check_keypoints, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, category_keypoints
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.rle import RLEError, decode_rle, mask_outline
+from yolo11_lightning.structures.polygons import merge_parts
+from yolo11_lightning.structures.records import ImageRecord
 
 _PROBE_FIRST = 20
 

@@ -14,7 +14,7 @@ from typing import overload
 
 import numpy as np
 
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.records import ImageRecord
 
 # The arrays, by name, as the label cache stores them (``arrays``, ``from_arrays``).
 FIELDS = (

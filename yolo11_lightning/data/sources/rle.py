@@ -12,7 +12,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from yolo11_lightning.data.labels.polygons import merge_parts
+from yolo11_lightning.structures.polygons import merge_parts
 
 __all__ = ["RLEError", "decode_counts", "decode_rle", "mask_outline"]
 

@@ -30,7 +30,7 @@ from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.packed_records import PackedRecords
-from yolo11_lightning.data.sources.records import SplitEntry
+from yolo11_lightning.data.sources.split_entry import SplitEntry
 
 __all__ = ["DataReport", "DatasetError", "dataset_config", "load_split", "split_name"]
 

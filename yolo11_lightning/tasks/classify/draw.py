@@ -8,8 +8,8 @@ import cv2
 import numpy as np
 from torch import Tensor
 
+from yolo11_lightning.plots.drawing import class_color
 from yolo11_lightning.tasks.classify.metric import top_classes
-from yolo11_lightning.visualize import class_color
 
 __all__ = ["draw_top_classes"]
 

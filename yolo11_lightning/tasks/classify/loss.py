@@ -1,7 +1,7 @@
 """YOLO11-cls loss: cross-entropy of the logits against the image labels, the mean over the global batch.
 
 ``loss, items = ClassificationLoss()(logits, labels)``: logits (B, nc) (the train-mode output of
-``YOLO11(scale, nc, task="classify")``), labels (B,) integer classes in [0, nc); ``items`` the detached (1,)
+``create_model(scale, nc, task="classify")``), labels (B,) integer classes in [0, nc); ``items`` the detached (1,)
 ``(cls,)``, equal to ``loss``. ``loss`` equals the reference's ``v8ClassificationLoss`` (``F.cross_entropy``, mean).
 
 World-size invariance: ``sum_over_ranks`` (as ``DetectionLoss``) receives ``[images, Σ cross-entropy]``; the loss

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torchmetrics import Metric
 
-from yolo11_lightning.training.metrics.class_results import ClassResults
+from yolo11_lightning.metrics.class_results import ClassResults
 
 __all__ = ["ClassificationAccuracy", "classification_results", "top_classes"]
 

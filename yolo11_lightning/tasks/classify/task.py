@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import numpy as np
 from torch import Tensor, nn
 
+from yolo11_lightning.metrics.class_results import ClassResults
 from yolo11_lightning.tasks.base import Task
 from yolo11_lightning.tasks.classify.augment import ClassifyAugment, ClassifyTransform
 from yolo11_lightning.tasks.classify.batch import collate_classification
@@ -24,7 +25,6 @@ from yolo11_lightning.tasks.classify.draw import draw_top_classes
 from yolo11_lightning.tasks.classify.head import Classify
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
 from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy, classification_results, top_classes
-from yolo11_lightning.training.metrics.class_results import ClassResults
 
 __all__ = ["ClassifyTask"]
 

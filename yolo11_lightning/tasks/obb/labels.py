@@ -21,8 +21,8 @@ from typing import ClassVar
 import cv2
 import numpy as np
 
-from yolo11_lightning.data.labels.polygons import Polygons
 from yolo11_lightning.data.sources.checks import degenerate_corners
+from yolo11_lightning.structures.polygons import Polygons
 
 __all__ = ["OBB_RESAMPLE_POINTS", "ObbCorners", "corner_problem", "rotated_boxes"]
 

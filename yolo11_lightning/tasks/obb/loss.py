@@ -4,7 +4,7 @@ The contract::
 
     loss, items = ObbLoss(num_classes)(preds, targets)
 
-* ``preds``: the train-mode output of ``YOLO11(scale, nc, task="obb")``, ``(maps, angles)``: the three level maps
+* ``preds``: the train-mode output of ``create_model(scale, nc, task="obb")``, ``(maps, angles)``: the three level maps
   (B, 4·reg_max + nc, H/s, W/s) and the angles (B, 1, A) in radians.
 * ``targets``: float (N, 7) rows ``[image_index, class, cx, cy, w, h, r]``: the rotated box's centre and size
   normalised to the input image (x and w by its width, y and h by its height), r in radians. Boxes under 2 pixels
@@ -111,7 +111,7 @@ class ObbLoss(DetectionLoss):
     def _check_preds(self, preds: Sequence) -> tuple[Sequence[Tensor], Tensor]:
         if not isinstance(preds, (tuple, list)) or len(preds) != 2 or not isinstance(preds[1], Tensor):
             raise ValueError(
-                "ObbLoss: preds must be the train-mode output (maps, angles) of YOLO11(task='obb'), got a "
+                "ObbLoss: preds must be the train-mode output (maps, angles) of create_model(task='obb'), got a "
                 f"{type(preds).__name__}"
             )
         maps, angles = preds

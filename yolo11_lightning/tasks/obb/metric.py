@@ -16,8 +16,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from yolo11_lightning.metrics.detection import DetectionMAP, Kind, ScoredBatch, image_ordered
 from yolo11_lightning.tasks.obb.rotated import probiou
-from yolo11_lightning.training.metrics.detection import DetectionMAP, Kind, ScoredBatch, image_ordered
 
 __all__ = ["ObbMAP", "targets_in_input"]
 

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from yolo11_lightning.data.sources.checks import check_outline
 from yolo11_lightning.data.sources.yolo import label_path_for
+from yolo11_lightning.plots.drawing import class_color, write_label
 from yolo11_lightning.tasks.detect import DetectTask
 from yolo11_lightning.tasks.obb.batch import collate_obb
 from yolo11_lightning.tasks.obb.head import OBB
@@ -28,11 +29,10 @@ from yolo11_lightning.tasks.obb.labels import ObbCorners, corner_problem, rotate
 from yolo11_lightning.tasks.obb.loss import ObbLoss
 from yolo11_lightning.tasks.obb.nms import rotated_nms
 from yolo11_lightning.tasks.obb.rotated import corners
-from yolo11_lightning.visualize import class_color, write_label
 
 if TYPE_CHECKING:
-    from yolo11_lightning.data.labels.instances import InstanceField, Instances
-    from yolo11_lightning.training.metrics.detection import DetectionMAP
+    from yolo11_lightning.metrics.detection import DetectionMAP
+    from yolo11_lightning.structures.instances import InstanceField, Instances
 
 log = logging.getLogger(__name__)
 

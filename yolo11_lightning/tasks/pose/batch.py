@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from yolo11_lightning.data.batch import DetectionBatch, collate_detection
+from yolo11_lightning.structures.batch import DetectionBatch, collate_detection
 
 __all__ = ["PoseBatch", "collate_pose"]
 

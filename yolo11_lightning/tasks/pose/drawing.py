@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from yolo11_lightning.ops.letterbox import letterbox_to_original
-from yolo11_lightning.visualize import class_color
+from yolo11_lightning.plots.drawing import class_color
 
 __all__ = ["COCO_SKELETON", "VISIBLE", "draw_keypoints", "keypoints_to_original", "skeleton"]
 

@@ -4,7 +4,7 @@ The contract::
 
     loss, items = PoseLoss(num_classes, kpt_shape)(preds, targets, keypoints)
 
-* ``preds``: the train-mode output of ``YOLO11(scale, nc, task="pose", kpt_shape=(K, D))``, ``(maps, keypoints)``:
+* ``preds``: the train-mode output of ``create_model(scale, nc, task="pose", kpt_shape=(K, D))``, ``(maps, keypoints)``:
   the three detection level maps (B, 4·reg_max + nc, H/s, W/s) and the raw keypoint channels (B, K·D, A).
 * ``targets``: float (N, 6) rows ``[image_index, class, cx, cy, w, h]``, box normalised to the input image.
 * ``keypoints``: float (N, K, D) or (N, K, 3), one row per targets row: x, y normalised to the input image[,
@@ -149,7 +149,7 @@ class PoseLoss(DetectionLoss):
     def _check_preds(self, preds: Sequence) -> tuple[Sequence[Tensor], Tensor]:
         if not isinstance(preds, (tuple, list)) or len(preds) != 2 or not isinstance(preds[1], Tensor):
             raise ValueError(
-                "PoseLoss: preds must be the train-mode output (maps, keypoints) of YOLO11(task='pose'), got a "
+                "PoseLoss: preds must be the train-mode output (maps, keypoints) of create_model(task='pose'), got a "
                 f"{type(preds).__name__}"
             )
         maps, raw = preds

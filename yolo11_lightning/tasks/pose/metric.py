@@ -25,8 +25,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from yolo11_lightning.metrics.detection import DetectionMAP, Kind, image_ordered
 from yolo11_lightning.tasks.pose.loss import keypoint_sigmas
-from yolo11_lightning.training.metrics.detection import DetectionMAP, Kind, image_ordered
 
 __all__ = ["PoseMAP", "keypoint_oks"]
 

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.data.labels.keypoints import Keypoints
 from yolo11_lightning.ops.letterbox import detections_to_original
+from yolo11_lightning.structures.keypoints import Keypoints
 from yolo11_lightning.tasks.detect import DetectTask
 from yolo11_lightning.tasks.pose.batch import collate_pose
 from yolo11_lightning.tasks.pose.drawing import draw_keypoints, keypoints_to_original
@@ -26,8 +26,8 @@ from yolo11_lightning.tasks.pose.head import Pose
 from yolo11_lightning.tasks.pose.loss import PoseLoss
 
 if TYPE_CHECKING:
-    from yolo11_lightning.data.labels.instances import InstanceField, Instances
-    from yolo11_lightning.training.metrics.detection import DetectionMAP
+    from yolo11_lightning.metrics.detection import DetectionMAP
+    from yolo11_lightning.structures.instances import InstanceField, Instances
 
 __all__ = ["DEFAULT_KPT_SHAPE", "PoseTask"]
 

@@ -4,7 +4,7 @@ The contract (what the data side and the model hand to the loss)::
 
     loss, items = SegmentationLoss(num_classes, overlap=True)(preds, targets, masks, targets_per_image)
 
-* ``preds``: the train-mode output of ``YOLO11(scale, nc, task="segment")``, a tuple
+* ``preds``: the train-mode output of ``create_model(scale, nc, task="segment")``, a tuple
   ``(maps, coefficients, protos)``:
 
   - ``maps``: the three detection level maps (B, 4·reg_max + nc, H/s, W/s), s = 8, 16, 32 (as detection);
@@ -188,7 +188,7 @@ class SegmentationLoss(DetectionLoss):
         if not isinstance(preds, (tuple, list)) or len(preds) != 3:
             raise ValueError(
                 "SegmentationLoss: preds must be the train-mode output (maps, coefficients, protos) of "
-                f"YOLO11(task='segment'), got a {type(preds).__name__}"
+                f"create_model(task='segment'), got a {type(preds).__name__}"
                 + (f" of {len(preds)} items" if isinstance(preds, (tuple, list)) else "")
             )
         maps, coefficients, protos = preds

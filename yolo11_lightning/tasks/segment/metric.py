@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from yolo11_lightning.training.metrics.detection import DetectionMAP, Kind, pair_iou_from_matrices
+from yolo11_lightning.metrics.detection import DetectionMAP, Kind, pair_iou_from_matrices
 
 __all__ = ["SegmentationMAP", "mask_iou"]
 

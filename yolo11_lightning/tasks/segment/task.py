@@ -17,8 +17,9 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.data.labels.polygons import Polygons
 from yolo11_lightning.nn.scales import scaled_channels
+from yolo11_lightning.plots.drawing import draw_masks
+from yolo11_lightning.structures.polygons import Polygons
 from yolo11_lightning.tasks.detect import DetectTask
 from yolo11_lightning.tasks.segment.batch import collate_segmentation
 from yolo11_lightning.tasks.segment.head import Segment
@@ -30,12 +31,11 @@ from yolo11_lightning.tasks.segment.mask_ops import (
     segment_image,
 )
 from yolo11_lightning.tasks.segment.masks import rasterize
-from yolo11_lightning.visualize import draw_masks
 
 if TYPE_CHECKING:
-    from yolo11_lightning.data.labels.instances import InstanceField, Instances
     from yolo11_lightning.loss.detection import DetectionLoss
-    from yolo11_lightning.training.metrics.detection import DetectionMAP
+    from yolo11_lightning.metrics.detection import DetectionMAP
+    from yolo11_lightning.structures.instances import InstanceField, Instances
 
 __all__ = ["NUM_MASKS", "PROTO_CHANNELS", "SegmentTask"]
 

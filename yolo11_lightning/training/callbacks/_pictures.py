@@ -7,7 +7,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 
-from yolo11_lightning.visualize import save_rgb
+from yolo11_lightning.plots.drawing import save_rgb
 
 
 def save(path: Path, image: np.ndarray) -> None:

@@ -27,8 +27,8 @@ import numpy as np
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 
+from yolo11_lightning.metrics.class_results import ClassResults
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint
-from yolo11_lightning.training.metrics.class_results import ClassResults
 
 log = logging.getLogger(__name__)
 

@@ -21,6 +21,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import create_model
 
 __all__ = ["FlopsSummary", "count_flops_in_summary"]
 
@@ -33,7 +34,7 @@ class _CountedSummary(Summary):
     def __init__(self, module: L.LightningModule, max_depth: int, image_size: int) -> None:
         detector: YOLO11 = getattr(module, _DETECTOR)
         with torch.device("meta"):
-            copy = YOLO11(
+            copy = create_model(
                 detector.scale, detector.num_classes, task=detector.task, kpt_shape=detector.kpt_shape
             )
         copy.eval()

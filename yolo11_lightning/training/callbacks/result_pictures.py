@@ -32,8 +32,8 @@ import lightning as L
 import numpy as np
 from lightning.pytorch.callbacks import Callback
 
+from yolo11_lightning.plots.drawing import image_grid
 from yolo11_lightning.training.callbacks._pictures import save, save_and_log
-from yolo11_lightning.visualize import image_grid
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +162,7 @@ class ResultPictures(Callback):
     def _draw_curves(self, trainer: L.Trainer, to_loggers: bool) -> None:
         """``results.png`` from the history; sent to the loggers at the end of fit only (they plot the same
         scalars per step themselves)."""
-        from yolo11_lightning.plots.training_curves import training_curves  # matplotlib: imported when drawn
+        from yolo11_lightning.plots.training_curves import training_curves
 
         start = time.monotonic()
         order = sorted(self.history, key=lambda n: (not n.startswith("train/"), n.startswith("lr/"), n))

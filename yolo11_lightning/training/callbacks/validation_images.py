@@ -10,8 +10,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 
+from yolo11_lightning.plots.drawing import image_grid
 from yolo11_lightning.training.callbacks._pictures import save_and_log
-from yolo11_lightning.visualize import image_grid
 
 log = logging.getLogger(__name__)
 

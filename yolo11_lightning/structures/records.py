@@ -2,24 +2,13 @@
 
 Sources (YOLO txt, COCO json) parse and check files into ``ImageRecord``s; the Dataset reads pixels
 and augments. Keeping this boundary small lets either side change without the other.
-
-Every format implements the same small interface: an ``open_entry(path, seen)`` function that claims a split
-entry of the dataset yaml (or returns None) and lists its files, and the ``SplitEntry`` it returns, which
-fingerprints those files for the label cache, says where its cache goes and parses them into records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from yolo11_lightning.data.sources.checks import DataReport
-    from yolo11_lightning.data.sources.config import DatasetConfig
 
 
 @dataclass
@@ -83,31 +72,3 @@ class ImageRecord:
     def num_polygons(self) -> int:
         """Instances that have a polygon."""
         return int((self.segment_sizes > 0).sum())
-
-
-class SplitEntry(Protocol):
-    """One entry of a split (a folder, an image list, a json file) as its format reads it."""
-
-    path: str
-
-    def has_images(self) -> bool:
-        """Whether the entry may yield images (False: an empty folder or list)."""
-        ...
-
-    def fingerprint(self, h: Any, image_dir: str) -> None:
-        """Feed what the entry's records depend on (file names, sizes, times) to the hash ``h``."""
-        ...
-
-    def cache_path(self, split: str) -> Path:
-        """Where the label cache of a split starting with this entry goes (beside its labels)."""
-        ...
-
-    def parse(
-        self, config: DatasetConfig, split: str, report: DataReport, workers: int, max_pixels: int | None
-    ) -> tuple[Sequence[ImageRecord], list[str]]:
-        """Checked records (a ``PackedRecords``; problems go to ``report``) and extra files whose changes
-        invalidate the cache, using up to ``workers`` threads or processes.
-
-        An image above ``max_pixels`` (None or 0: no limit) is skipped, read no further than its header.
-        """
-        ...

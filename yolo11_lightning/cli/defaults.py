@@ -1,6 +1,6 @@
 """Our training defaults beside the reference trainer's, one row per setting, with the reason where they differ.
 
-``python -m yolo11_lightning.training.defaults`` prints the table that ``docs/defaults.md`` holds; a test checks
+``python -m yolo11_lightning.cli.defaults`` prints the table that ``docs/defaults.md`` holds; a test checks
 the reference column against the oracle's default configuration and our column against the live defaults
 (``YOLO11Module``, ``YOLODataModule`` and the CLI's Trainer defaults), so neither side can drift unnoticed.
 """
@@ -103,8 +103,8 @@ def our_default(key: str) -> Any:
     """The live default of ``model.x``, ``data.x`` or ``trainer.x`` (the CLI's Trainer defaults, else Lightning's)."""
     from lightning.pytorch import Trainer
 
-    from yolo11_lightning.data.datamodule import YOLODataModule
-    from yolo11_lightning.training.lightning_cli import TRAINER_DEFAULTS
+    from yolo11_lightning.cli.lightning_cli import TRAINER_DEFAULTS
+    from yolo11_lightning.training.datamodule import YOLODataModule
     from yolo11_lightning.training.module import YOLO11Module
 
     group, name = key.split(".", 1)

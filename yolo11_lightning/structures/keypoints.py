@@ -14,8 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from yolo11_lightning.data.labels.instances import InstanceField
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.instances import InstanceField
+from yolo11_lightning.structures.records import ImageRecord
 
 __all__ = ["Keypoints"]
 

@@ -25,13 +25,8 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo11_lightning.data.synthetic._folder import SPLITS
-from yolo11_lightning.data.synthetic.painter import (
-    SYNTHETIC_CLASS_NAMES,
-    background,
-    class_colour,
-    shape_mask,
-)
+from yolo11_lightning.synthetic._folder import SPLITS
+from yolo11_lightning.synthetic.painter import SYNTHETIC_CLASS_NAMES, background, class_colour, shape_mask
 
 __all__ = ["classes_sample", "make_classes_dataset"]
 

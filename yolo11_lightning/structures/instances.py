@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from yolo11_lightning.data.augment.transforms import (
+from yolo11_lightning.structures.boxes import (
     box_candidates,
     clip_boxes,
     flip_boxes_lr,
@@ -27,7 +27,7 @@ from yolo11_lightning.data.augment.transforms import (
     transform_boxes,
     xywhn_to_xyxy,
 )
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.records import ImageRecord
 
 __all__ = ["InstanceField", "Instances"]
 

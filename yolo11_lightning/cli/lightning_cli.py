@@ -23,12 +23,11 @@ from lightning.pytorch.strategies.launchers.subprocess_script import _Subprocess
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
-from yolo11_lightning.data.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
+from yolo11_lightning.cli.packaged_configs import packaged_config_names
 from yolo11_lightning.data.loader_workers import end_loader_workers
 from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
-from yolo11_lightning.export.runtime import is_onnx_file
+from yolo11_lightning.model_files.onnx_runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
-from yolo11_lightning.packaged_configs import packaged_config_names
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
@@ -44,6 +43,7 @@ from yolo11_lightning.training.checkpointing import (
     find_last_checkpoint,
     use_atomic_checkpoints,
 )
+from yolo11_lightning.training.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
 from yolo11_lightning.training.loggers import (
     CodeVersion,
     VersionedSaveConfig,

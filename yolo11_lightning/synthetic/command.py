@@ -10,9 +10,9 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from yolo11_lightning.data.synthetic.hard import make_hard_synthetic_dataset
-from yolo11_lightning.data.synthetic.painter import SYNTHETIC_CLASS_NAMES
-from yolo11_lightning.data.synthetic.shapes import SYNTHETIC_COCO_YAML, make_synthetic_dataset
+from yolo11_lightning.synthetic.hard import make_hard_synthetic_dataset
+from yolo11_lightning.synthetic.painter import SYNTHETIC_CLASS_NAMES
+from yolo11_lightning.synthetic.shapes import SYNTHETIC_COCO_YAML, make_synthetic_dataset
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 
 
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )  # fmt: skip
     p.add_argument(
         "--hard", action="store_true",
-        help="the harder set of yolo11_lightning.data.synthetic.hard (5 look-alike classes, clutter, "
+        help="the harder set of yolo11_lightning.synthetic.hard (5 look-alike classes, clutter, "
         "overlaps; --classes and --coco do not apply)",
     )  # fmt: skip
     args = p.parse_args(argv)

@@ -29,14 +29,14 @@ import cv2
 import numpy as np
 
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
-from yolo11_lightning.data.labels.polygons import letterbox_polygons, to_pixels
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.sources.records import ImageRecord
 from yolo11_lightning.data.sources.split import dataset_config, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
+from yolo11_lightning.plots.drawing import draw_boxes, image_grid, save_rgb
 from yolo11_lightning.plots.labels import box_scatter, class_histogram
+from yolo11_lightning.structures.polygons import letterbox_polygons, to_pixels
+from yolo11_lightning.structures.records import ImageRecord
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
-from yolo11_lightning.visualize import draw_boxes, image_grid, save_rgb
 
 REQUIRED_SPLITS = ("train", "val")
 PREVIEW_TILE = 320  # preview tiles are shrunk to this side so a 16-image grid stays small

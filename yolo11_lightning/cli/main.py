@@ -27,11 +27,11 @@ from yolo11_lightning.training.cpu_threads import spin_briefly
 
 # command -> "module:function"; each function takes argv (without the command) and returns an exit code.
 UTILITY_COMMANDS = {
-    "info": "yolo11_lightning.nn.summary:main",
-    "synthetic": "yolo11_lightning.data.synthetic.command:main",
-    "check-data": "yolo11_lightning.data.check_data:main",
+    "info": "yolo11_lightning.cli.info:main",
+    "synthetic": "yolo11_lightning.synthetic.command:main",
+    "check-data": "yolo11_lightning.cli.check_data:main",
     "export": "yolo11_lightning.export.command:main",
-    "configs": "yolo11_lightning.packaged_configs:main",
+    "configs": "yolo11_lightning.cli.packaged_configs:main",
 }
 # `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.
 PREDICT_SOURCE_COMMAND = "yolo11_lightning.predict.command:main"
@@ -99,7 +99,7 @@ def _run_command(command: str, rest: list[str], from_shell: bool) -> int:
     if command == "predict" and _wants_predict_utility(rest):
         return _run_utility(PREDICT_SOURCE_COMMAND, rest)
     if command in LIGHTNING_COMMANDS:
-        from yolo11_lightning.training.lightning_cli import run_lightning_cli
+        from yolo11_lightning.cli.lightning_cli import run_lightning_cli
 
         # From the shell, LightningCLI reads sys.argv itself (passing it again makes it warn); from Python,
         # the given argv is the command line.

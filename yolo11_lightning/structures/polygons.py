@@ -23,9 +23,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from yolo11_lightning.data.augment.transforms import xywhn_to_xyxy
-from yolo11_lightning.data.labels.instances import InstanceField
-from yolo11_lightning.data.sources.records import ImageRecord
+from yolo11_lightning.structures.boxes import xywhn_to_xyxy
+from yolo11_lightning.structures.instances import InstanceField
+from yolo11_lightning.structures.records import ImageRecord
 
 __all__ = [
     "RESAMPLE_POINTS",

@@ -1,7 +1,7 @@
 """A harder synthetic detection set: look-alike shapes, small and overlapping, on cluttered backgrounds.
 
 Meant for convergence benchmarks that must be able to show a gap between two trainers; the quickstart
-and the tests keep the easy set of :mod:`yolo11_lightning.data.synthetic.shapes`. What makes it hard:
+and the tests keep the easy set of :mod:`yolo11_lightning.synthetic.shapes`. What makes it hard:
 
 - look-alike classes: circle vs ring, square vs cross, triangle (a third outline), drawn with random
   colours that carry no class information, at a contrast that varies per object;
@@ -15,7 +15,7 @@ and the tests keep the easy set of :mod:`yolo11_lightning.data.synthetic.shapes`
 - non-square images (``image_size=(height, width)``, default 192 x 256).
 
 Deterministic: image i of a split depends only on (seed, split, i). The folder layout and the reuse of an
-already generated folder are those of :func:`yolo11_lightning.data.synthetic.shapes.make_synthetic_dataset`.
+already generated folder are those of :func:`yolo11_lightning.synthetic.shapes.make_synthetic_dataset`.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
+from yolo11_lightning.synthetic._folder import SPLITS, already_written
 
 HARD_CLASS_NAMES = ("circle", "ring", "square", "cross", "triangle")
 _MARKER = "synthetic_hard.json"

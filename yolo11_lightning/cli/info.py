@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import TASKS, get_task
+from yolo11_lightning.tasks import TASKS, create_model, get_task
 
 # Task -> (words in the header, suffix of the model names, as the reference files are named).
 
@@ -45,7 +45,7 @@ def summarize(
 ) -> dict[str, float]:
     """Layers (leaf modules, as the reference counts them), parameters and GFLOPs of one scale and task."""
     with torch.device("meta"):
-        model = YOLO11(scale, num_classes, task=task)
+        model = create_model(scale, num_classes, task=task)
     layers = sum(1 for m in model.modules() if not m._modules)
     params = sum(p.numel() for p in model.parameters())
     conv, total = count_flops(model.fuse(), imgsz)  # fused: BN is free at inference

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from yolo11_lightning.export.metadata import OnnxModelInfo, read_metadata
 from yolo11_lightning.extras import require
+from yolo11_lightning.model_files.onnx_metadata import OnnxModelInfo, read_metadata
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
 __all__ = ["OnnxDetector", "is_onnx_file", "refuse_training"]

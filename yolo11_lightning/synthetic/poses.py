@@ -28,8 +28,8 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
-from yolo11_lightning.data.synthetic.painter import SYNTHETIC_CLASS_NAMES
+from yolo11_lightning.synthetic._folder import SPLITS, already_written
+from yolo11_lightning.synthetic.painter import SYNTHETIC_CLASS_NAMES
 
 __all__ = [
     "FLIP_IDX", "KEYPOINT_NAMES", "SKELETON", "SYNTHETIC_KPT_SHAPE", "make_synthetic_pose_dataset", "pose_sample",

@@ -35,11 +35,11 @@ import cv2
 import numpy as np
 import yaml
 
-from yolo11_lightning.data.labels.keypoints import Keypoints
-from yolo11_lightning.data.labels.polygons import Polygons
-from yolo11_lightning.data.synthetic._folder import SPLITS, already_written
-from yolo11_lightning.data.synthetic.classes import make_classes_dataset
-from yolo11_lightning.data.synthetic.painter import (
+from yolo11_lightning.structures.keypoints import Keypoints
+from yolo11_lightning.structures.polygons import Polygons
+from yolo11_lightning.synthetic._folder import SPLITS, already_written
+from yolo11_lightning.synthetic.classes import make_classes_dataset
+from yolo11_lightning.synthetic.painter import (
     SYNTHETIC_CLASS_NAMES,
     ShapeParams,
     boxes_sample,
@@ -47,7 +47,7 @@ from yolo11_lightning.data.synthetic.painter import (
     outlines_sample,
     polygon_area,
 )
-from yolo11_lightning.data.synthetic.poses import make_synthetic_pose_dataset
+from yolo11_lightning.synthetic.poses import make_synthetic_pose_dataset
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.obb.labels import ObbCorners
 

@@ -44,13 +44,9 @@ from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, Sh
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, MissingSplitError
 from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
-from yolo11_lightning.data.synthetic.poses import SYNTHETIC_KPT_SHAPE
-from yolo11_lightning.data.synthetic.shapes import (
-    SYNTHETIC_YAML,
-    make_synthetic_dataset,
-    synthetic_class_names,
-)
 from yolo11_lightning.errors import UserInputError
+from yolo11_lightning.synthetic.poses import SYNTHETIC_KPT_SHAPE
+from yolo11_lightning.synthetic.shapes import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
 
@@ -442,7 +438,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             mosaic_until_epoch=self.mosaic_until_epoch if augment else None,
             **partners,
             eval_box_gain=self.eval_box_gain,
-            task=self.task,
+            task=self.task_spec,
             mask_overlap=self.mask_overlap,
             max_image_pixels=self.max_image_pixels,
             **whole,

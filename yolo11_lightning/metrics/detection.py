@@ -34,14 +34,13 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchvision.ops import box_convert
 
-from yolo11_lightning.ops.letterbox import detections_to_original, letterbox_to_original
-from yolo11_lightning.training.metrics.class_results import (
+from yolo11_lightning.metrics.class_results import (
     CONFUSION_MIN_SCORE,
     Evaluation,
     KindEvaluation,
     confusion_pairs,
 )
-from yolo11_lightning.training.metrics.coco import (
+from yolo11_lightning.metrics.coco import (
     coco_box_iou,
     coco_boxes,
     coco_match,
@@ -49,12 +48,8 @@ from yolo11_lightning.training.metrics.coco import (
     coco_summary,
     group_ranks,
 )
-from yolo11_lightning.training.metrics.reference_ap import (
-    IOU_THRESHOLDS,
-    as_tensor,
-    match_pairs,
-    precision_curves,
-)
+from yolo11_lightning.metrics.reference_ap import IOU_THRESHOLDS, as_tensor, match_pairs, precision_curves
+from yolo11_lightning.ops.letterbox import detections_to_original, letterbox_to_original
 
 # Columns of a detection row; each kind adds one column of match flags (bit t: a match at IoU threshold t,
 # bit 10: a match at IoU 0.5 by the reference's rule, what the per-class P/R/F1 curves count).
