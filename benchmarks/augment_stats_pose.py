@@ -2,7 +2,7 @@
 
     python benchmarks/augment_stats_pose.py --samples 3000 --image-size 128
 
-The synthetic pose set (``data.synthetic.poses``: upright figures, head / left and right hands / left and right
+The synthetic pose set (``synthetic.poses``: upright figures, head / left and right hands / left and right
 feet, ``flip_idx`` [0, 2, 1, 4, 3]) read by each side's training dataset with its defaults (mosaic 1.0, scale
 0.5, translate 0.1, fliplr 0.5 with ``flip_idx``; the oracle: its default configuration with imgsz and task pose)
 in a shuffled order over several epochs. Reported beside ``augment_stats.py``'s box figures: keypoint visibility

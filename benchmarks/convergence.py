@@ -62,7 +62,7 @@ import _common as C
 import _fit as F
 import torch
 
-from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.model_files.weights import load_model
 
 RECIPE = {"lr0": 0.01, "warmup_epochs": 1.0, "close_mosaic": 2}  # the easy mode's recipe
 SGD_RECIPE = {"optimizer": "SGD", "lr0": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 3.0}
@@ -99,7 +99,7 @@ def _score(model_state: dict, yaml: str, image_size: int, workdir: Path) -> floa
 
     data = YOLODataModule(dataset=yaml, batch_size=BATCH, image_size=image_size, num_workers=0)
     module = YOLO11Module(scale="n", num_classes=data.num_classes, class_names=data.class_names, log_images=0)
-    module.model.load_state_dict(from_reference(model_state).state_dict())
+    module.model.load_state_dict(load_model(model_state).state_dict())
     return _validate(module, yaml, image_size, workdir)
 
 

@@ -1,5 +1,5 @@
 """Pose convergence: yolo11n-pose from scratch, ours beside the oracle's ``PoseTrainer``, on the synthetic pose set
-(``data.synthetic.poses``: figures of 5 keypoints, some occluded or unlabelled, ``flip_idx``), each side's
+(``synthetic.poses``: figures of 5 keypoints, some occluded or unlabelled, ``flip_idx``), each side's
 defaults (only data, epochs, image size, batch, loader workers and seed set), equal epochs, several seeds::
 
     nice -n 10 python benchmarks/convergence_pose.py --epochs 10 --train 256 --val 64 --image-size 128 --seeds 0 1 2

@@ -26,7 +26,7 @@ import _common as C
 import torch
 from torch import nn
 
-from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.model_files.weights import load_model
 
 
 def _eval_step(model: nn.Module, x: torch.Tensor) -> Callable[[], None]:
@@ -84,7 +84,7 @@ def main() -> None:
     for scale in scales:
         torch.manual_seed(0)
         ref = DetectionModel(f"yolo11{scale}.yaml", nc=80, verbose=False)
-        ours = from_reference(ref.state_dict())  # same weights
+        ours = load_model(ref.state_dict())  # same weights
         ref.to(device), ours.to(device)
         for size in sizes:
             x = torch.rand(batch, 3, size, size, device=device)

@@ -8,7 +8,7 @@ Both sides validate the same synthetic images with the same weights: a reference
 built with a fixed seed, its BatchNorm statistics measured on the images and its class biases set so
 that about ``--candidates`` (anchor, class) pairs per image score above the 0.001 threshold (the load
 NMS and the metric see in early training; see ``make_weights``), converted to ours with
-``model_files.weights.from_reference``. Ours is ``Trainer.validate`` (letterbox, uint8 batches, the module's NMS,
+``load_model``. Ours is ``Trainer.validate`` (letterbox, uint8 batches, the module's NMS,
 the torchmetrics/faster-coco-eval mAP); the oracle is ultralytics' ``DetectionValidator`` called with the
 model (it fuses Conv+BN first). Timed from the loop start to the end of the mAP computation, the same
 torch threads, 0 loader workers (the oracle forces 0 on CPU). Each run is a fresh process, rounds
@@ -31,7 +31,7 @@ from typing import Any
 import _common as C
 import torch
 
-from yolo11_lightning.model_files.weights import from_reference, save_weights
+from yolo11_lightning.model_files.weights import load_model, save_weights
 
 
 def make_weights(
@@ -82,7 +82,7 @@ def make_weights(
         workdir / f"ours_{scale}_{image_size}.weights",
     )
     torch.save({"model": ref, "train_args": {}}, ref_path)
-    save_weights(from_reference(ref.state_dict()), ours_path)
+    save_weights(load_model(ref.state_dict()), ours_path)
     return ref_path, ours_path, bias
 
 

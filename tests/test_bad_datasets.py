@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.cli.main import check_data
+from yolo11_lightning.cli import check_data
 from yolo11_lightning.data.sources.split import dataset_config, load_split
 from yolo11_lightning.data.sources.task_hint import dataset_task
 

@@ -13,7 +13,7 @@ from model_oracle import reference_eval, reference_model, run_without_reference,
 
 from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.reference import CheckpointError, rename_key
-from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.model_files.weights import load_model
 
 # Non-square and small: cheap, and catches any H/W mix-up in the anchors.
 INPUT_SHAPE = (2, 3, 64, 96)
@@ -22,10 +22,10 @@ REF_KEYS = {"n": 499, "s": 499, "m": 649, "l": 1015, "x": 1015}
 _LOAD_AND_RUN = """
 import json, torch
 from yolo11_lightning import YOLO11
-from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.model_files.weights import load_model
 results = {}
 for name in NAMES:
-    model = from_reference(f"{name}.pt").eval()
+    model = load_model(f"{name}.pt").eval()
     with torch.no_grad():
         out = model(torch.load(f"{name}.x.pt"))
     torch.save(out, f"{name}.ours.pt")
@@ -98,7 +98,7 @@ def test_plain_state_dict_and_ema_entry(tmp_path):
     ref = reference_model("n", 5, seed=3)
     x = torch.rand(1, 3, 64, 64)
     # A plain (fp32) reference state dict: outputs match without the fp16 round trip, train mode too.
-    ours = from_reference(ref.state_dict())
+    ours = load_model(ref.state_dict())
     assert (ours.scale, ours.num_classes, ours.names) == ("n", 5, None)
     ref.train(), ours.train()
     with torch.no_grad():
@@ -108,7 +108,7 @@ def test_plain_state_dict_and_ema_entry(tmp_path):
         torch.testing.assert_close(ours(x), ref(x)[0], atol=1e-3, rtol=1e-5)
     # Training checkpoints keep the weights under 'ema' with 'model' None; the reference reads ema first.
     torch.save({"model": None, "ema": ref.half()}, tmp_path / "last.pt")
-    assert from_reference(tmp_path / "last.pt").num_classes == 5
+    assert load_model(tmp_path / "last.pt").num_classes == 5
 
 
 def test_restricted_reader_returns_exactly_what_torch_reads(tmp_path):
@@ -170,7 +170,7 @@ def test_file_that_would_run_code_is_refused(tmp_path, payload, fmt):
     with pytest.raises(
         CheckpointError, match=r"evil\.pt.*refusing to load global '(posix\.system|builtins\.eval)'"
     ):
-        from_reference(path)
+        load_model(path)
     assert not marker.exists()
 
 
@@ -180,14 +180,14 @@ def test_truncated_file_gets_clear_error(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(CheckpointError, match=r"yolo11n\.pt: not a readable torch checkpoint \(truncated"):
-        from_reference(path)
+        load_model(path)
 
 
 def test_other_architectures_get_clear_errors(tmp_path):
     torchvision = pytest.importorskip("torchvision")
     torch.save(torchvision.models.resnet18().state_dict(), tmp_path / "resnet18.pt")
     with pytest.raises(CheckpointError, match=r"resnet18\.pt: not a reference YOLO state dict.*conv1"):
-        from_reference(tmp_path / "resnet18.pt")
+        load_model(tmp_path / "resnet18.pt")
     # Right key names and shapes but one: the error names that key as the file spells it.
     with torch.device("meta"):
         shapes = {k: v.shape for k, v in YOLO11("n").state_dict().items()}
@@ -197,17 +197,17 @@ def test_other_architectures_get_clear_errors(tmp_path):
     }
     wrong["model.4.cv2.conv.weight"] = torch.zeros(64, 96, 3, 3)
     with pytest.raises(CheckpointError, match=r"scale n: 'model\.4\.cv2\.conv\.weight' is \(64, 96, 3, 3\)"):
-        from_reference(wrong)
+        load_model(wrong)
     del wrong["model.4.cv2.conv.weight"]
     with pytest.raises(CheckpointError, match=r"missing key 'model\.4\.cv2\.conv\.weight'"):
-        from_reference(wrong)
+        load_model(wrong)
     with pytest.raises(CheckpointError, match=r"not a state dict: entry 'x' is a str"):
-        from_reference({"x": "y"})
+        load_model({"x": "y"})
     with pytest.raises(CheckpointError, match="no such checkpoint file"):
-        from_reference(tmp_path / "missing.pt")
+        load_model(tmp_path / "missing.pt")
     torch.save([1, 2, 3], tmp_path / "list.pt")
     with pytest.raises(CheckpointError, match=r"list\.pt: expected a dict"):
-        from_reference(tmp_path / "list.pt")
+        load_model(tmp_path / "list.pt")
 
 
 def test_other_yolo_family_model_is_rejected(tmp_path):
@@ -215,4 +215,4 @@ def test_other_yolo_family_model_is_rejected(tmp_path):
     v8 = tasks.DetectionModel("yolov8n.yaml", nc=80, verbose=False)
     save_like_release(v8, tmp_path / "yolov8n.pt")
     with pytest.raises(CheckpointError, match=r"yolov8n\.pt\['model'\].*not a YOLO11 detection checkpoint"):
-        from_reference(tmp_path / "yolov8n.pt")
+        load_model(tmp_path / "yolov8n.pt")

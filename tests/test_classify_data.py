@@ -72,7 +72,7 @@ def test_check_data_reports_an_image_folder_in_class_labels(
 ) -> None:
     """``check-data`` on an ImageFolder root speaks of class labels (the task's ``label_noun``), not of boxes or
     background images; its pictures are the class histogram without a box scatter."""
-    from yolo11_lightning.cli.main import check_data
+    from yolo11_lightning.cli import check_data
 
     args = ["--dataset", str(folder), "--no-cache", "--out", str(tmp_path), "--imgsz", "64", "--samples", "2"]
     assert check_data.main(args) == 0

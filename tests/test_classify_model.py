@@ -14,13 +14,7 @@ import torch
 from model_oracle import reference_task_model, save_like_release
 
 from yolo11_lightning import YOLO11
-from yolo11_lightning.model_files.weights import (
-    from_reference,
-    load_model,
-    load_pretrained,
-    load_weights,
-    save_weights,
-)
+from yolo11_lightning.model_files.weights import load_model, load_pretrained, save_weights
 from yolo11_lightning.nn.attention import C2PSA
 from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.classify.head import Classify
@@ -49,7 +43,7 @@ def test_eval_outputs_equal_the_reference_on_its_weights() -> None:
     ref = reference_task_model("classify", "n", 10, seed=4).eval()
     with torch.no_grad():
         ref.model[-1].linear.weight.mul_(30)  # spread the logits: a non-trivial comparison
-    ours = from_reference(ref.state_dict()).eval()
+    ours = load_model(ref.state_dict()).eval()
     assert (ours.task, ours.num_classes, ours.strides) == ("classify", 10, (32,))
     # The reference's classifier keeps PyTorch's BatchNorm settings (its detectors set eps 1e-3, momentum 0.03).
     assert {(m.eps, m.momentum) for m in ours.modules() if isinstance(m, torch.nn.BatchNorm2d)} == {
@@ -86,7 +80,7 @@ def test_reference_files_and_our_files(tmp_path: Path) -> None:
     assert (got - expected).abs().max() <= 1e-3
     save_weights(ours, tmp_path / "cls.pth")
     with torch.no_grad():
-        torch.testing.assert_close(load_weights(tmp_path / "cls.pth")(x), got)
+        torch.testing.assert_close(load_model(tmp_path / "cls.pth")(x), got)
     fused = copy.deepcopy(ours).fuse()
     with torch.no_grad():
         torch.testing.assert_close(fused(x), got, atol=1e-5, rtol=1e-4)
@@ -96,7 +90,7 @@ def test_reference_files_and_our_files(tmp_path: Path) -> None:
     with pytest.raises(
         ValueError, match=r"holds a classification model .*ClassificationModel.*not a detection model"
     ):
-        load_model(path)
+        load_model(path, task="detect")
 
 
 def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
@@ -105,7 +99,7 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
     det_file = save_like_release(det, tmp_path / "det.pt")
     model = create_model("n", 1000, task="classify")
     load_pretrained(model, det_file, strict=False, warn=lambda m: None)
-    reference = from_reference(det_file).state_dict()
+    reference = load_model(det_file).state_dict()
     for key in ("layers.0.conv.weight", "layers.8.m.0.m.0.cv1.conv.weight"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
     cls_file = save_like_release(reference_task_model("classify", "n", 1000), tmp_path / "cls.pt")

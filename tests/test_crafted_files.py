@@ -239,14 +239,13 @@ def npz_cases() -> dict[str, bytes]:
 def _loaders():
     """name -> callable(path): every public way a user's file gets loaded."""
     from yolo11_lightning import YOLO11Module
-    from yolo11_lightning.model_files.weights import from_reference, load_model, load_weights
+    from yolo11_lightning.model_files.weights import load_model
     from yolo11_lightning.training.checkpointing import AtomicCheckpointIO
     from yolo11_lightning.training.run_identity import CheckpointSummary
 
     return {
-        "from_reference": from_reference,
-        "export.load_model": load_model,
-        "export.load_weights": load_weights,
+        "load_model": load_model,
+        "load_model(task='detect')": lambda p: load_model(p, task="detect"),
         "--model.weights": lambda p: YOLO11Module(scale="n", num_classes=3, weights=str(p)),
         "AtomicCheckpointIO.load_checkpoint": lambda p: AtomicCheckpointIO().load_checkpoint(p),
         "YOLO11Module.load_from_checkpoint": lambda p: YOLO11Module.load_from_checkpoint(p),

@@ -96,7 +96,7 @@ def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scal
         np.testing.assert_allclose(back, original * wh, atol=1e-3)
         # The padding is grey and the picture sits where the metadata says.
         img = sample["image"].permute(1, 2, 0).numpy()
-        # The reference validator's short side: rounded up (data.eval_shapes), so w * scale may be off by one.
+        # The reference validator's short side: rounded up (data.rect_batches), so w * scale may be off by one.
         inner_h, inner_w, _ = eval_resized_shape(rec.height, rec.width, SIZE, scaleup)
         assert (img[: int(top)] == 114).all() and (img[:, : int(left)] == 114).all()
         assert (img[int(top) + inner_h :] == 114).all() and (img[:, int(left) + inner_w :] == 114).all()

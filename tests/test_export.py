@@ -16,7 +16,7 @@ import torch
 from yolo11_lightning import YOLO11
 from yolo11_lightning.export.command import _parity_check, main
 from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff
-from yolo11_lightning.model_files.weights import load_model, load_weights, save_weights
+from yolo11_lightning.model_files.weights import load_model, save_weights
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -79,8 +79,8 @@ def test_weights_round_trip_loads_without_lightning(tmp_path: Path) -> None:
     # A fresh interpreter: the file alone rebuilds the model, and Lightning is never imported.
     code = (
         "import sys, torch\n"
-        "from yolo11_lightning.model_files.weights import load_weights\n"
-        f"m = load_weights({str(path)!r})\n"
+        "from yolo11_lightning import load_model\n"
+        f"m = load_model({str(path)!r})\n"
         f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
         "with torch.no_grad():\n"
         f"    torch.save(m(x), {str(tmp_path / 'y.pt')!r})\n"
@@ -107,7 +107,7 @@ def test_load_model_errors_name_the_file(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign.pth"
     torch.save({"format": "something-else/1", "state_dict": {}}, foreign)
     with pytest.raises(ValueError, match=r"foreign\.pth.*format"):
-        load_weights(foreign)
+        load_model(foreign)
     assert main(["--ckpt_path", str(tmp_path / "missing.ckpt")]) == 1
 
 
@@ -155,12 +155,12 @@ def test_export_writes_the_ema_weights(trained_checkpoint: Path, tmp_path: Path)
     assert any(not torch.equal(ema[k], raw[k]) for k in ema), "training made no EMA/raw difference to test"
     out = tmp_path / "exported.pth"
     assert main(["--ckpt_path", str(trained_checkpoint), "--format", "weights", "--out", str(out)]) == 0
-    exported = load_weights(out).state_dict()
+    exported = load_model(out).state_dict()
     assert exported.keys() == {k[len("model.") :] for k in ema}
     for key, value in exported.items():
         assert torch.equal(value, ema[f"model.{key}"].float()), key
     names = torch.load(trained_checkpoint, weights_only=True)["hyper_parameters"]["class_names"]
-    assert load_weights(out).names == names
+    assert load_model(out).names == names
 
 
 def test_export_command_onnx_checks_parity(trained_checkpoint: Path, tmp_path: Path, capsys) -> None:

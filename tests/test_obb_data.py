@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from yolo11_lightning.cli.main import check_data
+from yolo11_lightning.cli import check_data
 from yolo11_lightning.data.augment.transforms import random_affine_matrix
 from yolo11_lightning.structures.instances import Instances
 from yolo11_lightning.structures.records import ImageRecord

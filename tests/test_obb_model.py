@@ -14,13 +14,7 @@ import pytest
 import torch
 from model_oracle import reference_task_model, save_like_release
 
-from yolo11_lightning.model_files.weights import (
-    from_reference,
-    load_model,
-    load_pretrained,
-    load_weights,
-    save_weights,
-)
+from yolo11_lightning.model_files.weights import load_model, load_pretrained, save_weights
 from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.obb.head import OBB, ObbOutput
 
@@ -51,7 +45,7 @@ def test_parameter_counts_match_reference(scale: str) -> None:
 def test_eval_outputs_equal_the_reference_on_its_weights() -> None:
     h, w = INPUT_SHAPE[2:]
     ref = reference_task_model("obb", "n", 15, seed=2).eval()
-    ours = from_reference(ref.state_dict()).eval()
+    ours = load_model(ref.state_dict()).eval()
     assert (ours.task, ours.num_classes, ours.kpt_shape) == ("obb", 15, None)
     x = torch.rand(INPUT_SHAPE, generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
@@ -93,14 +87,14 @@ def test_reference_files_and_our_files(tmp_path: Path) -> None:
         got = ours(x)
     assert (got - expected).abs().max() <= 1e-3
     save_weights(ours, tmp_path / "obb.pth")
-    again = load_weights(tmp_path / "obb.pth")
+    again = load_model(tmp_path / "obb.pth")
     assert again.task == "obb"
     with torch.no_grad():
         torch.testing.assert_close(again(x), got)
     with pytest.raises(
         ValueError, match=r"holds a oriented-box \(OBB\) model .*OBBModel.*not a detection model"
     ):
-        load_model(path)
+        load_model(path, task="detect")
 
 
 def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
@@ -109,7 +103,7 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
     _loaded, skipped = load_pretrained(model, det_file, strict=False, warn=lambda m: None)
     assert skipped and all(k.startswith("head.cv4.") for k in skipped)  # all but the angle branch
     torch.testing.assert_close(
-        model.state_dict()["head.cv3.2.2.bias"], from_reference(det_file).state_dict()["head.cv3.2.2.bias"]
+        model.state_dict()["head.cv3.2.2.bias"], load_model(det_file).state_dict()["head.cv3.2.2.bias"]
     )
 
 

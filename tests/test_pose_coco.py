@@ -26,8 +26,8 @@ import torch
 import yaml
 from data_files import pattern, write_image, write_yaml
 
+from yolo11_lightning.cli import check_data
 from yolo11_lightning.cli.lightning_cli import YOLOLightningCLI
-from yolo11_lightning.cli.main import check_data
 from yolo11_lightning.data.sources.config import DatasetError, flip_from_names, load_dataset_config
 from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.synthetic.poses import FLIP_IDX, SYNTHETIC_KPT_SHAPE

@@ -15,7 +15,7 @@ import pytest
 import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.cli.main import check_data
+from yolo11_lightning.cli import check_data
 from yolo11_lightning.data.augment.transforms import letterbox, random_affine_matrix
 from yolo11_lightning.data.sources.config import DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.packed_records import PackedRecords

@@ -17,11 +17,8 @@ from model_oracle import reference_task_model, save_like_release
 from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.weights import (
     WeightsMismatchError,
-    checkpoint_model,
-    from_reference,
     load_model,
     load_pretrained,
-    load_weights,
     save_weights,
 )
 from yolo11_lightning.tasks import create_model
@@ -63,11 +60,11 @@ def test_other_keypoint_shapes_match_reference() -> None:
 
 
 def test_eval_outputs_equal_the_reference_on_its_weights() -> None:
-    """The oracle's state dict through our mapping (``from_reference`` of a plain state dict): same outputs."""
+    """The oracle's state dict through our mapping (``load_model`` of a plain state dict): same outputs."""
     h, w = INPUT_SHAPE[2:]
     for kpt_shape, nc in (((17, 3), 1), ((5, 2), 3)):
         ref = reference_task_model("pose", "n", nc, seed=nc, data_kpt_shape=kpt_shape).eval()
-        ours = from_reference(ref.state_dict()).eval()
+        ours = load_model(ref.state_dict()).eval()
         assert (ours.task, ours.kpt_shape, ours.num_classes) == ("pose", kpt_shape, nc)
         x = torch.rand(INPUT_SHAPE, generator=torch.Generator().manual_seed(nc))
         with torch.no_grad():
@@ -104,7 +101,7 @@ def test_output_contract() -> None:
 
 def test_fuse_and_reset_head_keep_the_keypoints() -> None:
     model = reference_task_model("pose", "n", 1, seed=3)
-    ours = from_reference(model.state_dict()).eval()
+    ours = load_model(model.state_dict()).eval()
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
         before = ours(x)
@@ -132,11 +129,11 @@ def test_reference_files_read_by_the_guarded_reader(tmp_path: Path) -> None:
             got = ours(x)
         assert (got - expected).abs().max() <= 1e-3
     # A plain state dict says nothing but its shapes: K·D = 12 reads as (4, 3).
-    assert from_reference(ref.state_dict()).kpt_shape == (4, 3)
+    assert load_model(ref.state_dict()).kpt_shape == (4, 3)
     with pytest.raises(
         ValueError, match=r"holds a keypoint \(pose\) model .*PoseModel.*not a detection model"
     ):
-        load_model(path)
+        load_model(path, task="detect")
 
 
 def test_our_files_keep_the_keypoint_shape(tmp_path: Path) -> None:
@@ -146,7 +143,7 @@ def test_our_files_keep_the_keypoint_shape(tmp_path: Path) -> None:
     payload = torch.load(tmp_path / "pose.pth", weights_only=True)
     assert payload["task"] == "pose" and payload["kpt_shape"] == [6, 2]
     assert "kpt_shape" not in torch.load(save_weights(YOLO11("n", 2), tmp_path / "d.pth"), weights_only=True)
-    loaded = load_weights(tmp_path / "pose.pth")
+    loaded = load_model(tmp_path / "pose.pth")
     assert (loaded.task, loaded.kpt_shape, loaded.names) == ("pose", (6, 2), ["a", "b"])
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
@@ -156,7 +153,8 @@ def test_our_files_keep_the_keypoint_shape(tmp_path: Path) -> None:
         "hyper_parameters": {"scale": "n", "num_classes": 2, "task": "pose", "kpt_shape": [6, 2]},
         "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
     }
-    assert checkpoint_model("x.ckpt", checkpoint).kpt_shape == (6, 2)
+    torch.save(checkpoint, tmp_path / "x.ckpt")
+    assert load_model(tmp_path / "x.ckpt").kpt_shape == (6, 2)
 
 
 def test_fine_tuning_from_another_tasks_file(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from yolo11_lightning import YOLO11
 from yolo11_lightning.cli.main import main as cli_main
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.io import read_image
-from yolo11_lightning.model_files.weights import read_weights, save_weights
+from yolo11_lightning.model_files.weights import load_model, save_weights
 from yolo11_lightning.ops.postprocess import letterbox_to_original, non_max_suppression
 from yolo11_lightning.predict.sources import SkippedSourceWarning
 
@@ -81,7 +81,7 @@ def test_options_reach_the_postprocessing(tiny_dataset: Path, weights: Path, tmp
     results = json.loads((out / "predictions.json").read_text())
     assert sorted(p.name for p in out.iterdir()) == ["predictions.json", "predictions.jsonl"]  # --no-save
 
-    model = read_weights(weights).eval()
+    model = load_model(weights)
     rgb = read_image(str(image_path))
     boxed, scale, pad = letterbox(rgb, 64, scaleup=True)
     x = torch.from_numpy(boxed.transpose(2, 0, 1).copy())[None].float() / 255
@@ -327,7 +327,7 @@ def test_trained_size_from_each_kind_of_file(tmp_path: Path) -> None:
     model = YOLO11("n", 3)
     assert file_image_size(save_weights(model, tmp_path / "sized.pth", image_size=320)) == 320
     old = save_weights(model, tmp_path / "old.pth")  # as written before the size was recorded
-    assert file_image_size(old) is None and read_weights(old).num_classes == 3
+    assert file_image_size(old) is None and load_model(old).num_classes == 3
     cases = [(320, 320), ([256, 320], 320), (100, None), (True, None), ("640", None), (-64, None)]
     for imgsz, expected in cases:
         torch.save({"model": None, "ema": None, "train_args": {"imgsz": imgsz}}, tmp_path / "ref.pt")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from yolo11_lightning import YOLO11, YOLO11Module
-from yolo11_lightning.model_files.weights import from_reference, save_weights
+from yolo11_lightning.model_files.weights import load_model, save_weights
 from yolo11_lightning.training.pretrained import WeightsMismatchError, load_pretrained
 
 
@@ -90,7 +90,7 @@ def test_reference_file_right_scale_other_classes_loads(tmp_path: Path) -> None:
     loaded, skipped = load_pretrained(model, path)
     assert skipped and all(k.startswith("head.cv3.") for k in skipped)
     assert loaded == len(model.state_dict()) - len(skipped)
-    reference = from_reference(path).state_dict()
+    reference = load_model(path).state_dict()
     for key in ("layers.0.conv.weight", "layers.10.m.0.attn.qkv.conv.weight", "head.cv2.2.2.bias"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from data_files import pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.cli.main import check_data
+from yolo11_lightning.cli import check_data
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.rle import decode_rle
 from yolo11_lightning.data.sources.split import load_split

@@ -30,10 +30,8 @@ from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.reference import CheckpointError
 from yolo11_lightning.model_files.weights import (
     WeightsMismatchError,
-    from_reference,
     load_model,
     load_pretrained,
-    load_weights,
     save_weights,
 )
 from yolo11_lightning.tasks import create_model
@@ -137,11 +135,11 @@ def _save_seg_release(model: torch.nn.Module, path: Path, names: dict[int, str])
 _LOAD_AND_RUN = """
 import json, torch
 from yolo11_lightning import YOLO11
-from yolo11_lightning.model_files.weights import from_reference
+from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.tasks import create_model
 results = {}
 for name in NAMES:
-    model = from_reference(f"{name}.pt").eval()
+    model = load_model(f"{name}.pt").eval()
     with torch.no_grad():
         preds, protos = model(torch.load(f"{name}.x.pt"))
     torch.save((preds, protos), f"{name}.ours.pt")
@@ -186,7 +184,7 @@ def test_weights_file_keeps_the_task(tmp_path: Path, seg_n: YOLO11) -> None:
     save_weights(seg_n, tmp_path / "seg.pth")
     save_weights(YOLO11("n", 5), tmp_path / "det.pth")
     assert "task" not in torch.load(tmp_path / "det.pth", weights_only=True)  # detection files as before
-    loaded = load_weights(tmp_path / "seg.pth")
+    loaded = load_model(tmp_path / "seg.pth")
     assert loaded.task == "segment" and loaded.num_classes == 5
     x = torch.rand(1, 3, 64, 64)
     with torch.no_grad():
@@ -194,7 +192,9 @@ def test_weights_file_keeps_the_task(tmp_path: Path, seg_n: YOLO11) -> None:
             torch.testing.assert_close(a, b)
     assert load_model(tmp_path / "seg.pth", task=None).task == "segment"
     with pytest.raises(ValueError, match=r"seg\.pth: holds a segmentation model .*not a detection model"):
-        load_model(tmp_path / "seg.pth")  # callers that handle detection only get a clear error
+        load_model(
+            tmp_path / "seg.pth", task="detect"
+        )  # callers that handle detection only get a clear error
 
 
 def test_pretrained_seg_weights_and_wrong_task(tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_pretrained_seg_weights_and_wrong_task(tmp_path: Path) -> None:
     model = create_model("n", 3, task="segment")
     loaded, skipped = load_pretrained(model, seg_file)  # another class count: all but the class branch
     assert skipped and all(k.startswith("head.cv3.") for k in skipped)
-    reference = from_reference(seg_file).state_dict()
+    reference = load_model(seg_file).state_dict()
     for key in ("head.proto.upsample.weight", "head.cv4.2.2.bias", "layers.0.conv.weight"):
         torch.testing.assert_close(model.state_dict()[key], reference[key])
     tasks = pytest.importorskip("ultralytics.nn.tasks")
@@ -243,8 +243,7 @@ def test_crafted_seg_files_are_refused(tmp_path: Path) -> None:
         ),
     }
     loaders = {
-        "from_reference": from_reference,
-        "load_model": lambda p: load_model(p, task=None),
+        "load_model": load_model,
         "load_pretrained": lambda p: load_pretrained(create_model("n", 3, task="segment"), p),
     }
     for name, (data, pattern) in files.items():

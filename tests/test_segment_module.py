@@ -150,7 +150,7 @@ def test_segment_checkpoint_carries_task(fitted) -> None:
     model = load_model(path, task=None)
     assert model.task == "segment" and model.num_classes == NUM_CLASSES
     with pytest.raises(ValueError, match="segmentation model"):
-        load_model(path)  # callers that handle detection only are told what the file holds
+        load_model(path, task="detect")  # callers that handle detection only are told what the file holds
     assert YOLO11Module.load_from_checkpoint(path).task.name == "segment"
 
 

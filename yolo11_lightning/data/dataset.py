@@ -2,12 +2,12 @@
 
 ``DetectionDataset[i]`` (or ``[(epoch, i)]``) returns one sample dict (``image`` (3, H, W) uint8, ``labels``
 (n, 5) ``[class, cx, cy, w, h]`` normalised, ``index``, ``orig_size``, ``scale``, ``pad``, ``path`` and the
-unreadable-image fields); the task's collate (``Task.collate``, ``data.batch.collate_detection`` for detection)
-stacks samples into the batch contract (``data.batch.DetectionBatch``, shapes and units there).
+unreadable-image fields); the task's collate (``Task.collate``, ``structures.batch.collate_detection`` for detection)
+stacks samples into the batch contract (``structures.batch.DetectionBatch``, shapes and units there).
 ``RecordImageLoader`` (``data.images.loading``) holds the dataset's image loading (``load_resized``).
 
-The labels travel as ``data.labels.instances.Instances`` with the task's instance fields (``Task.label_fields``;
-a segmentation sample's outlines, ``data.labels.polygons.Polygons``), moved by augmentation or letterbox with the
+The labels travel as ``structures.instances.Instances`` with the task's instance fields (``Task.label_fields``;
+a segmentation sample's outlines, ``structures.polygons.Polygons``), moved by augmentation or letterbox with the
 boxes. The task then turns them into what its samples add (``Task.sample_targets``): a segmentation sample its
 ``masks`` (``tasks.segment.masks.rasterize`` at 1/4 of the image side), with the ``labels`` rows in the order the
 masks refer to.
@@ -68,7 +68,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
 
     Every image is first resized so its long side is ``image_size`` (the reference loads images this way
     for training and validation alike, enlarging small ones; ``scaleup=False`` keeps small ones as they
-    are; evaluation rounds the short side as the reference validator does, ``data.eval_shapes``).
+    are; evaluation rounds the short side as the reference validator does, ``data.rect_batches``).
     Evaluation then pads with grey 114 to a square ``image_size``, or, after ``set_rect_batches``, to the
     rectangle of the image's aspect-ratio group (the reference validator's default).
 
@@ -110,7 +110,7 @@ class DetectionDataset(RecordImageLoader, Dataset):
             ``recent_decode_cache_size(global_batch_size, 1)`` for longer ones (about 1 MB per 640 image).
         eval_box_gain: how evaluation maps boxes back to original pixels. ``"reference"`` (default): one
             gain, resized over original height, for both axes, as the reference validator does, so the
-            detections equal its own (``data.eval_shapes``); ``scale`` is then a float. ``"per_axis"``: each
+            detections equal its own (``data.rect_batches``); ``scale`` is then a float. ``"per_axis"``: each
             axis by the factor it was resized by (``scale`` = (x, y)), which the reference does not do: its
             x coordinates are off by up to one resized pixel over the image width, which costs COCO mAP at
             the high IoU thresholds on small images (``benchmarks/val_parity.py``).

@@ -2,7 +2,7 @@
 
 ``yolo11-lightning export --ckpt_path best.ckpt --format onnx --check-data data.yaml`` calls ``compare`` after
 writing the file and prints both mAPs. The checkpoint's detector runs in PyTorch, the file through ONNX
-Runtime (``export.runtime.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
+Runtime (``model_files.onnx_runtime.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
 the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
 only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
 A segmentation file is checked the same way with the segmentation data and metric: box and mask mAP.

@@ -5,7 +5,7 @@ then class scores (no NMS), exactly ``YOLO11.eval()``'s output. A segmentation m
 ``output0`` (B, 4 + nc + 32, A) (each anchor's 32 mask coefficients after the scores) and ``output1`` the
 prototypes (B, 32, H/4, W/4), and the metadata says ``task: segment``. The batch axis is dynamic; the image size
 is fixed at export (the anchor grid becomes constants) unless ``dynamic=True``, which makes height and width
-free axes (multiples of 32; the anchor grid is then computed in the graph). The metadata (``export.metadata``)
+free axes (multiples of 32; the anchor grid is then computed in the graph). The metadata (``model_files.onnx_metadata``)
 holds the keys the reference's ONNX loader reads, beside ours, so its ``YOLO("model.onnx", task="detect")``
 predicts and validates the file. Imports torch, onnx when exporting and onnxruntime when checking (the ``onnx``
 extra: ``extras.require``), never Lightning.
@@ -70,7 +70,7 @@ def export_onnx(
     ``dynamic``: height and width become free axes too (any multiple of 32); otherwise the file accepts only
     ``image_size``. Uses the TorchScript-based exporter, which needs the ``onnx`` package (the ``onnx`` extra;
     without it ``extras.MissingExtraError`` says so in one line), and writes the metadata
-    (``export.metadata.metadata_props``). A float32 CPU copy is traced: ``model`` keeps its device, dtype and mode.
+    (``model_files.onnx_metadata.metadata_props``). A float32 CPU copy is traced: ``model`` keeps its device, dtype and mode.
     """
     require("onnx", "onnx", "export")  # before tracing: torch's exporter fails late, in a long traceback
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size

@@ -3,7 +3,7 @@
 Where each file keeps it: a Lightning checkpoint in ``datamodule_hyper_parameters["image_size"]``
 (``YOLODataModule`` saves its arguments), our weights file in ``image_size`` (``export --format weights``
 copies it from the checkpoint), a reference ``.pt`` in ``train_args["imgsz"]``; an exported ONNX file in its
-metadata (``export.metadata``: the size it was exported at, the only one a fixed-shape file takes). Read from
+metadata (``model_files.onnx_metadata``: the size it was exported at, the only one a fixed-shape file takes). Read from
 the pickle only (``torch_file.peek``): no tensor is loaded.
 """
 

@@ -1,13 +1,13 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
-- the weights-only format (``save_weights`` / ``load_weights``): scale, class count, names, the task
+- the weights-only format (``save_weights``; read by ``load_model``): scale, class count, names, the task
   (absent for detection, ``tasks.DEFAULT_TASK``), the keypoint shape (pose only), the image size it was
   trained at (absent when unknown, and in files written before it was recorded) and the fp32 state dict,
   plain data that ``torch.load(weights_only=True)`` reads;
-- ``load_model``: any model file the project knows (a Lightning ``.ckpt`` of ``YOLO11Module``, a weights-only
-  file, a reference ``.pt``) as a YOLO11 in eval mode;
-- ``from_reference``: a reference ``.pt`` (or its state dict) of any task, the task (and a pose file's
-  ``kpt_shape``) inferred from the file; read by ``model_files.reference`` which receives the expected state dicts from here and never
+- ``load_model`` (also ``yolo11_lightning.load_model``): any model file a user has (a reference ``.pt`` of any
+  task or its state dict, a weights-only file, a Lightning ``.ckpt`` of ``YOLO11Module``) as a YOLO11 in eval mode
+  with its task, names and ``kpt_shape``; a reference file's task (and a pose file's ``kpt_shape``) is inferred
+  from its tensors by ``model_files.reference``, which receives the expected state dicts from here and never
   builds a model itself;
 - ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit;
 - ``file_task``: the task a file holds, from its pickle alone (no tensor read, no model built).
@@ -24,7 +24,7 @@ import os
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -47,12 +47,9 @@ from yolo11_lightning.tasks import DEFAULT_TASK, create_model, get_task
 __all__ = [
     "WEIGHTS_FORMAT",
     "WeightsMismatchError",
-    "checkpoint_model",
     "file_task",
-    "from_reference",
     "load_model",
     "load_pretrained",
-    "load_weights",
     "save_weights",
 ]
 
@@ -60,7 +57,6 @@ __all__ = [
 WEIGHTS_FORMAT = "yolo11_lightning.weights/1"
 _LISTED = 6  # mismatches named in a message
 log = logging.getLogger(__name__)
-Model = TypeVar("Model", bound=YOLO11)
 
 
 class WeightsMismatchError(UserInputError):
@@ -73,7 +69,7 @@ def write_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None
     (when known) and the fp32 state dict.
 
     It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
-    code runs on loading; ``load_weights`` rebuilds the model without Lightning.
+    code runs on loading; ``load_model`` rebuilds the model without Lightning.
     """
     state = {
         k: (v.float() if v.is_floating_point() else v).detach().cpu() for k, v in model.state_dict().items()
@@ -102,7 +98,7 @@ def save_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None 
     return path
 
 
-def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> Model:
+def _read_weights(path: str | os.PathLike) -> YOLO11:
     """Rebuild a model written by ``save_weights`` (in train mode, like any new module: call ``.eval()``).
 
     Raises FileNotFoundError, or ValueError naming the file when it is not such a weights file.
@@ -115,10 +111,10 @@ def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> 
     if found != WEIGHTS_FORMAT:
         raise ValueError(
             f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
-            "checkpoints and reference .pt files load with yolo11_lightning.model_files.weights.load_model"
+            "any model file loads with yolo11_lightning.load_model"
         )
     task = payload.get("task", DEFAULT_TASK)
-    model = model_class(
+    model = create_model(
         payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task,
         kpt_shape=payload.get("kpt_shape"),
     )  # fmt: skip
@@ -126,27 +122,16 @@ def read_weights(path: str | os.PathLike, model_class: type[Model] = YOLO11) -> 
     return model
 
 
-def load_weights(path: str | os.PathLike) -> YOLO11:
-    """A weights-only file (``export --format weights``) as a YOLO11 in eval mode; no Lightning needed."""
-    return read_weights(path).eval()
-
-
 # -- reference files ---------------------------------------------------------------------------------------
 def _expected_state(
-    model_class: type[YOLO11],
-) -> Callable[[str, int, str, tuple[int, int] | None], Mapping[str, Tensor]]:
-    def expected(
-        scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None
-    ) -> Mapping[str, Tensor]:
-        with torch.device("meta"):  # shapes only: no memory, no initialisation
-            return model_class(scale, num_classes, task=task, kpt_shape=kpt_shape).state_dict()
-
-    return expected
+    scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None
+) -> Mapping[str, Tensor]:
+    """The state dict (shapes only) of a YOLO11 of ``task``: what a reference file must map onto."""
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        return create_model(scale, num_classes, task=task, kpt_shape=kpt_shape).state_dict()
 
 
-def from_reference(
-    source: str | os.PathLike | Mapping[str, Any], model_class: type[Model] = YOLO11, task: str | None = None
-) -> Model:
+def _from_reference(source: str | os.PathLike | Mapping[str, Any], task: str | None = None) -> YOLO11:
     """Build from a reference ``.pt`` file (read without running code from it) or state dict.
 
     Task, scale and class count are inferred from the tensors (a pose model's ``kpt_shape`` from its head, or
@@ -155,13 +140,13 @@ def from_reference(
     Raises ``CheckpointError`` (a ValueError) on anything else.
     """
     file = load_reference(source, task=task)
-    ref = infer_and_map(file.state, file.label, _expected_state(model_class), SCALES, file.kpt_shape)
+    ref = infer_and_map(file.state, file.label, _expected_state, SCALES, file.kpt_shape)
     if task is not None and ref.task != task:  # a plain state dict: no model class to tell it earlier
         raise WrongTaskError(
             f"{file.label}: holds a {get_task(ref.task).words} model, not a {get_task(task).words} model",
             get_task(ref.task).words,
         )
-    model = model_class(ref.scale, ref.num_classes, task=ref.task, kpt_shape=ref.kpt_shape)
+    model = create_model(ref.scale, ref.num_classes, task=ref.task, kpt_shape=ref.kpt_shape)
     model.load_state_dict(ref.state, strict=True)
     names = file.names
     model.names = names if names is not None and len(names) == ref.num_classes else None
@@ -169,7 +154,7 @@ def from_reference(
 
 
 # -- any model file ----------------------------------------------------------------------------------------
-def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
+def _checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     """A YOLO11 from a loaded Lightning checkpoint of ``YOLO11Module`` (EMA weights from ``state_dict``).
 
     A Lightning checkpoint keeps the EMA weights in ``state_dict`` (``WeightAveraging`` moves the raw ones to
@@ -192,32 +177,37 @@ def checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     return model
 
 
-def load_model(path: str | os.PathLike, task: str | None = "detect") -> YOLO11:
-    """Any model file the project knows, as a YOLO11 in eval mode on the CPU.
+def load_model(source: str | os.PathLike | Mapping[str, Tensor], task: str | None = None) -> YOLO11:
+    """Any model file a user has, as a YOLO11 in eval mode on the CPU with its task, names and ``kpt_shape``.
 
-    * a Lightning ``.ckpt`` of ``YOLO11Module`` (the EMA weights),
-    * a weights-only file from ``export --format weights`` (``load_weights``),
-    * a reference ``.pt`` release file (``from_reference``, no code from the file runs).
+    * a reference ``.pt`` release file of any task, or a reference state dict (no code from the file runs),
+    * a weights-only file from ``export --format weights``,
+    * a Lightning ``.ckpt`` of ``YOLO11Module`` (the EMA weights).
 
-    ``task``: the task the caller handles; a file of another task raises WrongTaskError (a ValueError) saying
-    what it holds. None takes whatever task the file holds (``model.task`` tells). The default is detection,
-    what every caller handled before segmentation existed.
+    Lightning is not imported. ``task``: the task the caller handles; a file of another task raises
+    WrongTaskError (a ValueError) saying what it holds. None (the default) takes the task the file holds
+    (``model.task`` tells).
 
     Raises FileNotFoundError or ValueError naming the file.
     """
-    path = os.fspath(path)
+    if isinstance(source, Mapping):
+        model = _from_reference(source, task=task)
+        return model.eval()
+    path = os.fspath(source)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"model file not found: {path}")
     try:
         checkpoint = torch_file.load(path)
     except torch_file.ModelObjectsError:  # a reference release pickles model objects: its own reader
-        return from_reference(path, task=task).eval()  # raises CheckpointError (a ValueError) naming the file
-    if isinstance(checkpoint, dict) and checkpoint.get("format") == WEIGHTS_FORMAT:
-        model = read_weights(path)
+        return _from_reference(
+            path, task=task
+        ).eval()  # raises CheckpointError (a ValueError) naming the file
+    if isinstance(checkpoint, dict) and "format" in checkpoint:
+        model = _read_weights(path)  # ours, or a ValueError naming the file and the format it has
     elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
-        model = checkpoint_model(path, checkpoint)
+        model = _checkpoint_model(path, checkpoint)
     else:
-        model = from_reference(path, task=task)  # a plain reference state dict, or a clear error
+        model = _from_reference(path, task=task)  # a plain reference state dict, or a clear error
     if task is not None and model.task != task:
         word = get_task(model.task).words
         raise WrongTaskError(

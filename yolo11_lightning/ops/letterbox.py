@@ -2,7 +2,7 @@
 
 A letterboxed image is the original resized by ``scale`` (one factor, or one per axis) and padded by
 ``pad = (left, top)`` pixels (``data.augment.transforms.letterbox``); the batch carries both per image
-(``data.batch.ImageBatch``), so a box maps back as ``(xy - pad) / scale``, clipped to the original size.
+(``structures.batch.ImageBatch``), so a box maps back as ``(xy - pad) / scale``, clipped to the original size.
 """
 
 from __future__ import annotations

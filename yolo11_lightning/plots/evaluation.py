@@ -1,5 +1,5 @@
 """An evaluation's pictures: the confusion matrix, and per class the precision-recall, F1, precision and recall
-curves (``training.metrics.class_results``). Up to 20 classes each curve has its own colour and legend entry;
+curves (``metrics.class_results``). Up to 20 classes each curve has its own colour and legend entry;
 beyond, the classes are thin grey lines. The thick line is the mean over the classes with truths."""
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ def _trainer_device(device: str) -> tuple[str, Any]:
 
 def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
     """A ``YOLO11Module`` around a detector or segmenter, or any model file (``model_files.weights.load_model``; an
-    ``.onnx`` file runs through ``export.runtime.OnnxDetector``), with the given post-processing; the module's
+    ``.onnx`` file runs through ``model_files.onnx_runtime.OnnxDetector``), with the given post-processing; the module's
     task is the model's."""
     if isinstance(model, YOLO11):  # the caller's model (e.g. in a notebook): used in its own memory layout
         nhwc = model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)

@@ -8,7 +8,7 @@ An unreadable image or video is skipped with a ``SkippedSourceWarning`` naming t
 image above the pixel limit is one: refused from its header, never decoded; videos are OpenCV's to bound),
 and so is the rest of a video that stops before the frame count its header gives (truncated or corrupt:
 the frames read are kept). The rest of the run goes on, and the failure travels to the main process in
-the batch (``problems``), whatever the number of DataLoader workers. Batches are ``data.batch.PredictionBatch``:
+the batch (``problems``), whatever the number of DataLoader workers. Batches are ``structures.batch.PredictionBatch``:
 the ``ImageBatch`` contract (``images`` uint8 (B, 3, S, S), ``scales``, ``pads``, ``orig_sizes``) so
 ``YOLO11Module.predict_step`` maps boxes back to original pixels, plus what the writer needs: ``paths``,
 ``frames`` (-1 for an image), ``fps``, the ``originals`` and ``problems`` ((path, reason) pairs).
@@ -186,7 +186,7 @@ class PredictionSource(IterableDataset):
 
 
 def collate_prediction(samples: Sequence[dict[str, Any]]) -> PredictionBatch:
-    """Stack ``PredictionSource`` samples into a ``PredictionBatch`` (``data.batch``; module docstring).
+    """Stack ``PredictionSource`` samples into a ``PredictionBatch`` (``structures.batch``; module docstring).
 
     Failure placeholders are left out of the images (a batch may then hold B = 0 images).
     """

@@ -165,7 +165,7 @@ class Instances:
         """Through the random warp ``matrix`` (zoom ``zoom``) into an ``out_wh`` image.
 
         Boxes are clipped to the image and kept when they stay large and keep enough of their zoomed area
-        (``transforms.box_candidates``); a field that ``derives_boxes`` gives the boxes instead.
+        (``structures.boxes.box_candidates``); a field that ``derives_boxes`` gives the boxes instead.
         """
         fields, derived = {}, []
         for name, f in self.fields.items():

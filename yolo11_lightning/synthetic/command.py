@@ -1,6 +1,6 @@
 """The ``yolo11-lightning synthetic`` command: write a synthetic dataset folder (the shapes set or the hard set).
 
-``data.synthetic.shapes`` writes the shapes set (boxes, or outlines for a segmentation task), ``data.synthetic.hard``
+``synthetic.shapes`` writes the shapes set (boxes, or outlines for a segmentation task), ``synthetic.hard``
 the harder detection set.
 """
 
@@ -33,7 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "figures of 5 keypoints, some occluded or unlabelled (YOLO pose rows, kpt_shape and flip_idx; --coco: COCO "
         "keypoints json); obb: "
         "rotated elongated shapes labelled with their oriented boxes' corners; classify: one shape per image, "
-        "in class folders (data.synthetic.classes)",
+        "in class folders (synthetic.classes)",
     )  # fmt: skip
     p.add_argument(
         "--hard", action="store_true",

@@ -1,7 +1,7 @@
 """The synthetic images: class shapes painted on a noisy gradient, with their exact boxes or outlines.
 
 One image of a split from (parameters, split, index) only (``boxes_sample`` for the set labelled with boxes,
-``outlines_sample`` for the one labelled with outlines); ``data.synthetic.shapes`` writes them as a dataset
+``outlines_sample`` for the one labelled with outlines); ``synthetic.shapes`` writes them as a dataset
 folder.
 """
 

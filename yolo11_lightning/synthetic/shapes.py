@@ -7,7 +7,7 @@ learns it in a few epochs. A box is the exact extent of the painted pixels (draw
 anti-aliasing), in pixel edges: ``x1 = min column``, ``x2 = max column + 1``.
 
 The segmentation set (``task="segment"``, ``synthetic --task segment``: any task whose labels carry outlines,
-``data.labels.polygons.Polygons``) paints the same shapes as
+``structures.polygons.Polygons``) paints the same shapes as
 polygons (curves as 32-gons, the ring as one outline with a hole), rotated by up to 30 degrees, and labels
 each with the outline it was painted from (vertices at 1/16 pixel, in pixel-edge coordinates): the exact
 polygon, whose extent is the box. Its images are its own (another random stream). The oriented-box set
@@ -20,8 +20,8 @@ images does not change the others. Layout written under ``out_dir``::
     images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml
     {train,val}.json  coco.yaml     (with coco=True: the same images described as COCO json)
 
-This module writes the folder (labels, yamls, COCO json); ``data.synthetic.painter`` paints the images and
-``data.synthetic.command`` is the ``synthetic`` CLI.
+This module writes the folder (labels, yamls, COCO json); ``synthetic.painter`` paints the images and
+``synthetic.command`` is the ``synthetic`` CLI.
 """
 
 from __future__ import annotations
@@ -152,7 +152,7 @@ def make_synthetic_dataset(
     contiguous) and ``coco.yaml``. ``task="segment"`` writes the segmentation set instead: rotated
     shapes labelled with their exact outlines (YOLO-seg rows, COCO ``segmentation`` polygons). A folder
     already generated with the same parameters is reused as is (its files, hence label caches, stay
-    untouched). A task whose labels carry keypoints gets the pose set (``data.synthetic.poses``; its COCO
+    untouched). A task whose labels carry keypoints gets the pose set (``synthetic.poses``; its COCO
     json is a COCO keypoints json).
     """
     if get_task(task).whole_image:  # one label per image: the classification set (``classes``)

@@ -16,7 +16,7 @@ in ``tasks/__init__.py``. Every layer reads it through ``get_task(name)``:
   classification's mean);
 * what is not there yet: ``not_yet`` (a task whose data, metrics, prediction or export are still to come is
   refused by ``tasks.choice`` with that sentence);
-* the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``data.labels``),
+* the data: ``label_fields`` (instance fields the records carry and augmentation moves, ``structures``),
   ``sample_targets`` (what a sample adds to its labels, e.g. masks), ``collate``, ``check_records``,
   ``check_split`` (a split the task cannot use, refused on every rank alike), ``outline_labels`` (the rows'
   outlines are the labels: degenerate ones dropped), ``label_problems`` (``check-data --task``), ``label_noun``
@@ -208,7 +208,7 @@ class Task(TaskSamples):
 
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
         """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
-        and the result pictures (``training.metrics.class_results``)."""
+        and the result pictures (``metrics.class_results``)."""
         from yolo11_lightning.metrics.class_results import class_results
 
         return class_results(evaluation, names)

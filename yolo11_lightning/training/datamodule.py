@@ -113,7 +113,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             only when nodes do not share its filesystem. Label caches need no setting: global rank 0 builds
             them, and a node that cannot read its cache builds its own (``build_once``).
         rect_val: validate and test in rectangular batches, the reference validator's default: images in
-            aspect-ratio order, each global batch letterboxed to its own shape (``data.eval_shapes``);
+            aspect-ratio order, each global batch letterboxed to its own shape (``data.rect_batches``);
             False letterboxes every image to an ``image_size`` square. Training is always square.
         eval_box_gain: ``reference`` maps evaluation boxes back with the reference's one gain for both axes
             (its detections exactly); ``per_axis`` with each axis's own resize factor (``DetectionDataset``).

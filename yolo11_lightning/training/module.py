@@ -107,7 +107,7 @@ class YOLO11Module(L.LightningModule):
         class_names: class names, index = class id (linked from the dataset).
         weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; the class head keeps
             its fresh initialisation when the class count differs. An exported ``.onnx`` file replaces the
-            detector with ``export.runtime.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
+            detector with ``model_files.onnx_runtime.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
         weights_strict: refuse ``weights`` unless every tensor outside the class head fits (another scale or
             task is an error naming it); ``False`` loads whatever fits and warns.
         optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen
@@ -122,7 +122,7 @@ class YOLO11Module(L.LightningModule):
             ``conf_threshold=None`` takes the task's (``Task.validation_conf``: 0.001, OBB 0.01, as the reference's
             validator picks) and is stored resolved in the hyper-parameters.
         reference_style_map: also log ``val/mAP50-95_reference_style`` (and ``test/``), the mAP by the
-            reference validator's rules, beside the COCO one (``training.metrics.reference_ap``).
+            reference validator's rules, beside the COCO one (``metrics.reference_ap``).
         grad_clip_norm: gradient norm clip (0 disables).
         log_images: validation images drawn with predictions each epoch (0 disables).
         max_skipped_steps: optimiser steps with a NaN/inf loss are skipped on every rank together; this many in
@@ -375,7 +375,7 @@ class YOLO11Module(L.LightningModule):
     def model_input(self, images: Tensor) -> Tensor:
         """The batch's uint8 images as the detector's float input, in its memory layout.
 
-        Loader batches are channels-last already (``data.batch.stack_images``): no copy then. Any reorder
+        Loader batches are channels-last already (``structures.batch.stack_images``): no copy then. Any reorder
         happens while still uint8, 4x fewer bytes to shuffle than in float.
         """
         nhwc = self.hparams.channels_last

@@ -5,7 +5,7 @@ HSV -> vertical flip -> horizontal flip. Every random number comes from the gene
 so a sample's augmentation is a function of the generator's seed alone (the Dataset seeds it from
 ``(seed, epoch, index)``), whatever the number of workers, ranks or nodes.
 
-The labels travel as ``data.labels.instances.Instances``: boxes, classes and the task's instance fields (a
+The labels travel as ``structures.instances.Instances``: boxes, classes and the task's instance fields (a
 segmentation sample's outlines), every step moving all of them with the same numbers.
 """
 

@@ -9,7 +9,7 @@ letterbox's one gain and shift)::
 with ``area`` = 0.53 × the truth box's area (input pixels), σ the COCO keypoint sigmas for (17, 3) else 1/K each
 (``loss.keypoint_sigmas``), labelled = visibility != 0. Detections are matched to truths of their class at each
 OKS threshold 0.50:0.05:0.95 and the AP per class interpolated as the reference validator does
-(``training.metrics.reference_ap``: ``match_by_iou``, ``interpolated_ap``), averaged over the classes of the
+(``metrics.reference_ap``: ``match_by_iou``, ``interpolated_ap``), averaged over the classes of the
 ground truth: ``pose_mAP50-95``, ``pose_mAP50``. ``fitness`` is the reference's pose model-selection score,
 ``fitness(box) + fitness(pose)`` with ``fitness = 0.1 · mAP50 + 0.9 · mAP50-95``.
 

@@ -1,7 +1,7 @@
 """``PoseTask``: keypoints (YOLO11-pose), what every layer asks of it (``tasks.base``).
 
 Detection plus K keypoints of D values per instance (``kpt_shape``, COCO persons: (17, 3); a dataset yaml's
-``kpt_shape`` with its ``flip_idx``, or a COCO keypoints json's categories' keypoint names): the labels carry them (``data.labels.keypoints.Keypoints``, moved by every
+``kpt_shape`` with its ``flip_idx``, or a COCO keypoints json's categories' keypoint names): the labels carry them (``structures.keypoints.Keypoints``, moved by every
 augmentation step), a batch its ``keypoints`` (N, K, 3) (``batch``), the head adds K·D channels per anchor
 (``head.Pose``), the loss a keypoint term and a visibility term (``loss.PoseLoss``), the metric the keypoint mAP
 by OKS (``metric.PoseMAP``), predictions their keypoints in original pixels (``drawing``: skeletons, COCO json

@@ -1,6 +1,6 @@
 """``SegmentTask``: instance segmentation (YOLO11-seg), what every layer asks of it (``tasks.base``).
 
-Detection plus one mask per instance: the labels carry a polygon per box (``data.labels``), a sample carries its
+Detection plus one mask per instance: the labels carry a polygon per box (``structures``), a sample carries its
 masks at 1/4 of the image side (``masks.rasterize``), the head adds 32 mask coefficients per anchor and 32
 prototype masks per image (``head.Segment``), the loss a mask BCE (``loss.SegmentationLoss``), the metric the mask
 mAP (``metric.SegmentationMAP``), and predictions their masks in original pixels (``mask_ops.segment_image``),

@@ -3,7 +3,7 @@
 Lightning's ``ModelSummary`` counts FLOPs only by running ``example_input_array`` through the module, which
 ``YOLO11Module`` does not set (a real forward at fit start would cost a compile with ``--machine.compile`` and
 the device's time); its table then shows ``FLOPs 0`` for every layer and ``0 Total Flops``. ``FlopsSummary``
-counts them the way ``yolo11-lightning info`` does (``nn.summary.count_flops``): one image at the data's
+counts them the way ``yolo11-lightning info`` does (``cli.info.count_flops``): one image at the data's
 ``image_size`` through a copy of the detector on the meta device (shapes only, no memory, no compute), in
 eval mode, so per layer and in total the figures are those of one image at the training size.
 ``count_flops_in_summary`` puts it in place of the Trainer's ``ModelSummary`` (the CLI does this), with the
