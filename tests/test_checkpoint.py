@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 
@@ -9,7 +10,13 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # before any import of the reference
 
 import pytest
 import torch
-from model_oracle import reference_eval, reference_model, run_without_reference, save_like_release
+from model_oracle import (
+    reference_eval,
+    reference_model,
+    reference_task_model,
+    run_without_reference,
+    save_like_release,
+)
 
 from yolo11_lightning import YOLO11
 from yolo11_lightning.model_files.reference import CheckpointError, rename_key
@@ -216,3 +223,42 @@ def test_other_yolo_family_model_is_rejected(tmp_path):
     save_like_release(v8, tmp_path / "yolov8n.pt")
     with pytest.raises(CheckpointError, match=r"yolov8n\.pt\['model'\].*not a YOLO11 detection checkpoint"):
         load_model(tmp_path / "yolov8n.pt")
+
+
+def test_the_public_loader_opens_every_model_file_without_lightning(tmp_path) -> None:
+    """``yolo11_lightning.load_model(path)``: a reference release file of every task, our weights file and a
+    Lightning checkpoint, each back with its task, names and ``kpt_shape``, in a fresh interpreter where neither
+    the reference package nor Lightning is imported."""
+    from yolo11_lightning.model_files.weights import save_weights
+    from yolo11_lightning.tasks import create_model
+
+    expected = {}
+    for task, nc, extra in (
+        ("detect", 2, {}), ("segment", 2, {}), ("pose", 1, {"data_kpt_shape": (5, 2)}), ("obb", 3, {}),
+        ("classify", 4, {}),
+    ):  # fmt: skip
+        ref = reference_task_model(task, "n", nc, seed=1, **extra)
+        save_like_release(ref, tmp_path / f"{task}.pt", {i: f"{task}{i}" for i in range(nc)})
+        kpt = list(extra.get("data_kpt_shape", ())) or None
+        expected[f"{task}.pt"] = [task, nc, [f"{task}{i}" for i in range(nc)], kpt]
+    ours = create_model("n", 2, ["a", "b"], task="pose", kpt_shape=(3, 3))
+    save_weights(ours, tmp_path / "pose.pth")
+    torch.save(
+        {
+            "hyper_parameters": {"scale": "n", "num_classes": 2, "task": "pose", "kpt_shape": [3, 3],
+                                 "class_names": ["a", "b"]},
+            "state_dict": {f"model.{k}": v for k, v in ours.state_dict().items()},
+        },
+        tmp_path / "best.ckpt",
+    )  # fmt: skip
+    expected["pose.pth"] = expected["best.ckpt"] = ["pose", 2, ["a", "b"], [3, 3]]
+    proc = run_without_reference(
+        f"import json, os, sys\nos.chdir({str(tmp_path)!r})\nfrom yolo11_lightning import load_model\n"
+        f"found = {{}}\nfor name in {sorted(expected)!r}:\n"
+        "    m = load_model(name)\n"
+        "    found[name] = [m.task, m.num_classes, m.names, list(m.kpt_shape) if m.kpt_shape else None]\n"
+        "assert not [k for k in sys.modules if k.split('.')[0] == 'lightning'], 'lightning imported'\n"
+        "print(json.dumps(found))\n"
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.splitlines()[0]) == expected

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import math
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # before any import of the reference package
 
@@ -232,3 +234,19 @@ def test_anchors_cached_in_inference_mode_are_remade_for_autograd() -> None:
         model(x)
     model(x).sum().backward()  # raised "Inference tensors cannot be saved for backward"
     assert next(model.parameters()).grad is not None
+
+
+def test_building_a_detector_imports_torch_and_nothing_heavy(tmp_path) -> None:
+    """``YOLO11("n", 80)`` in a fresh interpreter loads only ``nn/`` and ``ops/`` of the package: no OpenCV,
+    matplotlib, torchmetrics or Lightning (the network is plain PyTorch)."""
+    code = (
+        "import sys\nimport yolo11_lightning\nmodel = yolo11_lightning.YOLO11('n', 80)\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'cv2', 'matplotlib', 'torchmetrics', 'lightning'})\n"
+        "parts = sorted({m.split('.')[1] for m in sys.modules if m.startswith('yolo11_lightning.')})\n"
+        "print(heavy, parts, model.task)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["[]", "['nn',", "'ops']", "detect"]
