@@ -109,8 +109,8 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
 
 
 def test_runs_are_accepted() -> None:
-    """Data, metrics, prediction and export are in place (``not_yet`` empty): a module of the task is built."""
+    """Data, metrics, prediction and export are in place: a module of the task is built."""
     from yolo11_lightning import YOLO11Module
 
     module = YOLO11Module(task="classify", num_classes=10)
-    assert module.task.name == "classify" and module.hparams.task == "classify" and not module.task.not_yet
+    assert module.task.name == "classify" and module.hparams.task == "classify"

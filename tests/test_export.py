@@ -15,7 +15,7 @@ import torch
 
 from yolo11_lightning import YOLO11
 from yolo11_lightning.export.command import _parity_check, main
-from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff
+from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff, onnx_tolerance
 from yolo11_lightning.model_files.weights import load_model, save_weights
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,7 +42,7 @@ def test_onnx_matches_pytorch_at_any_batch_size(tmp_path: Path) -> None:
     path = export_onnx(model, tmp_path / "m.onnx", image_size=(64, 96))  # non-square: catches H/W mix-ups
     for batch in (1, 3):  # exported with batch 1: 3 proves the batch axis is dynamic
         images = torch.rand(batch, 3, 64, 96, generator=torch.Generator().manual_seed(batch))
-        assert onnx_max_abs_diff(model, path, images) <= 1e-4
+        assert onnx_max_abs_diff(model, path, images) <= onnx_tolerance(model, images)  # 1e-4 + float32 steps
     proto = onnx.load(str(path))
     meta = {p.key: p.value for p in proto.metadata_props}
     assert json.loads(meta["class_names"]) == model.names and json.loads(meta["image_size"]) == [64, 96]

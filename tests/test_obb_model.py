@@ -108,11 +108,9 @@ def test_fine_tuning_from_a_detection_file(tmp_path: Path) -> None:
 
 
 def test_runs_of_the_task_are_accepted() -> None:
-    """Nothing is ``not_yet``: the module builds with the OBB metric (the CLI runs are in test_obb_resume.py)."""
+    """The module builds with the OBB metric (the CLI runs are in test_obb_resume.py)."""
     from yolo11_lightning import YOLO11Module
-    from yolo11_lightning.tasks.choice import check_available
     from yolo11_lightning.tasks.obb.metric import ObbMAP
 
-    check_available("obb", "model.task='obb'")
     module = YOLO11Module(task="obb", num_classes=15)
     assert module.task.name == "obb" and isinstance(module.val_map, ObbMAP)

@@ -26,7 +26,6 @@ from yolo11_lightning.extras import MissingExtraError, require
 from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
 from yolo11_lightning.model_files.weights import load_model, save_weights
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks.choice import TaskError, check_available
 
 FORMATS = ("onnx", "weights")
 
@@ -79,11 +78,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = save_weights(model, args.out or source.with_suffix(".pth"), trained)
         print(f"weights: {out} ({_describe(model)})")
         return 0
-    try:  # an ONNX file of a task whose outputs and checks are still to come would not be what it claims
-        check_available(model.task, f"{args.ckpt_path}: ONNX export")
-    except TaskError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     try:
         require("onnx", "onnx", "export")
     except MissingExtraError as e:

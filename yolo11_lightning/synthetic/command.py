@@ -28,7 +28,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-objects", type=int, help="default 4; --hard: 7")
     p.add_argument("--coco", action="store_true", help="also write COCO json files and coco.yaml")
     p.add_argument(
-        "--task", choices=[n for n, t in TASKS.items() if not t.not_yet], default=DEFAULT_TASK,
+        "--task", choices=list(TASKS), default=DEFAULT_TASK,
         help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); pose: "
         "figures of 5 keypoints, some occluded or unlabelled (YOLO pose rows, kpt_shape and flip_idx; --coco: COCO "
         "keypoints json); obb: "

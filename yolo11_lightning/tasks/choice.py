@@ -13,9 +13,8 @@ The task is set once. Its sources, strongest first:
 
 The data follows the model and the model follows the data. A dataset that says its task is a fact about its
 labels: any other task is refused. A weights file of another task than the one named is fine-tuning (it loads
-what fits). A task whose model and loss are here but whose data, metrics, prediction or export are not yet
-(``Task.not_yet``; every registered task runs today) is refused by name, saying what it lacks
-(``check_available``).
+what fits). A task that is not registered (a reference file or dataset of a task this package does not train)
+is refused by name, listing the supported ones.
 
 The callers read the sources (config, files) and hand them here as ``TaskClaim``s; this module reads no file.
 """
@@ -28,7 +27,7 @@ from dataclasses import dataclass
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
-__all__ = ["TaskClaim", "TaskError", "check_available", "choose_task", "task_words"]
+__all__ = ["TaskClaim", "TaskError", "choose_task", "task_words"]
 
 
 class TaskError(UserInputError):
@@ -73,18 +72,8 @@ def choose_task(
         if chosen is weights
         else ""
     )
-    check_available(chosen.task, chosen.source, hint)
+    if chosen.task not in TASKS:
+        raise TaskError(
+            f"{chosen.source}: the {chosen.task} task is not supported yet (supported: {', '.join(TASKS)}){hint}"
+        )
     return chosen.task
-
-
-def check_available(task: str, source: str, hint: str = "") -> None:
-    """Raise TaskError unless ``task`` can run here: a registered task with nothing ``not_yet`` (``source``
-    names where it came from, ``hint`` ends the message)."""
-    spec = TASKS.get(task)
-    if spec is not None and not spec.not_yet:
-        return
-    supported = ", ".join(name for name, t in TASKS.items() if not t.not_yet)
-    lacking = (
-        f"; its model, model files and loss are in place, not yet {spec.not_yet}" if spec is not None else ""
-    )
-    raise TaskError(f"{source}: the {task} task is not supported yet (supported: {supported}){lacking}{hint}")

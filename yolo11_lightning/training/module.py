@@ -22,8 +22,8 @@ from yolo11_lightning.metrics.detection import DetectionMAP
 from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file, refuse_training
 from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.structures.batch import DetectionBatch, ImageBatch
-from yolo11_lightning.tasks import TASKS, create_model, get_task
-from yolo11_lightning.tasks.choice import check_available, choose_task
+from yolo11_lightning.tasks import create_model, get_task
+from yolo11_lightning.tasks.choice import choose_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
@@ -189,8 +189,6 @@ class YOLO11Module(L.LightningModule):
         elif task is None:  # the weights file's task (its header only), else detection
             claim = weights_task_claim(weights) if weights else None
             task = choose_task([], weights=claim)
-        elif task in TASKS:  # a task whose data, metrics, ... are still to come: refused here, in one line
-            check_available(task, f"model.task={task!r}")
         self.save_hyperparameters()  # after `task` is resolved: hparams hold the task, never None
         # LightningCLI hands its config as the hyper-parameters: a task the file named is not in it (.onnx).
         self.hparams["task"] = task

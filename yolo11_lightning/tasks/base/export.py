@@ -1,0 +1,58 @@
+"""What ONNX export and reading an ONNX file back ask of a task, with detection's answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+__all__ = ["TaskExport"]
+
+OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
+
+
+class TaskExport:
+    """Onnx export and reading an onnx file back: the task's hooks (module docstring)."""
+
+    onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
+    onnx_output_doc: ClassVar[str] = OUTPUT_DOC
+    # The export check's tolerance (``export.onnx.onnx_tolerance``) times this: a task whose decode amplifies
+    # float32 rounding more than the box decode's does allows more.
+    onnx_tolerance_gain: ClassVar[float] = 1.0
+
+    def onnx_output_axes(self, dynamic: bool) -> list[dict[int, str]]:
+        """Per ONNX output (``onnx_outputs`` order), its free axes by name: the batch, and the anchors when the
+        image height and width are free (``dynamic``)."""
+        return [{0: "batch", 2: "anchors"} if dynamic else {0: "batch"}]
+
+    def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
+        """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
+        known = {1: 4 + model.num_classes + self.extra_channels(model)}
+        if not dynamic:
+            known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
+        return [known]
+
+    def onnx_output_order(self, shapes: Sequence[Sequence[Any]]) -> list[int]:
+        """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
+        return list(range(len(shapes)))
+
+    def onnx_num_classes(self, shape: Sequence[Any], extra: int) -> int | None:
+        """The class count an ONNX file's first output of ``shape`` implies (None: its axis is symbolic); raises
+        ValueError when the shape is not this task's (B, 4 + nc + extra, A)."""
+        if len(shape) != 3:
+            raise ValueError(
+                f"output {list(shape)} is not (B, 4 + nc, A); an export with NMS inside the graph (end-to-end) "
+                "is not supported"
+            )
+        return shape[1] - 4 - extra if isinstance(shape[1], int) else None
+
+    def onnx_metadata(self, model: Any) -> dict[str, str]:
+        """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
+        return {}
+
+    def onnx_extra_channels(
+        self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
+    ) -> int:
+        """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
+        (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
+        they are not this task's."""
+        return 0
