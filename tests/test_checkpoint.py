@@ -210,7 +210,7 @@ def test_other_architectures_get_clear_errors(tmp_path):
         load_model(wrong)
     with pytest.raises(CheckpointError, match=r"not a state dict: entry 'x' is a str"):
         load_model({"x": "y"})
-    with pytest.raises(CheckpointError, match="no such checkpoint file"):
+    with pytest.raises(FileNotFoundError, match="model file not found"):
         load_model(tmp_path / "missing.pt")
     torch.save([1, 2, 3], tmp_path / "list.pt")
     with pytest.raises(CheckpointError, match=r"list\.pt: expected a dict"):
