@@ -1,9 +1,10 @@
 """Shared pieces of the benchmarks: machine description, alternating timing, tables, command line, workers,
 datasets (the measured training runs of both sides are in ``_fit``).
 
-Benchmarks run as scripts (``python benchmarks/x.py``), so this module is imported as ``_common`` from
-the script's own folder. The reference package (ultralytics, AGPL) is an oracle here only: it is
-imported inside the functions that need it, never by the ``yolo11_lightning`` package.
+Benchmarks run as scripts (``python benchmarks/<group>/x.py``), so this module is imported as ``_common``
+once the script's first lines have put ``benchmarks/`` on ``sys.path``. The reference package (ultralytics,
+AGPL) is an oracle here only: it is imported inside the functions that need it, never by the
+``yolo11_lightning`` package.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ NCCL_DUMP = {
 
 
 @pytest.mark.parametrize(
-    "script", ["scripts/torchrun_node.sh", "scripts/slurm_ddp.sbatch", "benchmarks/gpu_run.sh"]
+    "script", ["scripts/torchrun_node.sh", "scripts/slurm_ddp.sbatch", "benchmarks/device/gpu_run.sh"]
 )
 def test_launch_scripts_export_the_flight_recorder_dump(script: str, tmp_path) -> None:
     """NCCL's watchdog aborts a rank whose collective timed out before Python sees it: the flight recorder's dump
