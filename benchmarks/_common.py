@@ -143,7 +143,7 @@ def ratio(ours: float, theirs: float) -> str:
 
 # ------------------------------------------------------------------------------------ tables
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (readable in a terminal, pasteable into benchmarks/README.md)."""
+    """A Markdown table (readable in a terminal, pasteable into a script's results file)."""
 
     def cell(v: Any) -> str:
         if isinstance(v, float):

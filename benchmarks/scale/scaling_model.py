@@ -112,7 +112,7 @@ SETUPS = (
 )
 
 # ---------------------------------------------------------------------------------------------- the data
-WORKER_IMAGES_S = 294.0  # benchmarks/README.md "Mosaic partner locality": one DataLoader worker, 640 px,
+WORKER_IMAGES_S = 294.0  # speed/data_speed.md, "Mosaic partner pools": one DataLoader worker, 640 px,
 # COCO-like JPEGs, default `recent` mosaic partners, on this project's shared virtualised 2-core machine
 SERVER_CORE_SPEEDUP = 1.0  # assumption: a server core counted as fast as that shared vCPU (likely 1-1.5x)
 LOADER_HEADROOM = 1.3  # workers for 1.3x the GPU's image rate: batches vary in cost (mosaic, decode sizes)
