@@ -1,9 +1,10 @@
 """Shared pieces of the benchmarks: machine description, alternating timing, tables, command line, workers,
 datasets (the measured training runs of both sides are in ``_fit``).
 
-Benchmarks run as scripts (``python benchmarks/x.py``), so this module is imported as ``_common`` from
-the script's own folder. The reference package (ultralytics, AGPL) is an oracle here only: it is
-imported inside the functions that need it, never by the ``yolo11_lightning`` package.
+Benchmarks run as scripts (``python benchmarks/<group>/x.py``), so this module is imported as ``_common``
+once the script's first lines have put ``benchmarks/`` on ``sys.path``. The reference package (ultralytics,
+AGPL) is an oracle here only: it is imported inside the functions that need it, never by the
+``yolo11_lightning`` package.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def ratio(ours: float, theirs: float) -> str:
 
 # ------------------------------------------------------------------------------------ tables
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A Markdown table (readable in a terminal, pasteable into benchmarks/README.md)."""
+    """A Markdown table (readable in a terminal, pasteable into a script's results file)."""
 
     def cell(v: Any) -> str:
         if isinstance(v, float):

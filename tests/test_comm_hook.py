@@ -3,7 +3,7 @@
 The presets as users stack them (``multinode.yaml``, then ``ethernet.yaml``), moved to the CPU by command-line
 options. Lightning registers ``ddp_comm_hook`` on CUDA only; ``ddp_options.CommHookOnCpu`` registers the hook the
 CLI resolved, as Lightning does on a GPU, and checks what it returned. What compression does to the trajectory
-is measured by ``benchmarks/comm_hook.py``.
+is measured by ``benchmarks/parity/comm_hook.py``.
 """
 
 from __future__ import annotations

@@ -321,7 +321,7 @@ def test_exchange_on_one_process_moves_nothing_and_agrees_one_step_late() -> Non
 
 
 def test_cuda_only_sync_tests_exist_for_the_device_run() -> None:
-    """benchmarks/gpu.py runs tests/test_gpu_syncs.py on a lent GPU; here it must at least be collected."""
+    """benchmarks/device/gpu.py runs tests/test_gpu_syncs.py on a lent GPU; here it must at least be collected."""
     import importlib
 
     syncs = importlib.import_module("test_gpu_syncs")  # collected by this suite too: an import error fails it

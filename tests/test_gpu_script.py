@@ -1,4 +1,4 @@
-"""benchmarks/gpu.py, the device script for a lent GPU, checked where no GPU is: the TF32 setting it uses must
+"""benchmarks/device/gpu.py, the device script for a lent GPU, checked where no GPU is: the TF32 setting it uses must
 be the one Lightning can read back, and its order and budget must put the checks no CPU can make first."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu  # noqa: E402  (benchmarks/gpu.py)
+sys.path.insert(0, str(REPO / "benchmarks" / "device"))
+import gpu  # noqa: E402  (benchmarks/device/gpu.py)
 
 FIRST = ["tf32-probe", "sync-audit", "ddp 2-rank", "ddp 16-mixed", "resume 16>bf16"]
 

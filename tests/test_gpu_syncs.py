@@ -4,7 +4,7 @@
 data-dependent shape) into an error for the steps audited here, with the real defaults of a CLI run (its
 callbacks, the EMA, the loss, the fused optimiser, clipping); detection in every precision, pose, oriented boxes
 and classification in bf16. The loggers write every 1000 steps, so no step audited here is a log step (those
-read the loss items once, by design). Skipped without CUDA; the lent-GPU run (``benchmarks/gpu.py``) runs this
+read the loss items once, by design). Skipped without CUDA; the lent-GPU run (``benchmarks/device/gpu.py``) runs this
 file. ``tests/test_gpu_path.py`` checks the same on the CPU's emu device.
 """
 

@@ -142,20 +142,24 @@ NCCL_DUMP = {
 
 
 @pytest.mark.parametrize(
-    "script", ["scripts/torchrun_node.sh", "scripts/slurm_ddp.sbatch", "benchmarks/gpu_run.sh"]
+    "script", ["scripts/torchrun_node.sh", "scripts/slurm_ddp.sbatch", "benchmarks/device/gpu_run.sh"]
 )
 def test_launch_scripts_export_the_flight_recorder_dump(script: str, tmp_path) -> None:
     """NCCL's watchdog aborts a rank whose collective timed out before Python sees it: the flight recorder's dump
     is the report left. The scripts' exports, run in bash from a clean environment, give every rank the dump
     (both torch's current and older names, in a folder they create) and expandable segments; a user's values
     win."""
-    lines = (REPO / script).read_text().splitlines()
+    sourced = (REPO / "scripts" / "nccl_env.sh").read_text().splitlines()
+    lines = []  # the script's, with scripts/nccl_env.sh in place of the line sourcing it
+    for line in (REPO / script).read_text().splitlines():
+        lines += sourced if line.startswith("source ") and "nccl_env.sh" in line else [line]
     names = ("TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_", "TORCH_NCCL_TRACE_BUFFER_SIZE",
              "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "PYTORCH_CUDA_ALLOC_CONF")  # fmt: skip
     exports = [line for line in lines if line.startswith("export ") and any(n in line for n in names)]
     made = [line for line in lines if line.startswith('mkdir -p "$(dirname "$TORCH_FR_DUMP_TEMP_FILE")"')]
     assert len(exports) == 6 and made, "\n".join(exports)
-    shell = "\n".join(["set -eu", f'OUT="{tmp_path}/out"', *exports, *made, "env"])
+    folder = [line for line in lines if line.startswith("FLIGHT_RECORDER_DIR=")]
+    shell = "\n".join(["set -eu", f'OUT="{tmp_path}/out"', *folder, *exports, *made, "env"])
 
     def run(**env: str) -> dict[str, str]:
         out = subprocess.run(["bash", "-c", shell], cwd=tmp_path, env={"PATH": "/usr/bin:/bin", **env},

@@ -150,7 +150,7 @@ def test_sigterm_at_random_batches_on_one_device(
         proc = start_training(fit_args(tiny_dataset, root, "rec", *NO_STEP_SAVES, *SLOW), cwd=tmp_path)
         done, _ = signal_after(proc, root / "rec", moment, signal.SIGTERM, ranks=[0])
         # As a scheduler would: the run must have ended within the grace period (a hang guard, not a timing
-        # figure; seconds from signal to exit are measured by benchmarks/preemption.py).
+        # figure; seconds from signal to exit are measured by benchmarks/speed/preemption.py).
         code, output = finish(proc, timeout=GRACE_SECONDS)
         assert code == 143, output[-6000:]
         assert "received SIGTERM" in output and "stopped at global step" in output

@@ -1,6 +1,6 @@
 """Validation against the reference validator (AGPL, test oracle only): data, weights, both runs, scoring.
 
-Used by ``test_validation_parity.py`` and ``benchmarks/val_parity.py``:
+Used by ``test_validation_parity.py`` and ``benchmarks/parity/val_parity.py``:
 
 - ``write_dataset``: PNG/JPEG images of several aspect ratios (enlarged and shrunk at 160 px) in YOLO layout;
 - ``informative_weights``: a reference yolo11n whose BatchNorm statistics are measured on the images and
