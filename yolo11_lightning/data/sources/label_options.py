@@ -69,6 +69,11 @@ class LabelOptions:
             )
         return cls((k, int(shape[1])), tuple(int(i) for i in flip))
 
+    def yaml_keys(self) -> dict[str, list[int]]:
+        """The dataset yaml's keys that declare these options (``from_yaml`` reads them back); {} for none."""
+        keys = {} if self.kpt_shape is None else {SHAPE_KEY: list(self.kpt_shape)}
+        return keys | ({} if self.flip_idx is None else {FLIP_KEY: list(self.flip_idx)})
+
     @staticmethod
     def declared_by(raw: Mapping[str, Any]) -> str | None:
         """How a dataset yaml's mapping says it is a keypoint dataset (its keypoint key, unchecked), or None."""

@@ -64,6 +64,7 @@ class PoseTask(DetectTask):
     # A keypoint is its raw offset times 2·stride (64 px per unit at P5), twice a box side's DFL gain: measured
     # gaps reach 2x detection's on random reference weights (5.5e-4 at 160 px); 4 leaves a margin.
     onnx_tolerance_gain: ClassVar[float] = 4.0
+    option_keys: ClassVar[tuple[str, ...]] = ("kpt_shape",)
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int]:
         """(K, D): the given shape, (17, 3) when None; K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility)."""
@@ -106,6 +107,24 @@ class PoseTask(DetectTask):
             return None
         nk = int(weight.shape[0])
         return (nk // 3, 3) if nk % 3 == 0 else (nk // 2, 2) if nk % 2 == 0 else None
+
+    def model_options(self, model: Any) -> dict[str, Any]:
+        """``kpt_shape`` [K, D], the model's keypoint shape."""
+        return {"kpt_shape": [int(v) for v in model.kpt_shape]}
+
+    def options_from(
+        self, values: Mapping[str, Any], where: str, state: Mapping[str, Tensor] | None = None
+    ) -> dict[str, Any]:
+        """``kpt_shape`` checked as ``check_kpt_shape`` does; without one, the one ``state``'s keypoint outputs
+        imply (``kpt_shape_from_state``), else none: (17, 3)."""
+        shape = values.get("kpt_shape")
+        if shape is None:
+            implied = None if state is None else self.kpt_shape_from_state(state)
+            return {} if implied is None else {"kpt_shape": implied}
+        try:
+            return {"kpt_shape": self.check_kpt_shape(shape)}
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
 
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> PoseLoss:
         return PoseLoss(model.num_classes, model.kpt_shape, strides=model.strides, box=box, cls=cls, dfl=dfl)
