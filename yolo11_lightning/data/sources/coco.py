@@ -194,7 +194,7 @@ def load_coco_json(
     options = options or LabelOptions()
     data = _read_json(json_path)
     cat_map = _category_map(json_path, data.get("categories", []), names)
-    if options.keypoints:
+    if options.num_keypoints:
         problem = options.json_problem(category_keypoints(data.get("categories", []), json_path))
         if problem is not None:
             raise DatasetError(f"{json_path}: {problem}")
@@ -279,7 +279,7 @@ def load_coco_json(
             )
         frame = json_size if min(json_size) > 0 else probed
         anns, keypoints = anns_of[img["id"]], []
-        if options.keypoints:  # a row with bad keypoints is refused before its box is checked
+        if options.num_keypoints:  # a row with bad keypoints is refused before its box is checked
             usable = []
             for ann in anns:
                 points, why = options.annotation_points(ann["_kpts"], frame)
@@ -304,8 +304,8 @@ def load_coco_json(
         report.add_image(len(checked.classes), int((sizes > 0).sum()))
         segments = np.concatenate([*polygons, np.zeros((0, 2), np.float32)])
         kept_points = None
-        if options.keypoints:
-            kept_points = np.zeros((len(checked.kept), options.keypoints, 3), np.float32)
+        if options.num_keypoints:
+            kept_points = np.zeros((len(checked.kept), options.num_keypoints, 3), np.float32)
             for j, i in enumerate(checked.kept):
                 kept_points[j] = keypoints[i]
         records.append(

@@ -94,7 +94,7 @@ class LabelOptions:
         return replace(self, kpt_shape=shape, flip_idx=self.flip_idx if self.flip_idx is not None else flip)
 
     @property
-    def keypoints(self) -> int:
+    def num_keypoints(self) -> int:
         """K, the keypoints of each instance (0: the labels carry none)."""
         return self.kpt_shape[0] if self.kpt_shape is not None else 0
 
@@ -147,7 +147,7 @@ class LabelOptions:
         """A COCO annotation's ``keypoints`` ``[x1, y1, v1, ...]`` in pixels -> ((K, 3) float64 x, y normalised to
         the (h, w) ``size`` frame and the visibility, None), or (None, reason): missing, not 3·K numbers, not
         finite, or refused by ``check_points``."""
-        k = self.keypoints
+        k = self.num_keypoints
         if values is None:
             return None, f"no `keypoints` (the dataset's {SHAPE_KEY} is {list(self.kpt_shape or ())})"
         if not isinstance(values, list) or not all(_is_number(v) for v in values):

@@ -104,7 +104,7 @@ def parse_label_rows(
     points_of: list[np.ndarray] = []
     early: list[tuple[int, str]] = []  # (line, reason) found before the shared checks
     options = options or LabelOptions()
-    keypoints = options.keypoints
+    keypoints = options.num_keypoints  # K per row; 0: box and polygon rows
     for line_no, line in enumerate(text.splitlines(), 1):
         tokens = line.split()
         n = len(tokens)
@@ -273,7 +273,7 @@ def check_images(
     kept_images: list[str] = []
     problems: list[tuple[str, str, bool] | None] = []  # per image: (path, reason, too large), None: usable
     any_label_file = False
-    k = options.keypoints if options is not None else 0
+    k = options.num_keypoints if options is not None else 0
     for image_path in images:
         try:
             height, width = probe_image(image_path, max_pixels)
