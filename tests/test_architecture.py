@@ -10,6 +10,7 @@ inside a function, and so does the package ``__init__`` a dotted import runs fir
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -212,6 +213,34 @@ def test_the_task_rules_would_catch_a_branch() -> None:
     tree = ast.parse(code)
     assert _task_name_comparisons(tree) == [1, 1, 1] and _task_name_lists(tree) == [3]
     assert {"detect", "segment"} <= TASKS
+
+
+# The modules outside tasks/ that name a task option, and why; the others receive the task, or the options as one
+# record (``Task.options_from`` / ``model_options``, ``data.sources.label_options.LabelOptions``).
+OPTION = re.compile(r"\bkpt_shape\b")
+MAX_OPTION_MODULES = 8
+OPTION_MODULES = {
+    "nn.yolo11": "the model's keypoint shape, read off the head it was built with (YOLO11.kpt_shape)",
+    "model_files.onnx_runtime": "the same attribute of an ONNX model, which the pose task reads",
+    "data.sources.label_options": "the dataset yaml's keys, read and written by this one data module",
+    "data.sources.config": "DatasetConfig.kpt_shape / flip_idx, read by the DataModule",
+    "training.module": "the --model.kpt_shape hyper-parameter, a public config name",
+    "training.datamodule": "checks the model and the dataset agree",
+    "training.callbacks.model_summary": "rebuilds the detector on the meta device",
+    "cli.lightning_cli": "fills --model.kpt_shape from the dataset when none is named",
+}
+
+
+def test_task_options_are_named_in_few_modules_outside_the_tasks() -> None:
+    naming = {
+        m.removeprefix(PACKAGE + ".")
+        for m, path in MODULES.items()
+        if m != TASK_HOME and not m.startswith(TASK_HOME + ".") and OPTION.search(path.read_text())
+    }
+    assert naming <= set(OPTION_MODULES), (
+        f"hand the task or its options record on instead: {naming - set(OPTION_MODULES)}"
+    )
+    assert len(OPTION_MODULES) <= MAX_OPTION_MODULES
 
 
 # The folders (and top-level modules) of the package, bottom to top: each imports only parts before it in this

@@ -18,6 +18,7 @@ from data_files import pattern, write_image, write_labels, write_yaml
 from yolo11_lightning.cli import check_data
 from yolo11_lightning.data.augment.transforms import letterbox, random_affine_matrix
 from yolo11_lightning.data.sources.config import DatasetError, load_dataset_config
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.structures.instances import Instances
@@ -220,6 +221,18 @@ def test_bad_keypoint_keys_are_one_line_errors(tmp_path: Path, keys: dict, messa
     with pytest.raises(DatasetError, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
         load_dataset_config(yaml_path)
     assert str(yaml_path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_label_options_write_the_keys_they_read_and_refuse_other_coco_keypoints() -> None:
+    """The synthetic writer's yaml keys read back as the same record; COCO names of another K are refused."""
+    for options in (LabelOptions(), LabelOptions((2, 3)), LabelOptions((3, 2), (0, 2, 1))):
+        assert LabelOptions.from_yaml(options.yaml_keys(), "x.yaml") == options
+    filled = LabelOptions((2, 3)).with_keypoint_names(["left_a", "right_a"], (1, 0), "a.json")
+    assert filled == LabelOptions((2, 3), (1, 0)) and filled.complete
+    with pytest.raises(
+        ValueError, match=r"key `kpt_shape` is \[2, 3\] but the categories of a.json declare 3"
+    ):
+        LabelOptions((2, 3)).with_keypoint_names(["a", "b", "c"], None, "a.json")
 
 
 def test_packed_records_keep_keypoints_through_select_and_concatenate() -> None:

@@ -21,7 +21,7 @@ from yolo11_lightning.model_files.weights import (
     load_pretrained,
     save_weights,
 )
-from yolo11_lightning.tasks import create_model
+from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.tasks.pose.head import Pose, PoseOutput
 
 # Exact parameter counts of the reference YOLO11-pose at nc=1, kpt_shape (17, 3) (docs/reference.md).
@@ -184,3 +184,19 @@ def test_pose_module_takes_its_kpt_shape_and_refuses_a_bad_one_in_one_line() -> 
     assert module.model.kpt_shape == (5, 3) and module.task.extra_channels(module.model) == 15
     with pytest.raises(UserInputError, match=r"^model.kpt_shape: kpt_shape must be \[K, D\]"):
         YOLO11Module(task="pose", num_classes=1, kpt_shape=[5, 4])
+
+
+def test_pose_options_travel_through_the_task_and_a_bad_one_names_its_file() -> None:
+    """What a model file keeps of the task's options rebuilds the same model; a file without them gets what its
+    tensors imply; a bad value names the file; a task without options keeps and takes none."""
+    pose, detect = get_task("pose"), get_task("detect")
+    model = create_model("n", 2, task="pose", kpt_shape=(6, 2))
+    kept = pose.model_options(model)
+    assert kept == {"kpt_shape": [6, 2]}
+    assert create_model("n", 2, task="pose", **pose.options_from(kept, "w.pt")).kpt_shape == (6, 2)
+    assert pose.options_from({}, "w.pt", model.state_dict()) == {"kpt_shape": (4, 3)}  # K·D = 12 alone
+    assert pose.options_from({"kpt_shape": None}, "w.pt") == {}  # the default, (17, 3)
+    with pytest.raises(ValueError, match=r"^m\.onnx: ONNX metadata: kpt_shape must be \[K, D\]"):
+        pose.options_from({"kpt_shape": [5]}, "m.onnx: ONNX metadata")
+    assert detect.model_options(create_model("n", 2)) == {}
+    assert detect.options_from({"kpt_shape": [5, 3]}, "w.pt") == {}

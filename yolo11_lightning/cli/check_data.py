@@ -204,7 +204,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--task", choices=list(TASKS), default=None,
         help="also check the rows against this task's rules (obb: four corners, no repeated ones, an area, no "
         "crossing sides) and report in its words; default: the task the dataset's files say (an ImageFolder "
-        "root: classify; a kpt_shape yaml: pose), else detect",
+        "root: classify; a yaml that declares keypoints: pose), else detect",
     )  # fmt: skip
     p.add_argument(
         "--max_image_pixels",

@@ -129,9 +129,8 @@ def compare(
         "ema": False,
         "log_images": 0,
         "task": task,
+        **get_task(task).model_options(model),  # a pose model's keypoint shape
     }
-    if model.kpt_shape is not None:  # a pose model's keypoints
-        common["kpt_shape"] = list(model.kpt_shape)
     torch_module = YOLO11Module(scale=model.scale, **common)
     torch_module.model.load_state_dict(model.state_dict())
     onnx_module = YOLO11Module(scale=model.scale, weights=str(Path(onnx_path)), **common)

@@ -18,12 +18,12 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from yolo11_lightning.tasks import DEFAULT_TASK, get_task
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 
 PRODUCER = "yolo11_lightning"
 INPUT_DOC = "float RGB (B, 3, H, W) in [0, 1], letterboxed with fill 114/255"
@@ -52,7 +52,7 @@ def metadata_props(
         opset: ONNX opset of the graph.
         version: this package's version.
         task: a task of ``tasks.TASKS``: its ``noun`` describes the model, its ``onnx_output_doc`` the outputs.
-        task_props: the task's own keys (``Task.onnx_metadata``: a pose model's ``kpt_shape``).
+        task_props: the task's own keys (``Task.onnx_metadata``: a pose model's keypoint shape).
     """
     spec = get_task(task)  # a clear error naming the known tasks
     kind = spec.noun
@@ -99,7 +99,8 @@ class OnnxModelInfo:
     task: str
     producer: str | None
     scale: str | None
-    kpt_shape: tuple[int, int] | None = None  # a pose model's (K, D), metadata ``kpt_shape``
+    # the task's options (``Task.option_keys``, checked by ``Task.options_from``: a pose model's keypoint shape)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def _literal(path: Path | str, key: str, value: str) -> Any:
@@ -155,21 +156,23 @@ def read_metadata(path: Path | str, props: Mapping[str, str]) -> OnnxModelInfo:
         stride_value = int(stride)
     except ValueError as e:
         raise ValueError(f"{path}: ONNX metadata 'stride' must be an integer, got {stride!r}") from e
+    task = props.get("task", DEFAULT_TASK)
     return OnnxModelInfo(
         names=_names(path, props),
         size=_size(path, props),
         stride=stride_value,
-        task=props.get("task", DEFAULT_TASK),
+        task=task,
         producer=props.get("producer"),
         scale=props.get("scale"),
-        kpt_shape=_kpt_shape(path, props),
+        options=_options(path, props, task),
     )
 
 
-def _kpt_shape(path: Path | str, props: Mapping[str, str]) -> tuple[int, int] | None:
-    if "kpt_shape" not in props:
-        return None
-    value = _literal(path, "kpt_shape", props["kpt_shape"])
-    if not (isinstance(value, list | tuple) and len(value) == 2 and all(isinstance(v, int) for v in value)):
-        raise ValueError(f"{path}: ONNX metadata 'kpt_shape' must be [K, D], got {props['kpt_shape']!r}")
-    return int(value[0]), int(value[1])
+def _options(path: Path | str, props: Mapping[str, str], task: str) -> dict[str, Any]:
+    """The task's options the metadata holds, parsed and checked (none for a task we do not know: the runtime
+    refuses it)."""
+    spec = TASKS.get(task)
+    if spec is None:
+        return {}
+    values = {key: _literal(path, key, props[key]) for key in spec.option_keys if key in props}
+    return spec.options_from(values, f"{path}: ONNX metadata")

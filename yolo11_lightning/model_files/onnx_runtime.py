@@ -111,7 +111,7 @@ class OnnxDetector(nn.Module):
         if len(in_shape) != 4:
             raise ValueError(f"{self.path}: input {in_shape} is not (B, 3, H, W)")
         try:  # prediction channels after the class scores (mask coefficients, keypoints), the class count
-            self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs], self.info.kpt_shape)
+            self.num_masks = spec.onnx_extra_channels([list(o.shape) for o in outputs], **self.info.options)
             nc = spec.onnx_num_classes(out_shape, self.num_masks)
         except ValueError as e:
             raise ValueError(f"{self.path}: {e}") from e
@@ -135,7 +135,8 @@ class OnnxDetector(nn.Module):
             )
         self.num_classes = nc
         self.names = names
-        self.kpt_shape = self.info.kpt_shape  # a pose model's (K, D), else None
+        # a pose model's (K, D), as ``YOLO11.kpt_shape``; None for the other tasks
+        self.kpt_shape: tuple[int, int] | None = self.info.options.get("kpt_shape")
         self.scale = self.info.scale or "n"  # what the file says, for summaries; the graph does not need it
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OnnxDetector:

@@ -5,8 +5,8 @@ A reference ``.pt`` is a ``torch.save``d dict whose ``model``/``ema`` entry is a
 ``Task.reference_class``) in fp16. We read it with ``torch_file.load_reference`` (checked archive, restricted
 unpickler: reference classes become inert stand-ins, any other global is refused), walk the stand-ins'
 ``_modules``/``_parameters``/``_buffers`` to rebuild the state dict (keys ``model.<layer>.<path>``) and read the
-plain values the model carries (``names``, a pose head's ``kpt_shape``); infer task, scale, class count (and
-keypoint shape) from the tensors (``Task.matches_reference``) and rename the keys to ours (``layers.<i>.`` before
+plain values the model carries (``names``, and the task options its modules set: ``Task.option_keys``); infer
+task, scale, class count (and the task's options, ``Task.options_from``) from the tensors (``Task.matches_reference``) and rename the keys to ours (``layers.<i>.`` before
 the task's head, ``head.`` for it: ``Task.head_index``, 23, or 10 for classification). The model's expected state
 dicts come from the caller (``model_files.weights``): this module does not import the model.
 """
@@ -37,6 +37,8 @@ __all__ = [
 ]
 
 _MAX_MODULES = 100_000  # a real model has a few hundred; more means a crafted file
+# the module attributes that hold a task's options (a pose head's keypoint shape): ``Task.option_keys``
+_OPTION_KEYS = tuple(dict.fromkeys(key for task in TASKS.values() for key in task.option_keys))
 # Reference model classes of other model families (their files may share the backbone, not the head).
 _OTHER_FAMILIES = {
     "WorldModel": "open-vocabulary (YOLO-World)",
@@ -47,22 +49,23 @@ _OTHER_FAMILIES = {
 
 class ReferenceModel(NamedTuple):
     """What a reference file holds: its state dict (keys ``model.<i>...``), class names (or None), a label for
-    errors (the file and entry), and the keypoint shape its pose head declares (or None)."""
+    errors (the file and entry), and the task options its modules declare (``Task.option_keys``, unchecked: the
+    first value of each in the walk; a pose head's keypoint shape)."""
 
     state: dict[str, Tensor]
     names: list[str] | None
     label: str
-    kpt_shape: tuple[int, int] | None
+    declared: dict[str, Any]
 
 
 class Reference(NamedTuple):
-    """A reference state dict understood: scale, class count, task, keypoint shape (pose, else None) and the
-    tensors under our keys in fp32 (``infer_and_map``)."""
+    """A reference state dict understood: scale, class count, task, the task's options (``create_model``'s
+    keywords: a pose model's keypoint shape) and the tensors under our keys in fp32 (``infer_and_map``)."""
 
     scale: str
     num_classes: int
     task: str
-    kpt_shape: tuple[int, int] | None
+    options: dict[str, Any]
     state: dict[str, Tensor]
 
 
@@ -77,7 +80,7 @@ class WrongTaskError(CheckpointError):
 def load_reference(
     source: str | os.PathLike | Mapping[str, Any], any_task: bool = False, task: str | None = None
 ) -> ReferenceModel:
-    """The reference file's (or loaded dict's) state dict, class names, label and keypoint shape.
+    """The reference file's (or loaded dict's) state dict, class names, label and declared task options.
 
     A pickled model of a family we do not read (RT-DETR, YOLO-World, ...), or of another task than ``task`` when
     it is given, raises WrongTaskError unless ``any_task``.
@@ -111,15 +114,15 @@ def _extract(
                 raise WrongTaskError(
                     f"{label}: holds a {task} model ({entry.qualname}), {_not_a(wanted)}", task
                 )
-            state, names, kpt_shape = _walk_module(entry, f"{label}['{entry_name}']")
-            return ReferenceModel(state, names, f"{label}['{entry_name}'] ({entry.qualname})", kpt_shape)
+            state, names, declared = _walk_module(entry, f"{label}['{entry_name}']")
+            return ReferenceModel(state, names, f"{label}['{entry_name}'] ({entry.qualname})", declared)
         if isinstance(entry, Mapping):
             where = f"{label}['{entry_name}']"
-            return ReferenceModel(_tensor_dict(entry, where), None, where, None)
+            return ReferenceModel(_tensor_dict(entry, where), None, where, {})
         raise CheckpointError(
             f"{label}: entry {entry_name!r} is a {type(entry).__name__}, not a pickled model or state dict"
         )
-    return ReferenceModel(_tensor_dict(obj, label), None, label, None)
+    return ReferenceModel(_tensor_dict(obj, label), None, label, {})
 
 
 def reference_task(obj: Any) -> str | None:
@@ -163,17 +166,15 @@ def _tensor_dict(obj: Mapping[str, Any], label: str) -> dict[str, Tensor]:
     return dict(obj)
 
 
-def _walk_module(
-    root: StandIn, label: str
-) -> tuple[dict[str, Tensor], list[str] | None, tuple[int, int] | None]:
-    """State dict of a pickled nn.Module stand-in tree, its ``names`` attribute as a list, and the
-    ``kpt_shape`` a module of it declares (a pose head's), when it is two positive ints."""
+def _walk_module(root: StandIn, label: str) -> tuple[dict[str, Tensor], list[str] | None, dict[str, Any]]:
+    """State dict of a pickled nn.Module stand-in tree, its ``names`` attribute as a list, and the first value
+    of each task option (``Task.option_keys``) a module of it sets (a pose head's keypoint shape)."""
     if not isinstance(root.state, dict) or "_modules" not in root.state:
         raise CheckpointError(f"{label}: {root.qualname} is not a pickled torch module")
     out: dict[str, Tensor] = {}
     stack: list[tuple[str, Any]] = [("", root)]
     seen = 0
-    kpt_shape: tuple[int, int] | None = None
+    declared: dict[str, Any] = {}
     while stack:
         prefix, module = stack.pop()
         seen += 1
@@ -184,7 +185,9 @@ def _walk_module(
             raise CheckpointError(
                 f"{label}: submodule {prefix.rstrip('.') or '<root>'} is not a pickled module"
             )
-        kpt_shape = kpt_shape or _kpt_shape(state.get("kpt_shape"))
+        for key in _OPTION_KEYS:
+            if key not in declared and state.get(key) is not None:
+                declared[key] = state[key]
         skip = state.get("_non_persistent_buffers_set") or set()
         for group in ("_parameters", "_buffers"):
             for name, value in (state.get(group) or {}).items():
@@ -197,15 +200,7 @@ def _walk_module(
                 out[f"{prefix}{name}"] = value
         children = [(f"{prefix}{name}.", child) for name, child in (state.get("_modules") or {}).items()]
         stack.extend(c for c in reversed(children) if c[1] is not None)
-    return out, _names(root.state.get("names")), kpt_shape
-
-
-def _kpt_shape(value: Any) -> tuple[int, int] | None:
-    """A pickled ``kpt_shape`` ([K, D]) as a tuple when it is two positive ints, else None."""
-    ints = isinstance(value, (list, tuple)) and len(value) == 2
-    if ints and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-        return (value[0], value[1])
-    return None
+    return out, _names(root.state.get("names")), declared
 
 
 def _names(names: Any) -> list[str] | None:
@@ -226,15 +221,16 @@ def rename_key(key: str, head_index: int = 23) -> str:
 def infer_and_map(
     state: Mapping[str, Tensor],
     label: str,
-    expected_state: Callable[[str, int, str, tuple[int, int] | None], Mapping[str, Tensor]],
+    expected_state: Callable[[str, int, str, Mapping[str, Any]], Mapping[str, Tensor]],
     scales: Iterable[str],
-    kpt_shape: tuple[int, int] | None = None,
+    declared: Mapping[str, Any] | None = None,
 ) -> Reference:
-    """Infer (scale, num_classes, task, kpt_shape) from a reference state dict and return them with it under our
+    """Infer (scale, num_classes, task, options) from a reference state dict and return them with it under our
     keys, in fp32. The task is ``state_task``'s; the class count the first dimension of the task's ``class_key``;
-    the keypoint shape (pose) ``kpt_shape`` when the file declared it, else ``Task.kpt_shape_from_state``.
+    the task's options those the file ``declared`` (``Task.options_from``; one that does not hold is not taken),
+    else what the tensors imply (a pose model's keypoint shape from its keypoint outputs).
 
-    ``expected_state(scale, num_classes, task, kpt_shape)`` is the state dict (shapes only: meta tensors do) the
+    ``expected_state(scale, num_classes, task, options)`` is the state dict (shapes only: meta tensors do) the
     model of that scale expects, the ``checkpoint_filter_fn(state_dict, model)`` pattern of timm: the reader checks
     the file against what the model needs without building one, so this module never imports the model.
     """
@@ -255,16 +251,19 @@ def infer_and_map(
             )
     nc = int(state[cls_key].shape[0])
     ours = {rename_key(k, spec.head_index): v for k, v in state.items()}
-    kpt_shape = kpt_shape or spec.kpt_shape_from_state(ours)
+    try:
+        options = spec.options_from(declared or {}, label, ours)
+    except ValueError:  # a declared value that does not hold: the tensors tell
+        options = spec.options_from({}, label, ours)
     problems: list[str] = []
     for scale in scales:
-        expected = expected_state(scale, nc, task, kpt_shape)
+        expected = expected_state(scale, nc, task, options)
         if expected["layers.0.conv.weight"].shape != state[stem_key].shape:
             continue
         problems = _compare(expected, ours, spec)
         if not problems:
             fp32 = {k: v.float() if v.is_floating_point() else v for k, v in ours.items()}
-            return Reference(scale, nc, task, kpt_shape, fp32)
+            return Reference(scale, nc, task, options, fp32)
         problems = [f"scale {scale}: {p}" for p in problems]
     detail = "; ".join(problems[:4]) if problems else f"stem width {state[stem_key].shape[0]} fits no scale"
     raise CheckpointError(f"{label}: not a YOLO11 {spec.words} checkpoint (nc={nc}): {detail}")

@@ -1,13 +1,14 @@
 """Model files: every way a YOLO11 is written to or read from disk, in one place.
 
 - the weights-only format (``save_weights``; read by ``load_model``): scale, class count, names, the task
-  (absent for detection, ``tasks.DEFAULT_TASK``), the keypoint shape (pose only), the image size it was
+  (absent for detection, ``tasks.DEFAULT_TASK``), the task's options (``Task.model_options``: a pose model's
+  keypoint shape), the image size it was
   trained at (absent when unknown, and in files written before it was recorded) and the fp32 state dict,
   plain data that ``torch.load(weights_only=True)`` reads;
 - ``load_model`` (also ``yolo11_lightning.load_model``): any model file a user has (a reference ``.pt`` of any
   task or its state dict, a weights-only file, a Lightning ``.ckpt`` of ``YOLO11Module``) as a YOLO11 in eval mode
-  with its task, names and ``kpt_shape``; a reference file's task (and a pose file's ``kpt_shape``) is inferred
-  from its tensors by ``model_files.reference``, which receives the expected state dicts from here and never
+  with its task, names and the task's options; a reference file's task (and a pose file's keypoint shape) is
+  inferred from its tensors by ``model_files.reference``, which receives the expected state dicts from here and never
   builds a model itself;
 - ``load_pretrained``: copy a file's tensors into an existing model, refusing weights that do not fit;
 - ``file_task``: the task a file holds, from its pickle alone (no tensor read, no model built).
@@ -65,7 +66,7 @@ class WeightsMismatchError(UserInputError):
 
 # -- the weights-only format -------------------------------------------------------------------------------
 def write_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None = None) -> None:
-    """Write a weights-only file: scale, class count, names, task, keypoint shape, the trained ``image_size``
+    """Write a weights-only file: scale, class count, names, task, the task's options, the trained ``image_size``
     (when known) and the fp32 state dict.
 
     It holds only strings, ints and tensors, so ``torch.load(path, weights_only=True)`` reads it and no
@@ -83,8 +84,7 @@ def write_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None
     }
     if model.task != DEFAULT_TASK:  # a file without a task is a detection one
         payload["task"] = model.task
-    if model.kpt_shape is not None:  # pose only
-        payload["kpt_shape"] = list(model.kpt_shape)
+    payload.update(get_task(model.task).model_options(model))  # a pose model's keypoint shape
     if image_size is not None:  # predict and export default to it (``model_files.image_size``)
         payload["image_size"] = int(image_size)
     torch.save(payload, os.fspath(path))
@@ -116,7 +116,7 @@ def _read_weights(path: str | os.PathLike) -> YOLO11:
     task = payload.get("task", DEFAULT_TASK)
     model = create_model(
         payload["scale"], int(payload["num_classes"]), payload.get("names"), task=task,
-        kpt_shape=payload.get("kpt_shape"),
+        **get_task(task).options_from(payload, path),
     )  # fmt: skip
     model.load_state_dict(payload["state_dict"], strict=True)
     return model
@@ -124,29 +124,31 @@ def _read_weights(path: str | os.PathLike) -> YOLO11:
 
 # -- reference files ---------------------------------------------------------------------------------------
 def _expected_state(
-    scale: str, num_classes: int, task: str, kpt_shape: tuple[int, int] | None
+    scale: str, num_classes: int, task: str, options: Mapping[str, Any]
 ) -> Mapping[str, Tensor]:
-    """The state dict (shapes only) of a YOLO11 of ``task``: what a reference file must map onto."""
+    """The state dict (shapes only) of a YOLO11 of ``task`` and its ``options``: what a reference file must map
+    onto."""
     with torch.device("meta"):  # shapes only: no memory, no initialisation
-        return create_model(scale, num_classes, task=task, kpt_shape=kpt_shape).state_dict()
+        return create_model(scale, num_classes, task=task, **options).state_dict()
 
 
 def _from_reference(source: str | os.PathLike | Mapping[str, Any], task: str | None = None) -> YOLO11:
     """Build from a reference ``.pt`` file (read without running code from it) or state dict.
 
-    Task, scale and class count are inferred from the tensors (a pose model's ``kpt_shape`` from its head, or
-    from the keypoint outputs' count); weights come back in fp32, ``names`` from the file when it has them. With ``task`` a file of another task raises
+    Task, scale and class count are inferred from the tensors, the task's options from the file (a pose model's
+    keypoint shape from its head, or from the keypoint outputs' count); weights come back in fp32, ``names`` from
+    the file when it has them. With ``task`` a file of another task raises
     WrongTaskError. Like any new module it is in train mode: call ``.eval()`` for decoded predictions.
     Raises ``CheckpointError`` (a ValueError) on anything else.
     """
     file = load_reference(source, task=task)
-    ref = infer_and_map(file.state, file.label, _expected_state, SCALES, file.kpt_shape)
+    ref = infer_and_map(file.state, file.label, _expected_state, SCALES, file.declared)
     if task is not None and ref.task != task:  # a plain state dict: no model class to tell it earlier
         raise WrongTaskError(
             f"{file.label}: holds a {get_task(ref.task).words} model, not a {get_task(task).words} model",
             get_task(ref.task).words,
         )
-    model = create_model(ref.scale, ref.num_classes, task=ref.task, kpt_shape=ref.kpt_shape)
+    model = create_model(ref.scale, ref.num_classes, task=ref.task, **ref.options)
     model.load_state_dict(ref.state, strict=True)
     names = file.names
     model.names = names if names is not None and len(names) == ref.num_classes else None
@@ -171,14 +173,18 @@ def _checkpoint_model(path: str, checkpoint: Mapping[str, Any]) -> YOLO11:
     if scale is None or num_classes is None or task is None:
         raise ValueError(f"{path}: checkpoint hyper_parameters lack `scale`/`num_classes`/`task`")
     model = create_model(
-        scale, int(num_classes), hparams.get("class_names"), task=task, kpt_shape=hparams.get("kpt_shape")
+        scale,
+        int(num_classes),
+        hparams.get("class_names"),
+        task=task,
+        **get_task(task).options_from(hparams, path),
     )
     model.load_state_dict(ours, strict=True)
     return model
 
 
 def load_model(source: str | os.PathLike | Mapping[str, Tensor], task: str | None = None) -> YOLO11:
-    """Any model file a user has, as a YOLO11 in eval mode on the CPU with its task, names and ``kpt_shape``.
+    """Any model file a user has, as a YOLO11 in eval mode on the CPU with its task, names and options.
 
     * a reference ``.pt`` release file of any task, or a reference state dict (no code from the file runs),
     * a weights-only file from ``export --format weights``,

@@ -30,8 +30,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--task", choices=list(TASKS), default=DEFAULT_TASK,
         help="segment: shapes labelled with their exact polygons (YOLO-seg rows; COCO segmentation); pose: "
-        "figures of 5 keypoints, some occluded or unlabelled (YOLO pose rows, kpt_shape and flip_idx; --coco: COCO "
-        "keypoints json); obb: "
+        "figures of 5 keypoints, some occluded or unlabelled (YOLO pose rows, a yaml that declares the keypoints "
+        "and their flip; --coco: COCO keypoints json); obb: "
         "rotated elongated shapes labelled with their oriented boxes' corners; classify: one shape per image, "
         "in class folders (synthetic.classes)",
     )  # fmt: skip

@@ -9,13 +9,13 @@ and right: [0, 2, 1, 4, 3].
 
 Deterministic: image i of a split depends only on (seed, split, i). Layout written under ``out_dir``::
 
-    images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml (names, kpt_shape, flip_idx)
+    images/{train,val}/*.png   labels/{train,val}/*.txt   data.yaml (names, the keypoints and their flip)
     {train,val}.json  coco.yaml     (with coco=True: the same labels as COCO keypoints json)
 
 Rows are the reference's pose rows: ``class cx cy w h`` then ``x y v`` per keypoint, normalised. The COCO json
 has them in pixels (``bbox`` [x, y, w, h], ``keypoints`` [x, y, v, ...], ``num_keypoints``), its categories the
-keypoint names (``KEYPOINT_NAMES``) and the limbs (``skeleton``, 1-based); ``coco.yaml`` names no ``kpt_shape``
-and no ``flip_idx``: both follow from the names.
+keypoint names (``KEYPOINT_NAMES``) and the limbs (``skeleton``, 1-based); ``coco.yaml`` declares no keypoints:
+their shape and flip follow from the names (``LabelOptions.with_keypoint_names``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import cv2
 import numpy as np
 import yaml
 
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.synthetic._folder import SPLITS, already_written
 from yolo11_lightning.synthetic.painter import SYNTHETIC_CLASS_NAMES
 
@@ -211,13 +212,12 @@ def make_synthetic_pose_dataset(
                 "train": "images/train",
                 "val": "images/val",
                 "names": names,
-                "kpt_shape": list(SYNTHETIC_KPT_SHAPE),
-                "flip_idx": list(FLIP_IDX),
+                **LabelOptions(SYNTHETIC_KPT_SHAPE, FLIP_IDX).yaml_keys(),
             },
             sort_keys=False,
         )
     )
-    if coco:  # names, kpt_shape and flip_idx from the json's categories
+    if coco:  # names, keypoints and their flip from the json's categories
         (out / "coco.yaml").write_text(  # shapes.SYNTHETIC_COCO_YAML (shapes imports this module)
             yaml.safe_dump({"train": "train.json", "val": "val.json"})
         )

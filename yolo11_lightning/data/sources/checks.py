@@ -7,7 +7,7 @@ bad row never costs the image its other rows, and one bad image never costs the 
 Polygons (``check_polygon``) are checked after their row: a row whose box is usable but whose polygon
 is not (too few points, zero area, a COCO polygon out of range) keeps its box without a polygon and is
 reported (``DataReport.drop_polygon``), so a detection dataset trains on the same boxes whatever its
-polygons look like. Keypoints (``check_keypoints``) are checked before their row's box: a row with a bad
+polygons look like. Keypoints (``label_options.LabelOptions.check_points``) are checked before their row's box: a row with a bad
 keypoint is refused whole, as a row whose box is bad. When the outlines are the labels a task learns (oriented
 boxes: ``DatasetConfig.outline_labels``) a row whose outline fails its checks, or whose four corners are degenerate
 (``degenerate_corners``: repeated, or on one line), is dropped whole (``DataReport.drop_outline``) instead of kept as
@@ -194,34 +194,6 @@ def check_outline(coords: Sequence[float] | np.ndarray) -> tuple[np.ndarray | No
         why = degenerate_corners(values)
         return (None, why) if why is not None else check_polygon(values, min_area=None)
     return check_polygon(values, min_area=AREA_EPS)
-
-
-def check_keypoints(
-    values: Sequence[float] | np.ndarray, kpt_shape: tuple[int, int]
-) -> tuple[np.ndarray, str | None]:
-    """Validate one instance's K keypoints of D values, given flat and normalised (``x y [visibility]`` each).
-
-    Returns ``(points, None)`` with points (K, 3) float64 ``x, y, visibility``, or ``(points, reason)``. D = 3: a
-    visibility outside 0, 1, 2 is refused; D = 2: the visibility is the reference's, 0 where x or y is negative,
-    else 1. A labelled keypoint (visibility > 0) outside [-CLIP_TOLERANCE, 1 + CLIP_TOLERANCE] is refused; none is
-    clipped, and unlabelled ones are kept as written. The values must be K·D finite numbers (the caller's checks).
-    """
-    k, d = kpt_shape
-    raw = np.asarray(values, np.float64).reshape(k, d)
-    if d == 3:
-        bad = np.flatnonzero(~np.isin(raw[:, 2], (0.0, 1.0, 2.0)))
-        if len(bad):
-            return raw, f"keypoint {bad[0]} has visibility {raw[bad[0], 2]:g}, not 0, 1 or 2"
-        points = raw
-    else:  # the reference's visibility of an (x, y) keypoint: 0 where x or y is negative
-        points = np.concatenate([raw, ((raw[:, :1] >= 0) & (raw[:, 1:2] >= 0)).astype(np.float64)], 1)
-    labelled = points[:, 2] > 0
-    xy = points[labelled, :2]
-    outside = np.flatnonzero(((xy < -CLIP_TOLERANCE) | (xy > 1 + CLIP_TOLERANCE)).any(1))
-    if len(outside):
-        i = np.flatnonzero(labelled)[outside[0]]
-        return points, f"keypoint {i} at ({points[i, 0]:g}, {points[i, 1]:g}) is outside the image [0, 1]"
-    return points, None
 
 
 @dataclass

@@ -17,12 +17,12 @@ trainer does; images without annotations are background. Boxes are normalised by
 always the annotation's ``bbox``. A segmentation that fails its checks is reported and dropped, its
 box kept (``DataReport.drop_polygon``).
 
-In a keypoint dataset (``DatasetConfig.kpt_shape`` (K, 3), from the yaml or the categories' ``keypoints``
-names) every annotation's ``keypoints`` ``[x1, y1, v1, ...]`` (pixels, visibility 0, 1 or 2) becomes the
-instance's keypoints (``ImageRecord.keypoints``), normalised by the frame the boxes are and checked as a YOLO
-pose row's (``checks.check_keypoints``: unlabelled ones kept as written); an annotation whose keypoints are
-missing, not 3·K numbers, not finite, of another visibility or outside the image is refused whole. These are the
-records the YOLO rows the reference's ``convert_coco(use_keypoints=True)`` writes give.
+In a keypoint dataset (``DatasetConfig.options``: K keypoints of x, y, visibility, from the yaml or the
+categories' ``keypoints`` names) every annotation's ``keypoints`` ``[x1, y1, v1, ...]`` (pixels, visibility 0, 1
+or 2) becomes the instance's keypoints (``ImageRecord.keypoints``), normalised by the frame the boxes are and
+checked as a YOLO pose row's (``LabelOptions.annotation_points``: unlabelled ones kept as written); an
+annotation whose keypoints are missing, not 3·K numbers, not finite, of another visibility or outside the image is
+refused whole. These are the records the YOLO rows the reference's ``convert_coco(use_keypoints=True)`` writes give.
 """
 
 from __future__ import annotations
@@ -43,8 +43,9 @@ from yolo11_lightning.data.images.io import (
     probe_image,
 )
 from yolo11_lightning.data.sources.cache import hash_files
-from yolo11_lightning.data.sources.checks import DataReport, check_keypoints, check_polygon, check_rows
+from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, category_keypoints
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.rle import RLEError, decode_rle, mask_outline
 from yolo11_lightning.structures.polygons import merge_parts
@@ -160,29 +161,6 @@ def annotation_polygon(segmentation, size: tuple[int, int]) -> tuple[np.ndarray 
     return np.clip(merged, 0.0, 1.0).astype(np.float32), None
 
 
-def annotation_keypoints(
-    values, kpt_shape: tuple[int, int], size: tuple[int, int]
-) -> tuple[np.ndarray | None, str | None]:
-    """An annotation's ``keypoints`` -> ((K, 3) float64 x, y normalised to the (h, w) ``size`` frame and the
-    visibility, None), or (None, reason) (module docstring)."""
-    k = kpt_shape[0]
-    if values is None:
-        return None, f"no `keypoints` (the dataset's kpt_shape is {list(kpt_shape)})"
-    if not isinstance(values, list) or not all(_is_number(v) for v in values):
-        return None, "keypoints must be a list of numbers [x1, y1, v1, x2, y2, v2, ...]"
-    if len(values) != 3 * k:
-        return None, (
-            f"keypoints has {len(values)} values, expected {3 * k} (x, y, visibility of each of the {k} keypoints "
-            f"of the dataset's kpt_shape {list(kpt_shape)})"
-        )
-    raw = np.asarray(values, np.float64).reshape(k, 3)
-    if not np.isfinite(raw).all():
-        return None, "keypoint value is not a finite number (NaN or inf)"
-    raw[:, :2] /= np.array([size[1], size[0]], np.float64)
-    points, why = check_keypoints(raw, kpt_shape)
-    return (None, why) if why is not None else (points, None)
-
-
 def _box_rows(anns: list[dict], cat_map: dict[int, int], size: tuple[int, int]):
     """Raw rows of one image's annotations: classes, normalised xyxy, coordinate extremes, ids."""
     h, w = size
@@ -204,25 +182,22 @@ def load_coco_json(
     image_dir: str | None = None,
     map_fn: Callable[[Callable, Iterable], Iterable] = map,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-    kpt_shape: tuple[int, int] | None = None,
+    options: LabelOptions | None = None,
 ) -> tuple[list[ImageRecord], list[str]]:
     """Records of one COCO json, and the image paths it refers to (their changes invalidate a cache).
 
     Problems go to ``report`` as ``"<json>: annotation id N: <reason>"`` or ``"<image>: <reason>"``. An
-    image above ``max_pixels`` (None or 0: no limit) is skipped from its header, undecoded. ``kpt_shape``: the
-    dataset's (K, 3) keypoints, read from every annotation (module docstring); DatasetError when the json's
-    categories declare another K or D is not 3.
+    image above ``max_pixels`` (None or 0: no limit) is skipped from its header, undecoded. ``options``: the
+    dataset's label options; with keypoints, K of x, y, visibility are read from every annotation (module
+    docstring); DatasetError when the json's categories declare another K or the values per keypoint are not 3.
     """
+    options = options or LabelOptions()
     data = _read_json(json_path)
     cat_map = _category_map(json_path, data.get("categories", []), names)
-    if kpt_shape is not None:
-        declared = category_keypoints(data.get("categories", []), json_path)
-        if kpt_shape[1] != 3 or (declared is not None and len(declared) != kpt_shape[0]):
-            found = f"its categories declare {len(declared)}" if declared is not None else "COCO has"
-            raise DatasetError(
-                f"{json_path}: the dataset's kpt_shape is {list(kpt_shape)} but {found} keypoints of x, y, "
-                f"visibility: kpt_shape [{len(declared) if declared is not None else kpt_shape[0]}, 3]"
-            )
+    if options.num_keypoints:
+        problem = options.json_problem(category_keypoints(data.get("categories", []), json_path))
+        if problem is not None:
+            raise DatasetError(f"{json_path}: {problem}")
 
     images: list[dict] = []
     seen: set = set()
@@ -304,10 +279,10 @@ def load_coco_json(
             )
         frame = json_size if min(json_size) > 0 else probed
         anns, keypoints = anns_of[img["id"]], []
-        if kpt_shape is not None:  # a row with bad keypoints is refused before its box is checked
+        if options.num_keypoints:  # a row with bad keypoints is refused before its box is checked
             usable = []
             for ann in anns:
-                points, why = annotation_keypoints(ann["_kpts"], kpt_shape, frame)
+                points, why = options.annotation_points(ann["_kpts"], frame)
                 if why is not None:
                     report.skip_row(f"{json_path}: annotation id {ann['id']}", why)
                     continue
@@ -329,8 +304,8 @@ def load_coco_json(
         report.add_image(len(checked.classes), int((sizes > 0).sum()))
         segments = np.concatenate([*polygons, np.zeros((0, 2), np.float32)])
         kept_points = None
-        if kpt_shape is not None:
-            kept_points = np.zeros((len(checked.kept), kpt_shape[0], 3), np.float32)
+        if options.num_keypoints:
+            kept_points = np.zeros((len(checked.kept), options.num_keypoints, 3), np.float32)
             for j, i in enumerate(checked.kept):
                 kept_points[j] = keypoints[i]
         records.append(
@@ -366,7 +341,7 @@ class CocoEntry:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="check-data") as pool:
             records, deps = load_coco_json(
                 self.path, config.names, str(config.root), report, image_dir, pool.map, max_pixels,
-                config.kpt_shape,
+                config.options,
             )  # fmt: skip
         return PackedRecords(records), deps
 

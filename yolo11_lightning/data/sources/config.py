@@ -17,8 +17,9 @@ A COCO entry may also be a mapping that names the folder its ``file_name``s are 
 Without ``images`` the folder is found as described in ``sources.coco``. When ``names`` is absent
 the class names are the categories of the (smallest) COCO json, sorted by category id. When its categories
 declare ``keypoints`` (COCO keypoints json: K names, values x, y, visibility), the dataset is a keypoint dataset
-of ``kpt_shape`` [K, 3] without the key (a ``kpt_shape`` key that differs is refused), and without a ``flip_idx``
-key the names give it when they pair ``left_<x>`` with ``right_<x>`` (``flip_from_names``).
+of K keypoints of x, y, visibility without the key (a yaml shape that differs is refused), and without a flip
+key the names give it when they pair ``left_<x>`` with ``right_<x>`` (``flip_from_names``). Those keys are
+``label_options.LabelOptions``'s (``DatasetConfig.options``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 
 import yaml
 
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.errors import UserInputError
 
 SPLITS = ("train", "val", "test")
@@ -57,8 +59,8 @@ class DatasetConfig:
         names: class names; index = class id.
         yaml_path: the yaml this came from (None when built in code).
         image_dirs: COCO json path -> folder its ``file_name``s are relative to (explicit ones only).
-        kpt_shape: (K, D) of a keypoint dataset (its rows carry K keypoints of D values), else None.
-        flip_idx: (K,) the keypoint each one becomes in a mirrored image (a permutation), or None.
+        options: what its instances carry beyond boxes and outlines (a keypoint dataset's keypoints and their
+            flip), from the yaml or a COCO json's categories.
         outline_labels: the rows' outlines are the labels the task learns (oriented boxes; set for the task, not by
             the yaml): a row whose outline fails its checks is dropped instead of kept as its box (``checks``).
     """
@@ -68,13 +70,22 @@ class DatasetConfig:
     names: list[str]
     yaml_path: Path | None = None
     image_dirs: dict[str, str] = field(default_factory=dict)
-    kpt_shape: tuple[int, int] | None = None
-    flip_idx: tuple[int, ...] | None = None
+    options: LabelOptions = field(default_factory=LabelOptions)
     outline_labels: bool = False
 
     @property
     def num_classes(self) -> int:
         return len(self.names)
+
+    @property
+    def kpt_shape(self) -> tuple[int, int] | None:
+        """``options.kpt_shape`` (what the DataModule reads)."""
+        return self.options.kpt_shape
+
+    @property
+    def flip_idx(self) -> tuple[int, ...] | None:
+        """``options.flip_idx`` (what the DataModule reads)."""
+        return self.options.flip_idx
 
     @property
     def source(self) -> str:
@@ -105,36 +116,6 @@ def _names_from(value: Any, where: str) -> list[str]:
     )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def keypoint_spec(raw: dict[str, Any], where: str) -> tuple[tuple[int, int] | None, tuple[int, ...] | None]:
-    """``(kpt_shape, flip_idx)`` of a dataset yaml's mapping; DatasetError naming the key when either is bad."""
-    shape, flip = raw.get("kpt_shape"), raw.get("flip_idx")
-    if shape is None:
-        if flip is not None:
-            raise DatasetError(
-                f"{where}: key `flip_idx` is set but `kpt_shape` is not (flip_idx is for keypoints)"
-            )
-        return None, None
-    if not (isinstance(shape, (list, tuple)) and len(shape) == 2 and all(map(_is_int, shape))) or (
-        shape[0] < 1 or shape[1] not in (2, 3)
-    ):
-        raise DatasetError(
-            f"{where}: key `kpt_shape` must be [K, D]: K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility) "
-            f"values, got {shape!r}"
-        )
-    k = int(shape[0])
-    if flip is None:
-        return (k, int(shape[1])), None
-    if not (isinstance(flip, (list, tuple)) and all(map(_is_int, flip)) and sorted(flip) == list(range(k))):
-        raise DatasetError(
-            f"{where}: key `flip_idx` must be a permutation of 0..{k - 1} (kpt_shape has {k} keypoints), got {flip!r}"
-        )
-    return (k, int(shape[1])), tuple(int(i) for i in flip)
-
-
 def read_categories(json_path: str | Path) -> list:
     """The ``categories`` list of a COCO json ([] without one; DatasetError naming the file when it cannot be
     read)."""
@@ -163,7 +144,7 @@ def coco_category_names(json_path: str | Path, categories: list | None = None) -
 
 def category_keypoints(categories: list, json_path: str | Path) -> list[str] | None:
     """The keypoint names the categories of a COCO json declare (their ``keypoints`` lists, one list shared by
-    every category that has one: a dataset has one ``kpt_shape`` and one ``flip_idx``), or None when none does."""
+    every category that has one: a dataset has one list of keypoints), or None when none does."""
     lists = []
     for cat in categories:
         names = cat.get("keypoints") if isinstance(cat, dict) else None
@@ -183,8 +164,8 @@ def category_keypoints(categories: list, json_path: str | Path) -> list[str] | N
 
 
 def flip_from_names(names: list[str]) -> tuple[int, ...] | None:
-    """A ``flip_idx`` from keypoint names: ``left_<x>`` and ``right_<x>`` swap (case aside), the others stay (COCO's
-    17 names give the reference's coco-pose ``flip_idx``); None when no name is left or right, a left or right
+    """The flip permutation of keypoint names: ``left_<x>`` and ``right_<x>`` swap (case aside), the others stay (COCO's
+    17 names give the reference's coco-pose flip); None when no name is left or right, a left or right
     one has no partner, or names repeat."""
     index = {n.lower(): i for i, n in enumerate(names)}
     if len(index) != len(names):
@@ -211,24 +192,6 @@ def _mentions_keypoints(json_path: str) -> bool:
             return m.find(b'"keypoints"') >= 0
     except (OSError, ValueError):  # ValueError: an empty file (the parse reports it)
         return True
-
-
-def _keypoints_from_json(config: DatasetConfig, categories: list, json_path: str) -> None:
-    """Complete ``config``'s ``kpt_shape`` and ``flip_idx`` from the keypoints a COCO json's categories declare
-    (K names, D = 3: COCO keypoints are x, y, visibility); a yaml ``kpt_shape`` that differs is refused."""
-    names = category_keypoints(categories, json_path)
-    if names is None:
-        return
-    shape = (len(names), 3)
-    if config.kpt_shape is None:
-        config.kpt_shape = shape
-    elif config.kpt_shape != shape:
-        raise DatasetError(
-            f"{config.source}: key `kpt_shape` is {list(config.kpt_shape)} but the categories of {json_path} declare "
-            f"{len(names)} keypoints of x, y, visibility: kpt_shape {list(shape)}"
-        )
-    if config.flip_idx is None:
-        config.flip_idx = flip_from_names(names)
 
 
 def load_dataset_config(path: str | Path) -> DatasetConfig:
@@ -294,9 +257,17 @@ def load_dataset_config(path: str | Path) -> DatasetConfig:
         raise DatasetError(
             f"{yaml_path}: key `nc` is {raw['nc']} but `names` has {len(config.names)} entries"
         )
-    config.kpt_shape, config.flip_idx = keypoint_spec(raw, str(yaml_path))
-    if smallest is not None and (config.kpt_shape is None or config.flip_idx is None):
+    try:
+        config.options = LabelOptions.from_yaml(raw, str(yaml_path))
+    except ValueError as e:
+        raise DatasetError(str(e)) from None
+    if smallest is not None and not config.options.complete:
         if categories is None and _mentions_keypoints(smallest):
             categories = read_categories(smallest)
-        _keypoints_from_json(config, categories or [], smallest)
+        names = category_keypoints(categories or [], smallest)
+        if names is not None:
+            try:
+                config.options = config.options.with_keypoint_names(names, flip_from_names(names), smallest)
+            except ValueError as e:
+                raise DatasetError(f"{config.source}: {e}") from None
     return config

@@ -90,7 +90,7 @@ def _list_entries(config: DatasetConfig, split: str) -> list[SplitEntry]:
 def _cache_key(config: DatasetConfig, split: str, entries: list[SplitEntry]) -> str:
     h = hashlib.sha1(
         json.dumps(
-            [CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.kpt_shape]
+            [CACHE_VERSION, split, config.names, CLIP_TOLERANCE, config.options.cache_value()]
             + ([True] if config.outline_labels else [])
         ).encode()
     )
@@ -227,4 +227,4 @@ def load_split(
         raise DatasetError(
             f"{config.source}: split `{split}` has no usable image ({report.summary()}). First problems:\n  {problems}"
         )
-    return records.with_flip_idx(config.flip_idx), report
+    return records.with_flip_idx(config.options.flip_idx), report

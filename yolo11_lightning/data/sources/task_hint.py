@@ -1,6 +1,7 @@
 """What task a dataset's files say they are labelled for, read without loading its labels.
 
-Only what the files state for certain counts: a dataset yaml with ``kpt_shape`` is a keypoint (pose) dataset,
+Only what the files state for certain counts: a dataset yaml that declares keypoints
+(``label_options.LabelOptions.declared_by``) is a keypoint (pose) dataset,
 and an ImageFolder root (class folders of images without YOLO label files, the reference's classification
 layout: the folder itself, its ``train`` folder, or a yaml whose ``train`` is such a folder) is a classification
 one. Anything else says nothing: box rows, polygon rows (detection trains on them too, taking boxes from the
@@ -17,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.yolo import has_label_rows
 
 __all__ = ["DatasetTask", "dataset_task"]
@@ -49,8 +51,9 @@ def dataset_task(dataset: str | os.PathLike) -> DatasetTask | None:
         return None
     if not isinstance(raw, dict):
         return None
-    if raw.get("kpt_shape") is not None:
-        return DatasetTask("pose", f"its yaml sets kpt_shape: {raw['kpt_shape']}")
+    keypoints = LabelOptions.declared_by(raw)
+    if keypoints is not None:
+        return DatasetTask("pose", keypoints)
     train = raw.get("train")
     if isinstance(train, str | os.PathLike):
         root = Path(os.path.expanduser(str(raw.get("path") or ".")))

@@ -5,9 +5,9 @@ extension by ``.txt`` (beside the image when the path has no ``images`` folder).
 file means a background image. Rows are ``class cx cy w h`` normalised to the image as displayed
 (after EXIF rotation), or polygons ``class x1 y1 x2 y2 x3 y3 ...`` (YOLO-seg) whose extent is the box
 and which the record keeps as the instance's polygon (``ImageRecord.segments``). A file may mix both:
-box rows have no polygon. In a keypoint dataset (its yaml sets ``kpt_shape: [K, D]``) every row is
-``class cx cy w h`` then K keypoints of D values ``x y [visibility]`` (x, y normalised; visibility 0, 1 or 2),
-kept as ``ImageRecord.keypoints``.
+box rows have no polygon. In a keypoint dataset (its yaml declares K keypoints of D values:
+``label_options.LabelOptions``) every row is ``class cx cy w h`` then K keypoints of D values ``x y [visibility]``
+(x, y normalised; visibility 0, 1 or 2), kept as ``ImageRecord.keypoints``.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from yolo11_lightning.data.sources.checks import (
     CLIP_TOLERANCE,
     CheckedRows,
     DataReport,
-    check_keypoints,
     check_outline,
     check_polygon,
     check_rows,
 )
 from yolo11_lightning.data.sources.config import DatasetConfig
+from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.listing import ImageListing, list_images
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 
@@ -91,11 +91,11 @@ def parse_label_rows(
     text: str,
     label_path: str,
     num_classes: int,
-    kpt_shape: tuple[int, int] | None = None,
+    options: LabelOptions | None = None,
     outlines: bool = False,
 ) -> LabelRows:
-    """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); with ``kpt_shape``
-    (K, D) every row is a box and K keypoints (module docstring) and the result has their ``keypoints``. With
+    """``parse_label_text`` plus the polygons of the kept polygon rows (box rows have none); when the ``options``
+    have keypoints every row is a box and K keypoints (module docstring) and the result has their ``keypoints``. With
     ``outlines`` (the polygons are the labels: oriented boxes) a polygon row whose outline fails its checks
     (``checks.check_outline``: four degenerate corners, zero area) is dropped whole and listed in ``dropped``."""
     classes, boxes, lows, highs, names = [], [], [], [], []
@@ -103,19 +103,19 @@ def parse_label_rows(
     polygons: list[list[float] | None] = []
     points_of: list[np.ndarray] = []
     early: list[tuple[int, str]] = []  # (line, reason) found before the shared checks
-    width = 5 + kpt_shape[0] * kpt_shape[1] if kpt_shape else 0
+    options = options or LabelOptions()
+    keypoints = options.num_keypoints  # K per row; 0: box and polygon rows
     for line_no, line in enumerate(text.splitlines(), 1):
         tokens = line.split()
         n = len(tokens)
         if n == 0:
             continue
-        if kpt_shape and n != width:
-            early.append(
-                (line_no, f"expected {width} values (class cx cy w h, then {kpt_shape[0]} keypoints of "
-                          f"{kpt_shape[1]} values: the dataset's kpt_shape {list(kpt_shape)}), got {n}")
-            )  # fmt: skip
-            continue
-        if not kpt_shape and n != 5 and (n < 7 or n % 2 == 0):
+        if keypoints:
+            problem = options.row_problem(n)
+            if problem is not None:
+                early.append((line_no, problem))
+                continue
+        if not keypoints and n != 5 and (n < 7 or n % 2 == 0):
             why = f"expected 5 values (class cx cy w h) or a polygon (class x y x y x y ...), got {n}"
             if n >= 6:
                 why += f": polygon has an odd number of coordinates ({n - 1})"
@@ -133,8 +133,8 @@ def parse_label_rows(
             early.append((line_no, "value is not a finite number (NaN or inf)"))
             continue
         coords = values[1:]
-        if kpt_shape:
-            points, why = check_keypoints(coords[4:], kpt_shape)
+        if keypoints:
+            points, why = options.check_points(coords[4:])
             if why is not None:
                 early.append((line_no, why))
                 continue
@@ -182,17 +182,17 @@ def parse_label_rows(
             checked.boxes[keep],
             checked.kept[keep],
         )
-    keypoints = None
-    if kpt_shape:
-        keypoints = np.zeros((len(checked.kept), kpt_shape[0], 3), np.float32)
+    kept_points = None
+    if keypoints:
+        kept_points = np.zeros((len(checked.kept), keypoints, 3), np.float32)
         for j, i in enumerate(checked.kept):
-            keypoints[j] = points_of[i]
+            kept_points[j] = points_of[i]
     return LabelRows(
         checked,
         np.concatenate([*kept_polygons, np.zeros((0, 2), np.float32)]),
         np.array([len(p) for p in kept_polygons], np.int64),
         dropped,
-        keypoints,
+        kept_points,
     )
 
 
@@ -258,14 +258,14 @@ def check_images(
     images: list[str],
     num_classes: int,
     max_pixels: int | None,
-    kpt_shape: tuple[int, int] | None = None,
+    options: LabelOptions | None = None,
     outlines: bool = False,
 ) -> tuple[PackedRecords, DataReport, bool]:
     """Check a run of images and parse their labels: (records in order, what was skipped, any label file).
 
     Each image's header is read and its data decoded at a reduced scale (``probe_image``); each label row is
     checked. Files of plain box rows are checked together, vectorised; a file with anything else (a polygon,
-    a bad or clipped or duplicate row) and every file of a keypoint dataset (``kpt_shape`` (K, D)) go through
+    a bad or clipped or duplicate row) and every file of a keypoint dataset (``options`` with keypoints) go through
     ``parse_label_rows``, whose reasons name file and line.
     """
     report = DataReport()
@@ -273,6 +273,7 @@ def check_images(
     kept_images: list[str] = []
     problems: list[tuple[str, str, bool] | None] = []  # per image: (path, reason, too large), None: usable
     any_label_file = False
+    k = options.num_keypoints if options is not None else 0
     for image_path in images:
         try:
             height, width = probe_image(image_path, max_pixels)
@@ -287,7 +288,7 @@ def check_images(
         found.append((height, width, text))
         kept_images.append(image_path)
         problems.append(None)
-    parsed = [None if text is None or kpt_shape else _box_values(text) for _, _, text in found]
+    parsed = [None if text is None or k else _box_values(text) for _, _, text in found]
     counts = np.array([len(v) // 5 if v is not None else 0 for v in parsed], np.int64)
     flat = np.fromiter(
         (x for v in parsed if v is not None for x in v), np.float64, count=int(counts.sum()) * 5
@@ -302,7 +303,6 @@ def check_images(
     fast_boxes = np.stack([(x0 + x1) / 2, (y0 + y1) / 2, x1 - x0, y1 - y0], 1).astype(np.float32)
     starts = np.cumsum(counts) - counts
     classes, boxes, segment_sizes, segments, keypoints = [], [], [], [], []
-    k = kpt_shape[0] if kpt_shape else 0
     label_counts = np.zeros(len(found), np.int64)
     usable = iter(enumerate(zip(kept_images, found)))
     for skipped in problems:  # in the images' order, so the report's lines are too
@@ -320,7 +320,7 @@ def check_images(
             report.add_image(int(e - s))
             continue
         label_path = label_path_for(path)
-        rows = parse_label_rows(text, label_path, num_classes, kpt_shape, outlines)
+        rows = parse_label_rows(text, label_path, num_classes, options, outlines)
         checked = rows.checked
         for line, why in checked.rejected:
             report.skip_row(f"{label_path}:{line}", why)
@@ -353,7 +353,7 @@ def check_images(
 
 
 def _check_run(
-    args: tuple[list[str], int, int | None, tuple[int, int] | None, bool],
+    args: tuple[list[str], int, int | None, LabelOptions | None, bool],
 ) -> tuple[PackedRecords, DataReport, bool]:
     return check_images(*args)
 
@@ -364,19 +364,19 @@ def load_yolo_images(
     report: DataReport,
     workers: int = 1,
     max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
-    kpt_shape: tuple[int, int] | None = None,
+    options: LabelOptions | None = None,
     outlines: bool = False,
 ) -> PackedRecords:
     """Check images and parse their labels; problems go to ``report``, records come back in order.
 
     ``workers`` > 1: runs of ``RUN_IMAGES`` images are checked in as many processes (``_processes.ordered_map``:
     parsing holds the GIL, so threads would not help). An image above ``max_pixels`` (None or 0: no limit) is
-    skipped from its header, undecoded. ``kpt_shape``: the rows are keypoint rows; ``outlines``: a row of a bad outline
-    is dropped (``parse_label_rows``).
+    skipped from its header, undecoded. ``options``: the dataset's label options (keypoint rows); ``outlines``: a
+    row of a bad outline is dropped (``parse_label_rows``).
     """
     size = min(RUN_IMAGES[1], max(RUN_IMAGES[0], -(-len(images) // (4 * workers))))
     runs = [
-        (images[i : i + size], num_classes, max_pixels, kpt_shape, outlines)
+        (images[i : i + size], num_classes, max_pixels, options, outlines)
         for i in range(0, len(images), size)
     ]
     parts, any_label_file = [], False
@@ -428,7 +428,7 @@ class YoloEntry:
             report,
             workers,
             max_pixels,
-            config.kpt_shape,
+            config.options,
             config.outline_labels,
         )
         return records, []

@@ -67,6 +67,24 @@ class TaskModel:
         """The keypoint shape a state dict of ours implies when its file does not say (pose only)."""
         return None
 
+    # ------------------------------------------------------------------------------------ options
+    # the options a model of the task is built with (``create_model``'s keywords), as model files name them
+    option_keys: ClassVar[tuple[str, ...]] = ()
+
+    def model_options(self, model: Any) -> dict[str, Any]:
+        """The options ``model`` (a ``YOLO11`` of this task) was built with, under ``option_keys``: what a model
+        file keeps and ``create_model`` takes back (none for most tasks)."""
+        return {}
+
+    def options_from(
+        self, values: Mapping[str, Any], where: str, state: Mapping[str, Tensor] | None = None
+    ) -> dict[str, Any]:
+        """The options among a model file's ``values`` (a weights payload, a checkpoint's hyper-parameters, the
+        attributes of a reference model's modules, parsed ONNX metadata), checked (ValueError naming ``where``), as
+        ``create_model``'s keywords. One the file lacks is the task's default, or with ``state`` (our keys) what
+        its tensors imply."""
+        return {}
+
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> nn.Module:
         """The criterion of ``model`` (a ``YOLO11`` of this task: class count, strides, keypoint shape)."""
         return DetectionLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)

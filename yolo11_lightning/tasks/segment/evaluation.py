@@ -7,10 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import Tensor
 
 from yolo11_lightning.tasks.base.evaluation import TaskEvaluation
-from yolo11_lightning.tasks.segment.mask_ops import (
-    image_target_masks,
-    masks_at_protos,
-)
+from yolo11_lightning.tasks.segment.mask_ops import image_target_masks, masks_at_protos
 
 if TYPE_CHECKING:
     from yolo11_lightning.metrics.detection import DetectionMAP

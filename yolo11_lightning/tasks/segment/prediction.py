@@ -10,11 +10,7 @@ from torch import Tensor
 
 from yolo11_lightning.plots.drawing import draw_masks
 from yolo11_lightning.tasks.base.prediction import TaskPrediction
-from yolo11_lightning.tasks.segment.mask_ops import (
-    encode_rle,
-    image_target_masks,
-    segment_image,
-)
+from yolo11_lightning.tasks.segment.mask_ops import encode_rle, image_target_masks, segment_image
 
 __all__ = ["SegmentPrediction"]
 
