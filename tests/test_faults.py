@@ -26,7 +26,7 @@ from lightning.pytorch.loggers import CSVLogger
 from yolo11_lightning.cli.lightning_cli import default_callbacks, run_lightning_cli
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
-from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
+from yolo11_lightning.training.nonfinite_steps import NonFiniteLossError, NonFiniteStepGuard
 
 FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
 
