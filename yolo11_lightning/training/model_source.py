@@ -1,4 +1,4 @@
-"""Decide what model a ``YOLO11Module`` holds: its task, and a fresh YOLO11 (from pretrained weights) or an ONNX file.
+"""Decide what model a ``YOLO11Module`` holds: its task, and the fresh network (with pretrained weights) or an ONNX file.
 
 ``task`` None takes the task of the ``weights`` file (its header only: ``model_files.weights.file_task``; an
 ``.onnx`` file's metadata), else detection; a given task keeps it whatever ``weights`` holds. An exported ``.onnx``
@@ -12,7 +12,6 @@ import torch
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.nn.scales import SCALES
-from yolo11_lightning.tasks import create_model
 from yolo11_lightning.tasks.choice import choose_task
 from yolo11_lightning.training.pretrained import load_pretrained, weights_task_claim
 
@@ -38,24 +37,18 @@ def check_model_options(scale: str, num_classes: int, class_names: list[str] | N
         )
 
 
-def build_network(
-    scale: str,
-    num_classes: int,
+def starting_model(
+    network: torch.nn.Module,
     class_names: list[str] | None,
-    task: str,
-    kpt_shape: list[int] | None,
     onnx: OnnxDetector | None,
     weights: str | None,
     weights_strict: bool,
     channels_last: bool,
 ) -> torch.nn.Module:
-    """The network of ``task``: initialised, then ``weights`` loaded (what fits unless ``weights_strict``), in the
-    NHWC layout with ``channels_last``; ``onnx`` instead when given."""
-    try:
-        model = create_model(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
-    except ValueError as e:  # a kpt_shape for a task without keypoints, or not [K, D]
-        raise UserInputError(f"model.kpt_shape: {e}") from None
-    model.names = list(class_names) if class_names is not None else None
+    """The model a module starts from: the fresh ``network`` with ``weights`` loaded (what fits unless
+    ``weights_strict``), or ``onnx`` when given; in the NHWC layout with ``channels_last``."""
+    network.names = list(class_names) if class_names is not None else None
+    model = network
     if onnx is not None:
         model = onnx
     elif weights:

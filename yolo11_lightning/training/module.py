@@ -17,11 +17,12 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.metrics.class_results import ClassResults
 from yolo11_lightning.metrics.detection import DetectionMAP
 from yolo11_lightning.model_files.onnx_runtime import refuse_training
 from yolo11_lightning.structures.batch import DetectionBatch, ImageBatch
-from yolo11_lightning.tasks import get_task
+from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
 from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
@@ -30,7 +31,7 @@ from yolo11_lightning.training.callbacks.validation_images import ValidationImag
 from yolo11_lightning.training.gradient_clipping import clip_fused_under_mixed_precision
 from yolo11_lightning.training.host_memory import keep_freed_host_memory
 from yolo11_lightning.training.lightning_noise import silence_lightning_noise
-from yolo11_lightning.training.model_source import build_network, check_model_options, module_task
+from yolo11_lightning.training.model_source import check_model_options, module_task, starting_model
 from yolo11_lightning.training.nonfinite_steps import NonFiniteStepGuard, step_unless_nonfinite
 from yolo11_lightning.training.optim import (
     LRScaling,
@@ -147,9 +148,11 @@ class YOLO11Module(L.LightningModule):
         self.task = get_task(task)
         if conf_threshold is None:
             self._resolved_hparam("conf_threshold", self.task.validation_conf)
-        self.model = build_network(
-            scale, num_classes, class_names, task, kpt_shape, onnx, weights, weights_strict, channels_last
-        )
+        try:
+            network = create_model(scale=scale, num_classes=num_classes, task=task, kpt_shape=kpt_shape)
+        except ValueError as e:  # a kpt_shape for a task without keypoints, or not [K, D]
+            raise UserInputError(f"model.kpt_shape: {e}") from None
+        self.model = starting_model(network, class_names, onnx, weights, weights_strict, channels_last)
         self.criterion = self.task.build_loss(self.model, box, cls, dfl)
         self.recipe = OptimizerRecipe(
             name=optimizer, lr0=lr0, lrf=lrf, momentum=momentum, weight_decay=weight_decay,
