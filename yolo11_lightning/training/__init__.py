@@ -9,7 +9,8 @@ step_logging.py       the step's values read back on the host: loss items on log
 gradient_clipping.py  clipping a fused optimiser under mixed precision
 rank_zero_buffers.py  rank 0's BatchNorm statistics on every rank before validation
 tuners.py, lightning_noise.py  refused Lightning tuners; Lightning messages that do not apply here
-datamodule.py         ``YOLODataModule``: datasets, loaders and the global batch split (the Lightning hooks)
+datamodule.py         ``YOLODataModule``: datasets, loaders and the global batch split (the Lightning hooks);
+                      ``loading/`` its parts (option checks, the splits a stage reads, the DataLoaders)
 preemption.py     stop signals agreed across ranks; checkpointing.py atomic checkpoint files
 run_identity.py   what makes a checkpoint part of "this run" (``--ckpt_path last``)
 pretrained.py     pretrained weights, with rank-zero messages

@@ -43,9 +43,9 @@ from yolo11_lightning.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.synthetic.shapes import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
-from yolo11_lightning.training.data_loaders import make_loader, on_accelerator
-from yolo11_lightning.training.data_options import check_data_options
-from yolo11_lightning.training.data_splits import check_stage_splits, split_of, stage_splits
+from yolo11_lightning.training.loading.loaders import make_loader, on_accelerator
+from yolo11_lightning.training.loading.options import check_data_options
+from yolo11_lightning.training.loading.splits import check_stage_splits, split_of, stage_splits
 
 log = logging.getLogger(__name__)
 
