@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import signal
@@ -10,15 +9,16 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from yolo11_lightning.cli.launched_ranks import end_launched_ranks
 from yolo11_lightning.cli.packaged_configs import packaged_config_names
+from yolo11_lightning.cli.parser_errors import OneLineErrorParser
 from yolo11_lightning.cli.resume import (
     check_global_batch,
     check_resume,
@@ -28,7 +28,7 @@ from yolo11_lightning.cli.resume import (
     warn_shared_rendezvous_store,
 )
 from yolo11_lightning.data.loader_workers import end_loader_workers
-from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.onnx_runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
@@ -101,44 +101,6 @@ def progress_for_output(trainer_config: dict[str, Any], callbacks: list[Callback
     if trainer_config.get("enable_progress_bar") is False or any(isinstance(c, ProgressBar) for c in named):
         return []
     return [] if sys.stdout.isatty() else [EpochLines()]
-
-
-class OneLineErrorParser(LightningArgumentParser):
-    """LightningCLI's parser, whose refusals (an unknown option, a value of the wrong type, a missing config
-    file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message>; closest options: ...`` (an
-    unknown option) or ``error: <message> (<command> --help lists the options)`` on one line and exits 2,
-    instead of a screen of usage before the message. ``--traceback`` (``errors.wants_traceback``) restores
-    jsonargparse's own report."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or wants_traceback():  # inner parses raise; the outermost one reports
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        command = parser.prog.replace(" [options]", "")
-        closest = _closest_options(message, parser)
-        hint = (
-            f"; closest options: {', '.join(closest)}"
-            if closest
-            else f" ({command} --help lists the options)"
-        )
-        raise UserInputError(f"{one_line(message)}{hint}") from ex
-
-
-def _closest_options(message: str, parser: Any) -> list[str]:
-    """The parser's options nearest to each unknown one in ``message`` (``unrecognized arguments: --x`` on the
-    command line, ``does not accept option 'x'`` from a config file), by ``difflib``; [] when none is close."""
-    unknown = re.findall(r"(?<!\w)--[\w.+-]+", message) if "unrecognized arguments" in message else []
-    unknown += [f"--{key}" for key in re.findall(r"does not accept option '([^']+)'", message)]
-    name = {  # every spelling of an option -> its first long one (aliases are suggested once)
-        o: next((s for s in action.option_strings if s.startswith("--")), o)
-        for action in getattr(parser, "_actions", [])
-        for o in action.option_strings
-    }
-    found: list[str] = []
-    for option in unknown:
-        for close in difflib.get_close_matches(option, sorted(name), n=3, cutoff=0.75):
-            found += [name[close]] if name[close] not in found else []
-    return found
 
 
 class YOLOLightningCLI(LightningCLI):
