@@ -26,7 +26,11 @@ from lightning.pytorch.loggers import CSVLogger
 from yolo11_lightning.cli.lightning_cli import default_callbacks, run_lightning_cli
 from yolo11_lightning.training.callbacks.hang_watchdog import HangWatchdog
 from yolo11_lightning.training.checkpointing import AtomicCheckpointIO, find_last_checkpoint
-from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
+from yolo11_lightning.training.nonfinite_steps import (
+    NonFiniteLossError,
+    NonFiniteStepGuard,
+    step_unless_nonfinite,
+)
 
 FINITE, NAN = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([1.0, float("nan"), 3.0])
 
@@ -66,6 +70,43 @@ def test_guard_stops_after_k_consecutive_skips_and_resumes_its_counts() -> None:
 
 
 # ------------------------------------------------------------------------------------------ checkpoints
+class _ScalerSteps:
+    """What Lightning's optimiser wrapper does under 16-mixed: the closure, then the GradScaler's step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler) -> None:
+        self.optimizer, self.scaler = optimizer, scaler
+
+    def step(self, closure) -> None:
+        closure()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+
+
+@pytest.mark.parametrize("way", ["host read", "fused found_inf", "grad scaler"])
+def test_a_non_finite_window_skips_the_update_every_way_and_the_next_step_updates(way: str) -> None:
+    """The three ways the guard's flag reaches the update: decided on the host for an optimiser that takes no
+    ``found_inf`` (the only way that says so: it returns True), the device flag for a fused one, non-finite
+    gradients under a GradScaler. The parameters stay put on the skipped step and move on the next."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9, fused=way != "host read")
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0) if way == "grad scaler" else None
+    stepper = _ScalerSteps(optimizer, scaler) if scaler is not None else optimizer
+    guard = NonFiniteStepGuard(max_consecutive=3)
+    start = [p.detach().clone() for p in layer.parameters()]
+    for loss_terms in (NAN, FINITE):
+        optimizer.zero_grad()
+        loss = layer(torch.ones(4, 3)).sum()
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        guard.observe(loss_terms)
+        on_host = step_unless_nonfinite(guard, stepper, scaler, lambda: None)
+        moved = not all(torch.equal(a, b) for a, b in zip(start, layer.parameters()))
+        assert on_host is (way == "host read" and loss_terms is NAN)
+        assert moved is (loss_terms is FINITE), f"{way}: moved={moved} after a {loss_terms} window"
+        assert "found_inf" not in optimizer.__dict__  # the flag is handed over for one step only
+    assert not guard.read(guard.counters().tolist()) and (guard.skipped, guard.consecutive) == (1, 0)
+
+
 def test_checkpoint_write_killed_half_way_leaves_the_previous_one_loadable(tmp_path: Path) -> None:
     ckpt, marker = tmp_path / "checkpoints" / "last.ckpt", tmp_path / "half-written"
     proc = subprocess.Popen([sys.executable, str(SCRIPTS / "killed_write.py"), str(ckpt), str(marker)],

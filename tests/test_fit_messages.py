@@ -10,7 +10,7 @@ import pytest
 from lightning.pytorch.callbacks import ModelSummary
 
 from yolo11_lightning.cli.info import summarize
-from yolo11_lightning.cli.lightning_cli import _closest_options
+from yolo11_lightning.cli.parser_errors import _closest_options
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.training.callbacks.model_summary import FlopsSummary, count_flops_in_summary
 from yolo11_lightning.training.module import YOLO11Module

@@ -126,7 +126,7 @@ def test_ddp_step_reads_nothing_back_to_the_host_outside_log_steps(two_ranks) ->
                 "logs"
             ]:  # the steps the loggers write (and epoch ends): the loss items read once, the LR monitor
                 assert sites <= {
-                    "yolo11_lightning/training/module.py",
+                    "yolo11_lightning/training/step_logging.py",
                     "lightning/pytorch/callbacks/lr_monitor.py",
                 }
             else:
@@ -164,7 +164,7 @@ def test_task_step_reads_nothing_back_to_the_host(task_steps: Path, task: str) -
     """The detection tasks' step rule for pose, oriented boxes and classification (their batches, heads, losses):
     after the first three batches (the EMA's one-off read; the pictures of the first batches, drawn on the host
     by design), a step reads nothing back unless the loggers write after it (or it is the run's last step: the
-    module logs there too)."""
+    module logs there too, through ``training.step_logging``)."""
     batches = _audit(task_steps / task)
     assert all(b["device"] == "emu:0" for b in batches)
     steady = [b for b in batches if b["batch_idx"] >= 3]
@@ -172,7 +172,7 @@ def test_task_step_reads_nothing_back_to_the_host(task_steps: Path, task: str) -
     for batch in steady:
         if batch["logs"] or batch is batches[-1]:
             assert {where.split(":")[0] for _, where in batch["host_syncs"]} <= {
-                "yolo11_lightning/training/module.py"
+                "yolo11_lightning/training/step_logging.py",
             }
         else:
             assert not batch["host_syncs"], batch

@@ -179,7 +179,7 @@ def test_mixed_precision_trains_with_the_default_clipping(
 
 
 def test_fp16_nan_limit_names_fp16_overflow_before_divergence() -> None:
-    from yolo11_lightning.training.faults import NonFiniteLossError, NonFiniteStepGuard
+    from yolo11_lightning.training.nonfinite_steps import NonFiniteLossError, NonFiniteStepGuard
 
     guard = NonFiniteStepGuard(max_consecutive=1)
     guard.precision = "16-mixed"
@@ -292,7 +292,7 @@ def test_resume_with_an_open_non_finite_window_on_a_device_and_export_leaves_the
 
     code = """
 import tempfile, torch, emulated_gpu as emu
-from yolo11_lightning.training.faults import NonFiniteStepGuard
+from yolo11_lightning.training.nonfinite_steps import NonFiniteStepGuard
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
 from yolo11_lightning.export.onnx import export_onnx

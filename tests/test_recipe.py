@@ -87,7 +87,7 @@ def test_windows_carry_over_epoch_ends_and_resume_exactly_from_an_epoch_end(
 
 
 def test_a_non_finite_loss_in_a_carried_window_survives_a_checkpoint() -> None:
-    from yolo11_lightning.training.faults import NonFiniteStepGuard
+    from yolo11_lightning.training.nonfinite_steps import NonFiniteStepGuard
 
     guard = NonFiniteStepGuard(max_consecutive=5)
     guard.observe(torch.tensor([1.0, float("nan")]))  # the window is still open at the epoch end

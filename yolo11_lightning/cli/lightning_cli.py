@@ -2,30 +2,33 @@
 
 from __future__ import annotations
 
-import contextlib
-import difflib
 import os
 import re
-import shlex
 import signal
-import subprocess
 import sys
-import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import Callback, ProgressBar
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-from lightning.pytorch.strategies.launchers.subprocess_script import _SubprocessScriptLauncher
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only, rank_zero_warn
+from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from yolo11_lightning.cli.launched_ranks import end_launched_ranks
 from yolo11_lightning.cli.packaged_configs import packaged_config_names
+from yolo11_lightning.cli.parser_errors import OneLineErrorParser
+from yolo11_lightning.cli.resume import (
+    check_global_batch,
+    check_resume,
+    rank_zero_warn_line,
+    resolve_last_checkpoint,
+    resume_command,
+    warn_shared_rendezvous_store,
+)
 from yolo11_lightning.data.loader_workers import end_loader_workers
-from yolo11_lightning.errors import UserInputError, one_line, wants_traceback
+from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.onnx_runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
@@ -38,11 +41,7 @@ from yolo11_lightning.training.callbacks.machine import MachineSettings
 from yolo11_lightning.training.callbacks.model_summary import count_flops_in_summary
 from yolo11_lightning.training.callbacks.result_pictures import ResultPictures
 from yolo11_lightning.training.callbacks.throughput import Throughput
-from yolo11_lightning.training.checkpointing import (
-    continue_logger_version,
-    find_last_checkpoint,
-    use_atomic_checkpoints,
-)
+from yolo11_lightning.training.checkpointing import use_atomic_checkpoints
 from yolo11_lightning.training.datamodule import YOLODataModule, dataset_kpt_shape, dataset_task_claim
 from yolo11_lightning.training.loggers import (
     CodeVersion,
@@ -53,7 +52,6 @@ from yolo11_lightning.training.loggers import (
 from yolo11_lightning.training.module import YOLO11Module
 from yolo11_lightning.training.preemption import TrainingPreempted
 from yolo11_lightning.training.pretrained import weights_task_claim
-from yolo11_lightning.training.run_identity import CheckpointSummary, differences, identity
 
 # Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
 TRAINER_DEFAULTS: dict[str, Any] = {"max_epochs": 100}
@@ -105,52 +103,13 @@ def progress_for_output(trainer_config: dict[str, Any], callbacks: list[Callback
     return [] if sys.stdout.isatty() else [EpochLines()]
 
 
-class OneLineErrorParser(LightningArgumentParser):
-    """LightningCLI's parser, whose refusals (an unknown option, a value of the wrong type, a missing config
-    file) are a ``UserInputError``: ``yolo11-lightning`` prints ``error: <message>; closest options: ...`` (an
-    unknown option) or ``error: <message> (<command> --help lists the options)`` on one line and exits 2,
-    instead of a screen of usage before the message. ``--traceback`` (``errors.wants_traceback``) restores
-    jsonargparse's own report."""
-
-    def error(self, message: str, ex: Exception | None = None) -> NoReturn:
-        if not self.exit_on_error or wants_traceback():  # inner parses raise; the outermost one reports
-            super().error(message, ex)
-        parser = getattr(ex, "subcommand_parser", None) or self
-        command = parser.prog.replace(" [options]", "")
-        closest = _closest_options(message, parser)
-        hint = (
-            f"; closest options: {', '.join(closest)}"
-            if closest
-            else f" ({command} --help lists the options)"
-        )
-        raise UserInputError(f"{one_line(message)}{hint}") from ex
-
-
-def _closest_options(message: str, parser: Any) -> list[str]:
-    """The parser's options nearest to each unknown one in ``message`` (``unrecognized arguments: --x`` on the
-    command line, ``does not accept option 'x'`` from a config file), by ``difflib``; [] when none is close."""
-    unknown = re.findall(r"(?<!\w)--[\w.+-]+", message) if "unrecognized arguments" in message else []
-    unknown += [f"--{key}" for key in re.findall(r"does not accept option '([^']+)'", message)]
-    name = {  # every spelling of an option -> its first long one (aliases are suggested once)
-        o: next((s for s in action.option_strings if s.startswith("--")), o)
-        for action in getattr(parser, "_actions", [])
-        for o in action.option_strings
-    }
-    found: list[str] = []
-    for option in unknown:
-        for close in difflib.get_close_matches(option, sorted(name), n=3, cutoff=0.75):
-            found += [name[close]] if name[close] not in found else []
-    return found
-
-
 class YOLOLightningCLI(LightningCLI):
     """LightningCLI with the dataset's class count and names linked into the model.
 
-    Also: checkpoints are written atomically (``AtomicCheckpointIO``); ``fit --ckpt_path last`` finds the
-    newest ``last*.ckpt`` of earlier runs in any logger version and starts fresh when there is none (so a
-    restart loop can always pass it); a global batch that does not divide by the world size is refused
-    before any process starts; when a run fails in the process that launched the other ranks, those ranks
-    are ended too instead of being left waiting in a collective.
+    Also: checkpoints are written atomically (``AtomicCheckpointIO``); the run's task is settled in the config
+    before the classes are built (``resolve_task``); how ``fit`` starts from a checkpoint (``--ckpt_path last``,
+    the global batch) is ``cli.resume``'s to decide, before any process starts; when a run fails in the process
+    that launched the other ranks, those ranks are ended too (``cli.launched_ranks``).
     """
 
     def add_arguments_to_parser(self, parser: Any) -> None:
@@ -351,71 +310,17 @@ class YOLOLightningCLI(LightningCLI):
     def before_fit(self) -> None:
         self.check_task()
         self.check_splits("fit")
-        world = self.trainer.num_nodes * self.trainer.num_devices
-        batch = getattr(self.datamodule, "batch_size", None)
-        if batch is not None and batch % world:
-            fits = [n for n in (batch // world * world, (batch // world + 1) * world) if n]
-            raise UserInputError(
-                f"data.batch_size={batch} is the GLOBAL batch and must divide by the world size {world} "
-                f"(trainer.num_nodes={self.trainer.num_nodes} x trainer.devices={self.trainer.num_devices}); "
-                f"e.g. data.batch_size={' or '.join(map(str, fits))}"
-            )
-        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(
-            os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
-        ):
-            rank_zero_warn(
-                "torchrun --max-restarts with the workers sharing torchrun's rendezvous store: after a restart the "
-                "new workers can read the dead ones' addresses and fail to connect (pytorch/pytorch#135712). "
-                "Launch torchrun with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (scripts/torchrun_node.sh does)."
-            )
+        check_global_batch(self.trainer, self.datamodule)
+        warn_shared_rendezvous_store()
         config = self.config_init[self.subcommand]
-        from_last = config.get("ckpt_path") == "last"
-        if from_last:
-            config["ckpt_path"] = find_last_checkpoint(self.trainer)
-            rank_zero_info(
-                f"--ckpt_path last: resuming from {config['ckpt_path']}"
-                if config["ckpt_path"]
-                else "--ckpt_path last: no checkpoint yet, starting fresh"
-            )
+        from_last = resolve_last_checkpoint(config, self.trainer)
         if config.get("ckpt_path") and config["ckpt_path"] not in ("best", "hpc", "registry"):
-            self._check_resume(str(config["ckpt_path"]), from_last, config.get("seed_everything"))
+            self._nothing_to_fit = check_resume(
+                str(config["ckpt_path"]), from_last, config.get("seed_everything"), self.trainer, self.model,
+                self.datamodule,
+            )  # fmt: skip
 
     _nothing_to_fit = False
-
-    def _check_resume(self, path: str, from_last: bool, seed: Any) -> None:
-        """Refuse a checkpoint of another run (``last``) or of another global batch; stop if it is finished.
-
-        Runs in every process before training starts (each reads the same file), so they all decide alike.
-        """
-        saved = CheckpointSummary.read(path)
-        batch = getattr(self.datamodule, "batch_size", None)
-        if saved.global_batch is not None and batch is not None and saved.global_batch != batch:
-            raise UserInputError(
-                f"{path} was trained with data.batch_size={saved.global_batch} (the GLOBAL batch); resuming with "
-                f"data.batch_size={batch} would change the data order and the recipe. Resume with "
-                f"data.batch_size={saved.global_batch} (the per-device batch follows the number of devices)."
-            )
-        current = identity(self.model.hparams, getattr(self.datamodule, "hparams", {}), seed)
-        changed = differences(saved.identity, current)
-        if changed and from_last:
-            raise UserInputError(
-                f"--ckpt_path last found {path}, a checkpoint of another run: "
-                + "; ".join(changed)
-                + ". Start the new experiment in another trainer.default_root_dir, or pass that checkpoint's "
-                "path as --ckpt_path to continue it with the new settings."
-            )
-        if changed:
-            rank_zero_warn(f"resuming {path} with changed settings: " + "; ".join(changed))
-        trainer = self.trainer
-        if saved.finished(trainer.max_epochs, trainer.max_steps):
-            rank_zero_info(
-                f"{path}: this run already finished ({saved.epochs_completed} epochs, global step "
-                f"{saved.global_step}; trainer.max_epochs={trainer.max_epochs}, trainer.max_steps="
-                f"{trainer.max_steps}). Nothing to train: raise trainer.max_epochs to train longer."
-            )
-            self._nothing_to_fit = True
-            return
-        continue_logger_version(trainer, path)
 
 
 def _typed_value(args: Sequence[str], option: str) -> str | None:
@@ -443,44 +348,6 @@ def _ignore_false_alarms(command: str, ckpt_path: Any) -> None:
         folder = Path(str(ckpt_path)).parent
         where = re.escape(os.sep.join([folder.parent.name, folder.name]))
         warnings.filterwarnings("ignore", message=rf"Checkpoint directory .*{where} exists and is not empty")
-
-
-def resume_command(given_args: Sequence[str], checkpoint: str) -> str:
-    """The command line that continues a stopped run: as typed, with ``--ckpt_path`` naming ``checkpoint``."""
-    args, skip = [], False
-    for arg in given_args:
-        if skip:
-            skip = False
-        elif arg == "--ckpt_path":
-            skip = True
-        elif not arg.startswith("--ckpt_path="):
-            args.append(arg)
-    return shlex.join(["yolo11-lightning", *args, "--ckpt_path", checkpoint])
-
-
-def rank_zero_warn_line(message: str) -> None:
-    """One line on stderr from global rank zero (not a Python warning: no file and line number to it)."""
-    if rank_zero_only.rank == 0:
-        sys.stderr.write(message + "\n")
-        sys.stderr.flush()
-
-
-def end_launched_ranks(trainer: Trainer, grace_seconds: float = 0.0) -> None:
-    """SIGKILL the ranks this process launched (Lightning's own launcher, ``devices > 1`` without torchrun).
-
-    Lightning ends them itself only on Ctrl+C, or when one of them exits with an error. When this process
-    fails instead, e.g. a collective timed out because another rank hangs, the launched ranks would be
-    left behind holding their devices. Under torchrun or srun the launcher does this job. With
-    ``grace_seconds``, ranks still running after that long are the ones ended.
-    """
-    launcher = getattr(trainer.strategy, "launcher", None)
-    if not isinstance(launcher, _SubprocessScriptLauncher):
-        return
-    deadline = time.monotonic() + grace_seconds
-    for proc in launcher.procs:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
-    launcher.kill(signal.SIGKILL)
 
 
 def run_lightning_cli(args: Sequence[str] | None = None) -> YOLOLightningCLI:

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Literal
 
 import lightning as L
-import torch
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
@@ -32,16 +31,11 @@ from yolo11_lightning.data.image_dataset import ImageDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
-from yolo11_lightning.data.loader_workers import (
-    auto_num_workers,
-    ignore_stop_signals_in_worker,
-    single_threaded_opencv,
-)
+from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
-from yolo11_lightning.data.sampling.partner_pools import MODES as PARTNER_MODES
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
-from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, MissingSplitError
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
 from yolo11_lightning.errors import UserInputError
@@ -49,6 +43,9 @@ from yolo11_lightning.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.synthetic.shapes import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
+from yolo11_lightning.training.loading.loaders import make_loader, on_accelerator
+from yolo11_lightning.training.loading.options import check_data_options
+from yolo11_lightning.training.loading.splits import check_stage_splits, split_of, stage_splits
 
 log = logging.getLogger(__name__)
 
@@ -182,20 +179,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         super().__init__()
         if task is not None:
             get_task(task)  # a clear error naming the known tasks
-        if batch_size <= 0:
-            raise UserInputError(f"data.batch_size must be positive, got {batch_size}")
-        if image_size <= 0 or image_size % 32:
-            raise UserInputError(
-                f"data.image_size must be a positive multiple of 32 (the largest stride), got {image_size}"
-            )
-        if num_workers != "auto" and (not isinstance(num_workers, int) or num_workers < 0):
-            raise UserInputError(f"data.num_workers must be 'auto' or an int >= 0, got {num_workers!r}")
-        if cache_images not in (True, False, "disk"):
-            raise UserInputError(f"data.cache_images must be true, false or 'disk', got {cache_images!r}")
-        if mosaic_partners not in PARTNER_MODES:
-            raise UserInputError(
-                f"data.mosaic_partners must be one of {PARTNER_MODES}, got {mosaic_partners!r}"
-            )
+        check_data_options(
+            batch_size, image_size, num_workers, cache_images, mosaic_partners, max_substituted_fraction
+        )
         # Paths as strings: checkpoints hold the hyper-parameters, and their guarded reader takes plain data only.
         dataset, synthetic_dir, label_cache_dir = (
             os.fspath(p) if isinstance(p, os.PathLike) else p
@@ -246,10 +232,6 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             self._set_task(choose_task(self._named_tasks(), dataset=self.dataset_claim))
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
-        if max_substituted_fraction < 0:
-            raise UserInputError(
-                f"data.max_substituted_fraction must be >= 0, got {max_substituted_fraction}"
-            )
         self.max_substituted_fraction = max_substituted_fraction
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         self.rect_val = rect_val
@@ -353,29 +335,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         An error, not a fall-back: numbers reported as test results must come from the test split. Reads only
         the yaml, so the CLI calls it before any process starts; ``setup`` calls it too (Python use).
         """
-        defined = self.defined_splits()
-        name = str(self.yaml_path)
-        have = f"defined: {', '.join(defined) or 'none'}"
-        if stage == "predict":
-            if not {"test", "val"} & set(defined):
-                raise MissingSplitError(
-                    f"{name} has neither a `test` nor a `val` split ({have}); predict reads test, else val: "
-                    "add one of them to the yaml, or use `predict --source <images>`"
-                )
-            return
-        wanted = {"validate": ["val"], "test": ["test"]}.get(stage or "fit", ["train", "val"])
-        missing = next((split for split in wanted if split not in defined), None)
-        if missing is None:
-            return
-        other = {"val": "test", "test": "val"}.get(missing)  # the other evaluation split, and its command
-        if stage == "fit" and missing == "val":
-            hint = "fit validates on it after each epoch: add `val:` to the yaml"
-        elif stage in ("validate", "test") and other in defined:
-            command = "validate" if other == "val" else "test"
-            hint = f"use `{command}` to evaluate on {other}, or add `{missing}:` to the yaml"
-        else:
-            hint = f"add `{missing}:` to the yaml"
-        raise MissingSplitError(f"{name} has no `{missing}` split ({have}); {hint}")
+        check_stage_splits(stage, self.defined_splits(), str(self.yaml_path))
 
     # ------------------------------------------------------------------------------------ data
     def prepare_data(self) -> None:
@@ -503,27 +463,16 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             group, datasets = RankGroup.from_trainer(self.trainer), [self.datasets[k] for k in created]
             if self.cache_images == "disk":
                 config = self._config()
-                splits = [self._split_of(k, config) for k in created]
+                splits = [split_of(k, bool(config.splits.get("test"))) for k in created]
                 locations = [label_cache_locations(config, s, self.label_cache_dir) for s in splits]
                 attach_disk_caches(datasets, locations, group)
             else:
                 attach_image_caches(datasets, group)
 
-    @staticmethod
-    def _split_of(key: str, config: DatasetConfig) -> str:
-        """The split a dataset key reads (``predict`` reads test, else val)."""
-        return ("test" if config.splits.get("test") else "val") if key == "predict" else key
-
     def _load_splits(self, stage: str | None) -> list[str]:
         """Create the datasets ``stage`` needs that do not exist yet; returns their keys."""
         config = dataclasses.replace(self._config(), outline_labels=self.task_spec.outline_labels)
-        wanted = {
-            "fit": [("train", True), ("val", False)],
-            "validate": [("val", False)],
-            "test": [("test", False)],
-            "predict": [("test" if config.splits.get("test") else "val", False)],
-        }
-        splits = wanted.get(stage, [("train", True), ("val", False)]) if stage else wanted["fit"]
+        splits = stage_splits(stage, bool(config.splits.get("test")))
         created = []
         for split, augment in splits:
             key = "predict" if stage == "predict" else split
@@ -535,28 +484,16 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         return created
 
     # ------------------------------------------------------------------------------------ loaders
-    def _on_accelerator(self) -> bool:
-        """Whether batches go to an accelerator (pinned host memory helps only there): the Trainer's device, or
-        without a Trainer whether torch sees one."""
-        trainer = self.trainer  # LightningDataModule's: None until a Trainer uses it
-        if trainer is not None:
-            return trainer.strategy.root_device.type != "cpu"
-        accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-        return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
-
     def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
-        if self.num_workers > 0:
-            single_threaded_opencv()
-        return DataLoader(
+        """A DataLoader of this module's worker and memory settings and the task's collate."""
+        return make_loader(
             dataset,
-            batch_size=batch_size,
-            sampler=sampler,  # a DistributedSampler: Lightning keeps it instead of injecting its own
-            num_workers=self.num_workers,
-            pin_memory=self.pin_memory and self._on_accelerator(),
-            persistent_workers=self.persistent_workers and self.num_workers > 0,
-            collate_fn=self.task_spec.collate,
-            # Stop signals are the training process's to handle (it saves, then the workers end with it).
-            worker_init_fn=ignore_stop_signals_in_worker if self.num_workers > 0 else None,
+            sampler,
+            batch_size,
+            self.num_workers,
+            self.pin_memory and on_accelerator(self.trainer),
+            self.persistent_workers,
+            self.task_spec.collate,
         )
 
     def train_dataloader(self) -> DataLoader:

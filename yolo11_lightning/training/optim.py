@@ -1,4 +1,4 @@
-"""Optimiser recipe of the reference trainer: parameter groups, nominal batch, warmup and LR schedule.
+"""Optimiser recipe of the reference trainer: parameter groups, nominal batch, ``auto``, warmup and LR schedule.
 
 Every value here is a function of the global batch and global progress (epoch, global batch index),
 never of the number of devices, so a run behaves the same on 1 or 64 GPUs and after a resume.
@@ -13,6 +13,8 @@ from typing import Any, Literal
 import numpy as np
 import torch
 from torch import nn
+
+from yolo11_lightning.errors import UserInputError
 
 OptimizerName = Literal["SGD", "AdamW", "auto"]
 LRScaling = Literal["none", "linear", "sqrt"]
@@ -104,6 +106,31 @@ class OptimizerRecipe:
             ratio = global_batch / recipe.lr_reference_batch
             recipe.lr0 *= ratio if recipe.lr_scaling == "linear" else math.sqrt(ratio)
         return recipe
+
+
+def choose_recipe(
+    recipe: OptimizerRecipe, global_batch: int, num_classes: int, num_samples: int | None, max_epochs: int
+) -> tuple[OptimizerRecipe, str]:
+    """The concrete recipe of a run (``auto`` decided from the training-set size, batch and epochs) and the log
+    line that says what was chosen. ``num_samples`` None (not told) is refused for ``auto`` (one line)."""
+    if recipe.name != "auto":
+        resolved = recipe.resolve(global_batch, num_classes, total_iterations=0)
+        return resolved, f"optimizer: {resolved.describe()}"
+    if num_samples is None:
+        raise UserInputError(
+            "optimizer 'auto' chooses from the training-set size, which this run does not tell: use "
+            "YOLODataModule (or a datamodule with a `num_train_samples` attribute), or set "
+            "model.optimizer to SGD or AdamW"
+        )
+    max_epochs = max(max_epochs, 1)
+    iterations = math.ceil(num_samples / max(global_batch, recipe.nominal_batch)) * max_epochs
+    resolved = recipe.resolve(global_batch, num_classes, iterations)
+    said = (
+        f"optimizer 'auto' chose {resolved.describe()}: {iterations} iterations (ceil({num_samples} images / "
+        f"max(batch {global_batch}, nominal {recipe.nominal_batch})) x {max_epochs} epochs) "
+        f"{'>' if resolved.name == 'SGD' else '<='} 10000; lr0 and momentum of the config are ignored"
+    )
+    return resolved, said
 
 
 def build_optimizer(model: nn.Module, recipe: OptimizerRecipe, global_batch: int) -> torch.optim.Optimizer:

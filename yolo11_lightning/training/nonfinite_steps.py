@@ -8,11 +8,13 @@ non-finite on all of them. ``NonFiniteStepGuard`` keeps the flag on the device a
 every rank skips the same step and the host never reads the flag. The counters (skipped steps, skipped in a
 row) stay on the device too; the module reads them one optimiser step later, through the step exchange's
 deferred copy, to warn and to stop the run after too many in a row. An optimiser that cannot take
-``found_inf`` gets the same decision from one host read per step (``should_skip``).
+``found_inf`` gets the same decision from one host read per step (``should_skip``). ``step_unless_nonfinite``
+is the optimiser step that hands the flag on: as ``found_inf``, or under a ``GradScaler`` as non-finite gradients.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -130,3 +132,42 @@ class NonFiniteStepGuard:
         self._window = None
         # Kept on the host until the first observed loss says which device the flags live on.
         self._restored_window = bool(state.get("window_nonfinite", False))
+
+
+def step_unless_nonfinite(
+    guard: NonFiniteStepGuard, optimizer: Any, scaler: Any, closure: Callable[[], Any]
+) -> bool:
+    """Step ``optimizer`` unless a loss of this step's batches was NaN/inf on any rank; True when the step was
+    skipped by a host decision (the caller warns then).
+
+    The flag stays on the device: the optimiser gets it as ``found_inf`` (PyTorch's fused SGD/AdamW skip the
+    update on it, as under a GradScaler), and under a GradScaler (``scaler``) a skipped step's gradients are
+    made non-finite so that the scaler skips it. An optimiser that takes no ``found_inf`` gets the decision
+    from one host read per step. ``closure`` hands the already computed loss back to ``optimizer.step``.
+    """
+    flag = guard.close_window()
+    torch_optimizer = getattr(optimizer, "optimizer", optimizer)
+    if flag is not None and scaler is None and not torch_optimizer.defaults.get("fused"):
+        # An optimiser that takes no found_inf: decide on the host (one read per step).
+        if guard.read(guard.counters().tolist()):
+            optimizer.zero_grad(set_to_none=True)
+            return True
+        optimizer.step(closure=closure)
+        return False
+    if flag is not None and scaler is not None:
+        poison_gradients(torch_optimizer, flag)  # the scaler's own check then skips the step
+    elif flag is not None:
+        torch_optimizer.found_inf = flag
+    try:
+        optimizer.step(closure=closure)
+    finally:
+        torch_optimizer.__dict__.pop("found_inf", None)
+    return False
+
+
+def poison_gradients(optimizer: torch.optim.Optimizer, flag: Tensor) -> None:
+    """Add inf to every gradient when ``flag`` is 1 (0 otherwise): a GradScaler then skips the step by its own
+    check, on the device. One fused add over the gradients per step (a few microseconds on a GPU)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if grads:
+        torch._foreach_add_(grads, torch.where(flag > 0, float("inf"), 0.0))

@@ -1,0 +1,58 @@
+"""Decide what model a ``YOLO11Module`` holds: its task, and the fresh network (with pretrained weights) or an ONNX file.
+
+``task`` None takes the task of the ``weights`` file (its header only: ``model_files.weights.file_task``; an
+``.onnx`` file's metadata), else detection; a given task keeps it whatever ``weights`` holds. An exported ``.onnx``
+file replaces the detector with ``model_files.onnx_runtime.OnnxDetector`` (validate/test/predict only).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from yolo11_lightning.errors import UserInputError
+from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
+from yolo11_lightning.nn.scales import SCALES
+from yolo11_lightning.tasks.choice import choose_task
+from yolo11_lightning.training.pretrained import load_pretrained, weights_task_claim
+
+
+def module_task(weights: str | None, num_classes: int, task: str | None) -> tuple[str, OnnxDetector | None]:
+    """The module's task, and the ONNX Runtime detector when ``weights`` is an exported ``.onnx`` file."""
+    if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
+        onnx = OnnxDetector(weights, num_classes, task=task)  # task None: the file's
+        return onnx.task, onnx
+    if task is None:  # the weights file's task (its header only), else detection
+        claim = weights_task_claim(weights) if weights else None
+        return choose_task([], weights=claim), None
+    return task, None
+
+
+def check_model_options(scale: str, num_classes: int, class_names: list[str] | None) -> None:
+    """Refuse class names that do not match the class count, and a scale YOLO11 does not have (one line)."""
+    if class_names is not None and len(class_names) != num_classes:
+        raise UserInputError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
+    if scale not in SCALES:
+        raise UserInputError(
+            f"model.scale={scale!r} is not a YOLO11 scale; choose one of {', '.join(SCALES)}"
+        )
+
+
+def starting_model(
+    network: torch.nn.Module,
+    class_names: list[str] | None,
+    onnx: OnnxDetector | None,
+    weights: str | None,
+    weights_strict: bool,
+    channels_last: bool,
+) -> torch.nn.Module:
+    """The model a module starts from: the fresh ``network`` with ``weights`` loaded (what fits unless
+    ``weights_strict``), or ``onnx`` when given; in the NHWC layout with ``channels_last``."""
+    network.names = list(class_names) if class_names is not None else None
+    model = network
+    if onnx is not None:
+        model = onnx
+    elif weights:
+        load_pretrained(model, weights, strict=weights_strict)
+    if channels_last:  # before the EMA callback copies the model, so the copy is NHWC too
+        model.to(memory_format=torch.channels_last)
+    return model
