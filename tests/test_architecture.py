@@ -223,10 +223,8 @@ OPTION_MODULES = {
     "nn.yolo11": "the model's keypoint shape, read off the head it was built with (YOLO11.kpt_shape)",
     "model_files.onnx_runtime": "the same attribute of an ONNX model, which the pose task reads",
     "data.sources.label_options": "the dataset yaml's keys, read and written by this one data module",
-    "data.sources.config": "DatasetConfig.kpt_shape / flip_idx, read by the DataModule",
     "training.module": "the --model.kpt_shape hyper-parameter, a public config name",
     "training.datamodule": "checks the model and the dataset agree",
-    "training.callbacks.model_summary": "rebuilds the detector on the meta device",
     "cli.lightning_cli": "fills --model.kpt_shape from the dataset when none is named",
 }
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 from yolo11_lightning.data.sources.split import load_split
@@ -118,8 +118,8 @@ def _records(count: int) -> list[ImageRecord]:
 @pytest.mark.skipif(not Path("/proc/self/smaps_rollup").exists(), reason="needs Linux's /proc smaps_rollup")
 def test_dataloader_workers_share_the_records() -> None:
     small, large = _records(2_000), _records(40_000)
-    packed_small = DetectionDataset(PackedRecords(small), 64).records
-    packed_large = DetectionDataset(PackedRecords(large), 64).records
+    packed_small = BoxDataset(PackedRecords(small), 64).records
+    packed_large = BoxDataset(PackedRecords(large), 64).records
     # A list of record objects: touching them copies their pages into the worker (the measure works).
     assert _worker_growth(large) > 4.0
     # Packed arrays: a worker that builds every record once grows by less than 1 MiB, whatever the count.

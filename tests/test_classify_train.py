@@ -15,7 +15,7 @@ from torch import nn
 from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.tasks.classify.loss import ClassificationLoss
 from yolo11_lightning.tasks.classify.metric import ClassificationAccuracy
-from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe
+from yolo11_lightning.training.callbacks.recipe import LoopRecipe
 
 CLASSIFY = ["--model.task", "classify"]
 
@@ -38,7 +38,7 @@ def _gradients(model: nn.Module) -> torch.Tensor:
 @pytest.mark.parametrize("world", [1, 2])
 def test_gradient_equals_the_reference_mean_cross_entropy_on_any_world_size(world: int) -> None:
     """Each of ``world`` ranks holds its share of 6 images; its loss (normaliser summed over ranks) times
-    ``ReferenceRecipe.loss_scale`` (the classify task's factor: 1, not the batch), then DDP's mean of the ranks'
+    ``LoopRecipe.loss_scale`` (the classify task's factor: 1, not the batch), then DDP's mean of the ranks'
     gradients: the reference's gradient of ``v8ClassificationLoss`` on the whole batch in one process."""
     from ultralytics.utils.loss import v8ClassificationLoss
 
@@ -58,13 +58,13 @@ def test_gradient_equals_the_reference_mean_cross_entropy_on_any_world_size(worl
         loss, items = ClassificationLoss(sum_over_ranks=lambda local: summed)(
             model(images[share]), labels[share]
         )
-        scale = ReferenceRecipe().loss_scale(trainer, len(labels[share]), get_task("classify"))
+        scale = LoopRecipe().loss_scale(trainer, len(labels[share]), get_task("classify"))
         (loss * scale).backward()
         total += _gradients(model)
         assert items.item() == pytest.approx(ce.mean().item(), rel=1e-6)
     torch.testing.assert_close(total / world, expected, rtol=1e-5, atol=1e-7)
     # Detection's factor stays the global batch.
-    assert ReferenceRecipe().loss_scale(trainer, 3, get_task("detect")) == 3 * world * world
+    assert LoopRecipe().loss_scale(trainer, 3, get_task("detect")) == 3 * world * world
 
 
 def _predictions(n: int, nc: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ from cli_runs import (
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.agreement import SPLITS, compare, fingerprint, first_difference, record_digests
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import io as image_io
 from yolo11_lightning.data.images.loading import BLANK_SUBSTITUTE
 from yolo11_lightning.data.sampling.sampler import epoch_order
@@ -64,7 +64,7 @@ def break_files(records: list[ImageRecord], delete: int, corrupt: int) -> None:
 def test_unreadable_training_images_get_the_same_substitute_in_any_process(train_records, monkeypatch):
     monkeypatch.setattr(image_io.time, "sleep", lambda s: None)  # the retries' backoff
     break_files(train_records, delete=3, corrupt=7)
-    make = lambda: DetectionDataset(train_records, SIZE, augment=True, seed=5, retry_backoff_s=0)  # noqa: E731
+    make = lambda: BoxDataset(train_records, SIZE, augment=True, seed=5, retry_backoff_s=0)  # noqa: E731
     dataset = make()
     for epoch in (0, 1):
         for index in (3, 7):
@@ -94,7 +94,7 @@ def test_unreadable_training_images_get_the_same_substitute_in_any_process(train
 def test_when_no_substitute_can_be_read_a_blank_sample_stands_in(train_records):
     for record in train_records[:3]:
         Path(record.path).unlink()
-    sample = DetectionDataset(train_records[:3], SIZE, augment=True, retry_backoff_s=0)[(0, 1)]
+    sample = BoxDataset(train_records[:3], SIZE, augment=True, retry_backoff_s=0)[(0, 1)]
     assert sample["substitute"] == BLANK_SUBSTITUTE and sample["labels"].shape == (0, 5)
     assert sample["image"].shape == (3, SIZE, SIZE) and len(sample["unreadable"]) > 1
     batch = collate_detection([sample])
@@ -112,14 +112,14 @@ def test_a_transient_read_error_is_retried_and_no_substitute_is_needed(train_rec
         return real(path, *args)
 
     monkeypatch.setattr(image_io, "read_image", flaky)
-    sample = DetectionDataset(train_records, SIZE, augment=True, retry_backoff_s=0.05)[(0, 4)]
+    sample = BoxDataset(train_records, SIZE, augment=True, retry_backoff_s=0.05)[(0, 4)]
     assert sample["substitute"] == -1 and sample["unreadable"] == []
     assert sleeps == [0.05, 0.1]  # 3 attempts, doubling backoff
 
 
 def test_unreadable_evaluation_images_are_left_out_of_the_batch(train_records):
     break_files(train_records, delete=0, corrupt=1)
-    dataset = DetectionDataset(train_records, SIZE, augment=False, retry_backoff_s=0)
+    dataset = BoxDataset(train_records, SIZE, augment=False, retry_backoff_s=0)
     batch = collate_detection([dataset[i] for i in range(4)])
     assert batch["indices"].tolist() == [2, 3] and batch["missing"] == 2
     assert [p for p, _ in batch["unreadable"]] == [train_records[0].path, train_records[1].path]
@@ -160,14 +160,14 @@ def test_too_many_substituted_samples_stop_the_run_with_the_figures(caplog):
 
 # ------------------------------------------------------------------------------------------ agreement
 def test_fingerprints_differ_by_file_list_and_label_content_and_name_the_file(train_records, tmp_path):
-    a = DetectionDataset(train_records, SIZE)
+    a = BoxDataset(train_records, SIZE)
     moved = [ImageRecord(str(tmp_path / "elsewhere" / Path(r.path).name), r.height, r.width, r.classes, r.boxes)
              for r in train_records]  # fmt: skip
     relabelled = list(train_records)
     r = relabelled[5]
     relabelled[5] = ImageRecord(r.path, r.height, r.width, r.classes, r.boxes + np.float32(0.01))
     dropped = train_records[:5] + train_records[6:]
-    rows = {name: fingerprint({"train": DetectionDataset(recs, SIZE)})
+    rows = {name: fingerprint({"train": BoxDataset(recs, SIZE)})
             for name, recs in [("same", train_records), ("moved", moved), ("relabelled", relabelled),
                                ("dropped", dropped)]}  # fmt: skip
     assert rows["same"].shape == (1 + 3 * len(SPLITS),) and rows["same"].tolist()[:3] == [0, 1, 16]
@@ -177,12 +177,12 @@ def test_fingerprints_differ_by_file_list_and_label_content_and_name_the_file(tr
     failed = fingerprint({"train": a}, failed=True)
     assert compare(torch.stack([rows["same"], failed]))[0] == ["rank 1"]
     name = Path(train_records[5].path).name
-    assert name in first_difference([record_digests(a), record_digests(DetectionDataset(relabelled, SIZE))])
+    assert name in first_difference([record_digests(a), record_digests(BoxDataset(relabelled, SIZE))])
     assert "labels" in first_difference(
-        [record_digests(a), record_digests(DetectionDataset(relabelled, SIZE))]
+        [record_digests(a), record_digests(BoxDataset(relabelled, SIZE))]
     )
     assert f"image 5 is {name} on rank 0 but" in first_difference(
-        [record_digests(a), record_digests(DetectionDataset(dropped, SIZE))]
+        [record_digests(a), record_digests(BoxDataset(dropped, SIZE))]
     )
 
 

@@ -1,4 +1,4 @@
-"""DetectionDataset and collate: the batch contract, exact letterbox metadata, determinism across workers."""
+"""BoxDataset and collate: the batch contract, exact letterbox metadata, determinism across workers."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import cache as image_cache_module
 from yolo11_lightning.data.images.cache import ImageCache, estimate_cache_bytes
 from yolo11_lightning.data.rect_batches import eval_resized_shape
@@ -49,7 +49,7 @@ def records(tmp_path_factory):
 
 def test_batch_contract(records):
     for augment in (True, False):
-        dataset = DetectionDataset(records, SIZE, augment=augment, seed=1)
+        dataset = BoxDataset(records, SIZE, augment=augment, seed=1)
         batch = collate_detection([dataset[(2, i)] for i in (0, 3, 8)])  # 8: background image, no labels
         assert set(batch) == {"images", "targets", "targets_per_image", "indices", "orig_sizes", "scales", "pads",
                               "paths", "substitutes", "substituted", "unreadable", "missing"}  # fmt: skip
@@ -78,7 +78,7 @@ def test_batch_contract(records):
 
 @pytest.mark.parametrize("scaleup", [True, False])
 def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scaleup):
-    dataset = DetectionDataset(records, SIZE, augment=False, scaleup=scaleup)
+    dataset = BoxDataset(records, SIZE, augment=False, scaleup=scaleup)
     for i in range(len(records) - 1):
         sample = dataset[i]
         rec = records[i]
@@ -103,7 +103,7 @@ def test_val_letterbox_metadata_maps_boxes_back_to_original_pixels(records, scal
 
 
 def test_same_sample_with_0_and_2_workers(records):
-    dataset = DetectionDataset(
+    dataset = BoxDataset(
         records, SIZE, augment=True, aug=AugmentConfig(mixup=0.5), seed=4, global_batch_size=4
     )
     batches = []
@@ -121,7 +121,7 @@ def test_same_sample_with_0_and_2_workers(records):
 
 
 def test_int_index_is_epoch_0_and_epochs_differ(records):
-    dataset = DetectionDataset(records, SIZE, augment=True, seed=0)
+    dataset = BoxDataset(records, SIZE, augment=True, seed=0)
     assert torch.equal(dataset[2]["image"], dataset[(0, 2)]["image"])
     assert not torch.equal(dataset[(0, 2)]["image"], dataset[(1, 2)]["image"])
     with pytest.raises(IndexError):
@@ -130,7 +130,7 @@ def test_int_index_is_epoch_0_and_epochs_differ(records):
 
 def test_mosaic_switches_off_from_mosaic_until_epoch(records):
     n = len(records) - 1
-    dataset = DetectionDataset(
+    dataset = BoxDataset(
         records, SIZE, augment=True, seed=0, mosaic_until_epoch=2, global_batch_size=None
     )
     own = [{float(i), float(n)} for i in range(n)]
@@ -148,7 +148,7 @@ def test_mosaic_switches_off_from_mosaic_until_epoch(records):
 
 def test_mosaic_partners_come_from_the_global_batch(records):
     n, pool = len(records) - 1, 4
-    dataset = DetectionDataset(records[:n], SIZE, augment=True, seed=2, global_batch_size=pool)
+    dataset = BoxDataset(records[:n], SIZE, augment=True, seed=2, global_batch_size=pool)
     order = epoch_order(n, 2, 5, pool)
     for b in range(0, len(order), pool):
         members = {float(i) for i in order[b : b + pool]} | {float(n)}
@@ -159,7 +159,7 @@ def test_mosaic_partners_come_from_the_global_batch(records):
 def test_record_size_mismatch_names_the_file(records):
     rec = records[0]
     bad = ImageRecord(rec.path, rec.height + 1, rec.width, rec.classes, rec.boxes)
-    dataset = DetectionDataset([bad], SIZE, augment=False, read_attempts=1)
+    dataset = BoxDataset([bad], SIZE, augment=False, read_attempts=1)
     with pytest.raises(ValueError, match=r"img0\.png: decoded size .* differs from the record's"):
         dataset.load_resized(0)
     sample = dataset[0]  # evaluation: the image is left out, with the reason
@@ -167,8 +167,8 @@ def test_record_size_mismatch_names_the_file(records):
 
 
 def test_ram_cache_gives_identical_samples_and_refuses_when_too_big(records, monkeypatch):
-    plain = DetectionDataset(records, SIZE, augment=True, seed=3)
-    cached = DetectionDataset(records, SIZE, augment=True, seed=3)
+    plain = BoxDataset(records, SIZE, augment=True, seed=3)
+    cached = BoxDataset(records, SIZE, augment=True, seed=3)
     cached.image_cache = ImageCache.build(records, SIZE, lambda i: plain.load_resized(i)[0], num_threads=2)
     assert cached.image_cache.image_bytes == estimate_cache_bytes(records, SIZE)
     for key in [(0, 1), (1, 5), (2, 8)]:
@@ -183,7 +183,7 @@ def test_ram_cache_gives_identical_samples_and_refuses_when_too_big(records, mon
 def test_partner_pools_stay_on_one_rank_for_world_sizes_dividing_the_stride(global_batch, stride):
     n = 300
     records = [ImageRecord(f"/nowhere/{i}.jpg", 10, 10) for i in range(n)]  # pools need no pixels
-    dataset = DetectionDataset(records, SIZE, augment=True, seed=1, global_batch_size=global_batch)
+    dataset = BoxDataset(records, SIZE, augment=True, seed=1, global_batch_size=global_batch)
     assert partner_stride(global_batch) == stride
     order = epoch_order(n, 1, 2, global_batch)
     wrapped = set(order[n:].tolist())  # padding repeats these: their pool comes from their first position
@@ -216,7 +216,7 @@ def test_per_axis_eval_gain_maps_boxes_back_exactly(records):
     """eval_box_gain="per_axis": scale = (w'/w, h'/h), and the letterbox inverse undoes each axis on its own."""
     from yolo11_lightning.ops.letterbox import letterbox_to_original
 
-    dataset = DetectionDataset(records, SIZE, augment=False, eval_box_gain="per_axis")
+    dataset = BoxDataset(records, SIZE, augment=False, eval_box_gain="per_axis")
     anisotropic = 0
     for i in range(len(records) - 1):
         sample, rec = dataset[i], records[i]
@@ -237,4 +237,4 @@ def test_per_axis_eval_gain_maps_boxes_back_exactly(records):
         np.testing.assert_allclose(back.numpy(), original.clip(0, [rec.width, rec.height] * 2), atol=1e-3)
     assert anisotropic, "no image whose two axes were resized by different factors: the test would be vacuous"
     with pytest.raises(ValueError, match="eval_box_gain"):
-        DetectionDataset(records, SIZE, eval_box_gain="both")
+        BoxDataset(records, SIZE, eval_box_gain="both")

@@ -23,7 +23,7 @@ from yolo11_lightning.data.augment.transforms import (
     warp_image,
     warp_tiles,
 )
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.io import decode_scale, read_image
 from yolo11_lightning.structures.records import ImageRecord
 
@@ -111,8 +111,8 @@ def test_training_images_keep_the_full_decode_shapes_and_scales(tmp_path: Path):
         path = tmp_path / f"{k}.jpg"
         path.write_bytes(jpeg_with_orientation(smooth(h, w, seed=k), 1))
         records.append(ImageRecord(str(path), h, w, np.zeros(0, np.int64), np.zeros((0, 4), np.float32)))
-    train = DetectionDataset(records, 64, augment=True)
-    full = DetectionDataset(records, 64, augment=True, reduced_decode=False)  # full decode, then resize
+    train = BoxDataset(records, 64, augment=True)
+    full = BoxDataset(records, 64, augment=True, reduced_decode=False)  # full decode, then resize
     for k, record in enumerate(records):
         (a, ra), (b, rb) = train.load_resized(k), full.load_resized(k)
         assert a.shape == b.shape and ra == rb

@@ -31,7 +31,7 @@ from data_files import (
     write_yaml,
 )
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import io as image_io
 from yolo11_lightning.data.images.io import (
     DEFAULT_MAX_IMAGE_PIXELS,
@@ -317,13 +317,13 @@ def test_dataset_refuses_a_file_swapped_for_a_bomb(tmp_path: Path, bombs: dict[s
         bombs["jpeg"]
     )  # the record still says 48 x 64: only the read-time check can refuse it
 
-    evaluation = DetectionDataset(records, image_size=64, augment=False, read_attempts=1)
+    evaluation = BoxDataset(records, image_size=64, augment=False, read_attempts=1)
     sample = evaluation[2]
     assert sample["missing"]
     ((path, reason),) = sample["unreadable"]
     assert path == str(swapped) and reason.startswith("30000x30000 = 900000000 pixels exceeds the limit")
 
-    training = DetectionDataset(records, image_size=64, augment=True, read_attempts=1, reduced_decode=True)
+    training = BoxDataset(records, image_size=64, augment=True, read_attempts=1, reduced_decode=True)
     sample = training[(0, 2)]  # substituted, as any unreadable training image
     assert sample["substitute"] not in (-1, 2) and sample["image"].shape == (3, 64, 64)
     assert (str(swapped), reason) in sample["unreadable"]
@@ -333,15 +333,15 @@ def test_dataset_checks_the_records_size_before_reading(tmp_path: Path) -> None:
     path = write_image(tmp_path / "a.png", pattern(30, 50))
     small = ImageRecord(str(path), 30, 50)
     huge = ImageRecord(str(tmp_path / "never_read.png"), 30000, 30000)  # no file: only the size can refuse it
-    dataset = DetectionDataset([small, huge], image_size=64, augment=False)
+    dataset = BoxDataset([small, huge], image_size=64, augment=False)
     assert not dataset[0]["missing"]
     assert "30000x30000 = 900000000 pixels exceeds" in dataset[1]["unreadable"][0][1]
     # The limit is the Dataset's: lower, the small image goes too; none, the file's absence is what fails.
     assert (
         "50x30 = 1500 pixels exceeds the limit of 1000"
-        in DetectionDataset([small], image_size=64, max_image_pixels=1000)[0]["unreadable"][0][1]
+        in BoxDataset([small], image_size=64, max_image_pixels=1000)[0]["unreadable"][0][1]
     )
-    unlimited = DetectionDataset([small, huge], image_size=64, max_image_pixels=0, read_attempts=1)
+    unlimited = BoxDataset([small, huge], image_size=64, max_image_pixels=0, read_attempts=1)
     assert "cannot read file" in unlimited[1]["unreadable"][0][1]
 
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from cli_runs import SCRIPTS, run, tail
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import cache as image_cache
 from yolo11_lightning.data.images import node_cache
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
@@ -61,12 +61,12 @@ def _wait_stale(path: Path, seconds: float = 30.0) -> str | None:
 # A process building the cache of the train split, SIGKILLed by itself at its 3rd image: it holds the segment.
 _CRASH = """
 import os, signal, sys
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.node_cache import attach_image_caches
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.split import load_split
 config = load_dataset_config(sys.argv[1])
-dataset, calls = DetectionDataset(load_split(config, "train")[0], 64, augment=True), []
+dataset, calls = BoxDataset(load_split(config, "train")[0], 64, augment=True), []
 load = dataset.load_resized
 def dying(index):
     calls.append(index)
@@ -175,11 +175,11 @@ def splits(tiny_dataset: Path) -> tuple[list, list]:
     return load_split(config, "train")[0], load_split(config, "val")[0]
 
 
-def _datasets(splits: tuple[list, list], train_records: list | None = None) -> list[DetectionDataset]:
+def _datasets(splits: tuple[list, list], train_records: list | None = None) -> list[BoxDataset]:
     train, val = splits
     return [
-        DetectionDataset(train_records or train, 64, augment=True, seed=1, global_batch_size=8),
-        DetectionDataset(val, 64, augment=False),
+        BoxDataset(train_records or train, 64, augment=True, seed=1, global_batch_size=8),
+        BoxDataset(val, 64, augment=False),
     ]
 
 
@@ -267,13 +267,13 @@ def test_disk_cache_is_written_once_beside_the_labels_and_reused_without_decodin
         return [next(iter(dm.train_dataloader())), next(iter(dm.val_dataloader()))]
 
     expected = batches(plain)
-    load = DetectionDataset.load_resized
+    load = BoxDataset.load_resized
 
-    def cached_only(self: DetectionDataset, index: int):
+    def cached_only(self: BoxDataset, index: int):
         assert self.image_cache is not None, "decoded again"
         return load(self, index)
 
-    monkeypatch.setattr(DetectionDataset, "load_resized", cached_only)
+    monkeypatch.setattr(BoxDataset, "load_resized", cached_only)
     again = YOLODataModule(**options, cache_images="disk")
     again.setup("fit")  # the files are complete: mapped, nothing decoded
     for dm in (disk, again):

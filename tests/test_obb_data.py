@@ -207,13 +207,13 @@ def test_augmentation_statistics_match_the_oracle(obb_yaml: Path) -> None:
     from ultralytics.data import build_yolo_dataset
     from ultralytics.data.utils import check_det_dataset
 
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import load_split
 
     samples = 2000
     records, _ = load_split(load_dataset_config(obb_yaml), "train")
-    ours_ds = DetectionDataset(records, SIZE, augment=True, task=get_task("obb"), seed=0)
+    ours_ds = BoxDataset(records, SIZE, augment=True, task=get_task("obb"), seed=0)
     ours = _stats(ours_ds[(k // len(records), k % len(records))]["rboxes"].numpy() for k in range(samples))
     random.seed(0)
     np.random.seed(0)
@@ -231,12 +231,12 @@ def test_augmentation_statistics_match_the_oracle(obb_yaml: Path) -> None:
 
 # ------------------------------------------------------------------------------------------ batches, checks
 def test_obb_batches_carry_rotated_targets(obb_yaml: Path) -> None:
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import load_split
 
     records, _ = load_split(load_dataset_config(obb_yaml), "val")
-    dataset = DetectionDataset(records, SIZE, task=get_task("obb"))
+    dataset = BoxDataset(records, SIZE, task=get_task("obb"))
     batch = TASK.collate([dataset[i] for i in range(len(records))])
     targets = batch["targets"]
     assert targets.shape == (sum(len(r.classes) for r in records), 7)
@@ -327,7 +327,7 @@ def test_obb_batches_are_the_same_with_workers_and_the_ram_cache(obb_yaml: Path)
 
 def test_rank_agreement_hash_covers_the_corners(obb_yaml: Path) -> None:
     from yolo11_lightning.data.agreement import record_digests
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import load_split
 
@@ -335,5 +335,5 @@ def test_rank_agreement_hash_covers_the_corners(obb_yaml: Path) -> None:
     moved = [ImageRecord(r.path, r.height, r.width, r.classes, r.boxes, r.segments.copy(), r.segment_sizes)
              for r in records]  # fmt: skip
     moved[1].segments[2] += np.float32(0.01)  # one corner of one image
-    a, b = (record_digests(DetectionDataset(r, SIZE, task=get_task("obb"))) for r in (records, moved))
+    a, b = (record_digests(BoxDataset(r, SIZE, task=get_task("obb"))) for r in (records, moved))
     assert [x != y for x, y in zip(a, b)] == [i == 1 for i in range(len(records))]

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
     RECENT_SPACING,
@@ -61,7 +61,7 @@ def test_pool_positions_span_the_batch_and_three_earlier_ones_eight_apart_cyclic
 def test_recent_pools_lie_in_batches_the_same_worker_decoded_before(global_batch, world, workers):
     n = 4000  # 32+ global batches; not a multiple of the batch: the padded end is covered too
     records = [ImageRecord(f"/nowhere/{i}.jpg", 10, 10) for i in range(n)]  # pools need no pixels
-    dataset = DetectionDataset(
+    dataset = BoxDataset(
         records, SIZE, augment=True, seed=4, global_batch_size=global_batch, partner_batches=RECENT_BATCHES
     )
     assert partner_stride(global_batch) % world == 0
@@ -95,7 +95,7 @@ def test_decode_cache_fits_the_pools_of_every_worker_count():
     assert recent_decode_cache_size(512, 1) == 1024  # capped
 
 
-class CountingDataset(DetectionDataset):
+class CountingDataset(BoxDataset):
     """Decodes nothing: a flat image per index, each "decode" counted in a counter shared by workers."""
 
     def __init__(self, *args, counter, **kwargs) -> None:

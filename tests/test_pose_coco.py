@@ -109,8 +109,8 @@ def test_coco_keypoints_json_gives_the_records_of_the_oracles_converted_rows(con
     coco_yaml, yolo_yaml, oracle = converted
     coco, yolo = load_dataset_config(coco_yaml), load_dataset_config(yolo_yaml)
     # kpt_shape from the categories' 17 keypoint names, flip_idx from their left_/right_ pairs: the reference's
-    assert coco.kpt_shape == yolo.kpt_shape == (17, 3) and coco.names == yolo.names
-    assert coco.flip_idx == tuple(oracle["flip_idx"]) == flip_from_names(oracle["kpt_names"][0])
+    assert coco.options.kpt_shape == yolo.options.kpt_shape == (17, 3) and coco.names == yolo.names
+    assert coco.options.flip_idx == tuple(oracle["flip_idx"]) == flip_from_names(oracle["kpt_names"][0])
     ours, report = load_split(coco, "train", use_cache=False)
     theirs, yolo_report = load_split(yolo, "train", use_cache=False)
     assert report.warnings == yolo_report.warnings == [] and report.num_crowd == 1
@@ -201,7 +201,9 @@ def test_synthetic_pose_json_gives_the_records_of_its_yolo_rows(synthetic_pose_c
     coco = load_dataset_config(synthetic_pose_coco / "coco.yaml")
     yolo = load_dataset_config(synthetic_pose_coco / "data.yaml")
     assert (
-        (coco.kpt_shape, coco.flip_idx) == (yolo.kpt_shape, yolo.flip_idx) == (SYNTHETIC_KPT_SHAPE, FLIP_IDX)
+        (coco.options.kpt_shape, coco.options.flip_idx)
+        == (yolo.options.kpt_shape, yolo.options.flip_idx)
+        == (SYNTHETIC_KPT_SHAPE, FLIP_IDX)
     )
     for split in ("train", "val"):
         ours, report = load_split(coco, split, use_cache=False)

@@ -182,7 +182,7 @@ def test_pose_rows_become_keypoints_and_check_data_names_bad_ones(
 ) -> None:
     yaml_path = _pose_dataset(tmp_path, [r for r, _ in POSE_ROWS], kpt_shape=[2, 3], flip_idx=[1, 0])
     config = load_dataset_config(yaml_path)
-    assert config.kpt_shape == (2, 3) and config.flip_idx == (1, 0)
+    assert config.options.kpt_shape == (2, 3) and config.options.flip_idx == (1, 0)
     (rec,), report = load_split(config, "train", use_cache=False)
     assert rec.classes.tolist() == [0, 1] and report.num_skipped_rows == 5
     np.testing.assert_allclose(rec.keypoints[0], [[0.4, 0.4, 2], [0.6, 0.6, 1]], atol=1e-6)
@@ -261,7 +261,7 @@ def pose_yaml(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_synthetic_pose_set_labels_its_painted_keypoints(pose_yaml: Path) -> None:
     config = load_dataset_config(pose_yaml)
-    assert config.kpt_shape == SYNTHETIC_KPT_SHAPE and config.flip_idx == FLIP_IDX
+    assert config.options.kpt_shape == SYNTHETIC_KPT_SHAPE and config.options.flip_idx == FLIP_IDX
     records, report = load_split(config, "train", use_cache=False)
     assert report.num_skipped_rows == 0 and records.num_labels() > 8
     visibility = records.arrays()["keypoints"][..., 2]
@@ -275,19 +275,19 @@ def test_synthetic_pose_set_labels_its_painted_keypoints(pose_yaml: Path) -> Non
 
 
 def test_pose_samples_and_batches(pose_yaml: Path) -> None:
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.tasks import get_task
 
     task = get_task("pose")
     records, _ = load_split(load_dataset_config(pose_yaml), "train", use_cache=False)
-    train = DetectionDataset(records, 64, augment=True, task=get_task("pose"), seed=1)
+    train = BoxDataset(records, 64, augment=True, task=get_task("pose"), seed=1)
     batch = task.collate([train[(0, i)] for i in range(len(records))])
     n = len(batch["targets"])
     assert batch["keypoints"].shape == (n, K, 3) and n > 0
     labelled = batch["keypoints"][..., 2] > 0
     xy = batch["keypoints"][..., :2][labelled]
     assert ((xy >= 0) & (xy <= 1)).all()
-    val = DetectionDataset(records, 64, augment=False, task=get_task("pose"))
+    val = BoxDataset(records, 64, augment=False, task=get_task("pose"))
     sample = val[0]
     rec = records[0]
     scale, (left, top) = sample["scale"], sample["pad"]
@@ -299,15 +299,15 @@ def test_pose_samples_and_batches(pose_yaml: Path) -> None:
 
 def test_rank_agreement_hashes_the_keypoints(pose_yaml: Path) -> None:
     from yolo11_lightning.data.agreement import record_digests, split_hash
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
 
     records, _ = load_split(load_dataset_config(pose_yaml), "val", use_cache=False)
     arrays = records.arrays()
     moved = {**arrays, "keypoints": arrays["keypoints"] + np.float32(0.01)}
     other = PackedRecords.from_arrays(moved)
     same, changed = (
-        DetectionDataset(records, 64, task=get_task("pose")),
-        DetectionDataset(other, 64, task=get_task("pose")),
+        BoxDataset(records, 64, task=get_task("pose")),
+        BoxDataset(other, 64, task=get_task("pose")),
     )
     assert split_hash(same) != split_hash(changed)
     assert record_digests(same) != record_digests(changed)

@@ -8,15 +8,15 @@ import lightning as L
 import torch
 
 from yolo11_lightning.training.callbacks.checkpoints import LastCheckpoint
-from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe
+from yolo11_lightning.training.callbacks.recipe import LoopRecipe
 from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
 
 def test_last_step_index_round_trips_through_the_callback_state() -> None:
-    recipe = ReferenceRecipe()
+    recipe = LoopRecipe()
     recipe.last_step_index = 41
-    restored = ReferenceRecipe()
+    restored = LoopRecipe()
     restored.load_state_dict(recipe.state_dict())
     assert restored.last_step_index == 41
 
@@ -76,7 +76,7 @@ def test_windows_carry_over_epoch_ends_and_resume_exactly_from_an_epoch_end(
     assert cut.global_step == 1
     saved = torch.load(tmp_path / "cut" / "last.ckpt", map_location="cpu", weights_only=True)
     assert saved["carried_gradients"], "the open window's gradient must be in the epoch-end checkpoint"
-    assert saved["callbacks"]["ReferenceRecipe"]["last_step_index"] == 2
+    assert saved["callbacks"]["LoopRecipe"]["last_step_index"] == 2
 
     resumed, resumed_module = _fit(
         tiny_dataset, tmp_path / "resumed", max_epochs=2, ckpt_path=str(tmp_path / "cut" / "last.ckpt")

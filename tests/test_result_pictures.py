@@ -217,9 +217,9 @@ class PerfectDetector(YOLO11Module):
         self._truths = DetectionMAP.targets_in_input(batch)
         return super().validation_step(batch, batch_idx)
 
-    def detect(self, images):
+    def forward_with_nms(self, images):
         if self.training or not hasattr(self, "_truths"):
-            return super().detect(images)
+            return super().forward_with_nms(images)
         return [torch.cat([t[:, :4], torch.full_like(t[:, :1], 0.9), t[:, 4:]], 1) for t in self._truths]
 
 

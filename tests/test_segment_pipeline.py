@@ -21,7 +21,7 @@ import torch
 
 from yolo11_lightning.data.agreement import first_difference, record_digests, split_hash
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.split import load_split
 from yolo11_lightning.structures.records import ImageRecord
@@ -121,7 +121,7 @@ def test_augmented_masks_match_the_painted_ground_truth(painted, geometry: str, 
     aug = GEOMETRIES[geometry]
     inter = union = 0
     for seed in (0, 1, 2):
-        dataset = DetectionDataset(
+        dataset = BoxDataset(
             painted,
             PAINTED_SIZE,
             augment=True,
@@ -159,7 +159,7 @@ def test_augmented_masks_match_the_painted_ground_truth(painted, geometry: str, 
 @pytest.mark.parametrize("rect", [False, True])
 @pytest.mark.parametrize("gain", ["reference", "per_axis"])
 def test_validation_masks_are_letterboxed_like_the_image(painted, rect: bool, gain: str) -> None:
-    dataset = DetectionDataset(painted, PAINTED_SIZE, task=get_task("segment"), eval_box_gain=gain)
+    dataset = BoxDataset(painted, PAINTED_SIZE, task=get_task("segment"), eval_box_gain=gain)
     if rect:
         dataset.set_rect_batches(2)
     shapes = set()
@@ -290,14 +290,14 @@ def test_rank_agreement_hash_covers_the_polygons(painted) -> None:
         for r in painted
     ]
     moved[3].segments[2] += np.float32(0.01)  # one vertex of one image
-    seg_a, seg_b = (DetectionDataset(r, SIZE, task=get_task("segment")) for r in (painted, moved))
+    seg_a, seg_b = (BoxDataset(r, SIZE, task=get_task("segment")) for r in (painted, moved))
     assert split_hash(seg_a) != split_hash(seg_b)
     differs = [a != b for a, b in zip(record_digests(seg_a), record_digests(seg_b))]
     assert differs == [i == 3 for i in range(len(painted))]
     assert first_difference([record_digests(seg_a), record_digests(seg_b)]).startswith("the labels")
     # Detection keeps no polygons: its hash is that of the boxes alone, as before.
-    assert split_hash(DetectionDataset(painted, SIZE)) == split_hash(DetectionDataset(moved, SIZE))
-    assert DetectionDataset(painted, SIZE).records[0].num_polygons == 0
+    assert split_hash(BoxDataset(painted, SIZE)) == split_hash(BoxDataset(moved, SIZE))
+    assert BoxDataset(painted, SIZE).records[0].num_polygons == 0
     assert seg_a.records[3].num_polygons == 3
 
 
@@ -323,7 +323,7 @@ def test_validation_masks_equal_the_reference_datasets(tmp_path: Path, rect: boo
 
     yaml_path = make_synthetic_dataset(tmp_path, num_train=1, num_val=8, image_size=(48, 80), task="segment")
     records, _ = load_split(load_dataset_config(yaml_path), "val")
-    ours = DetectionDataset(records, SIZE, task=get_task("segment"), mask_overlap=overlap)
+    ours = BoxDataset(records, SIZE, task=get_task("segment"), mask_overlap=overlap)
     if rect:
         ours.set_rect_batches(4)
     reference = YOLODataset(

@@ -23,7 +23,7 @@ from yolo11_lightning.data.sources.config import MissingSplitError
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.weights import file_task, save_weights
 from yolo11_lightning.tasks import create_model
-from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
+from yolo11_lightning.tasks.resolution import TaskClaim, TaskError, resolve_task
 from yolo11_lightning.training.datamodule import YOLODataModule
 from yolo11_lightning.training.module import YOLO11Module
 
@@ -173,19 +173,19 @@ def test_contradictions_are_one_line(
 def test_the_rule() -> None:
     seg, det = TaskClaim("segment", "a"), TaskClaim("detect", "b")
     pose = TaskClaim("pose", "data.dataset='p.yaml' is a keypoint (pose) dataset")
-    assert choose_task([]) == "detect" and choose_task([], weights=seg) == "segment"
-    assert choose_task([det], weights=seg) == "detect"  # fine-tuning from another task's file
-    assert choose_task([seg, seg]) == "segment"
+    assert resolve_task([]) == "detect" and resolve_task([], weights=seg) == "segment"
+    assert resolve_task([det], weights=seg) == "detect"  # fine-tuning from another task's file
+    assert resolve_task([seg, seg]) == "segment"
     with pytest.raises(TaskError, match=r"^a but b: "):
-        choose_task([seg, det])
+        resolve_task([seg, det])
     with pytest.raises(TaskError, match=r"^b but data.dataset='p.yaml' is a keypoint \(pose\) dataset"):
-        choose_task([det], dataset=pose)
-    assert choose_task([], dataset=pose) == "pose"
+        resolve_task([det], dataset=pose)
+    assert resolve_task([], dataset=pose) == "pose"
     depth = TaskClaim("depth", "a.pt holds a depth model")  # a task this package does not train is refused
     with pytest.raises(
         TaskError, match=r"a.pt holds a depth model: the depth task is not supported yet \(supported: detect"
     ):
-        choose_task([], weights=depth)
+        resolve_task([], weights=depth)
     assert issubclass(TaskError, UserInputError) and issubclass(TaskError, ValueError)
 
 

@@ -39,14 +39,14 @@ def pss_bytes() -> int:
 def run_rank(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.data.images.node_cache import RankGroup, build_image_caches
     from yolo11_lightning.data.sources.config import load_dataset_config
     from yolo11_lightning.data.sources.split import load_split
 
     dist.init_process_group("gloo", rank=args.rank, world_size=args.world)
     records = load_split(load_dataset_config(args.yaml), "train", verbose=False)[0]
-    dataset = DetectionDataset(records, args.size, augment=True)
+    dataset = BoxDataset(records, args.size, augment=True)
     group = RankGroup(args.rank, args.world, args.rank, args.world, 0)
     dist.barrier()
     before, t0 = pss_bytes(), time.perf_counter()

@@ -158,7 +158,7 @@ def run_start(args: argparse.Namespace, side: str, yaml: Path) -> dict:
 def stages_worker(args: argparse.Namespace) -> dict:
     """Our start stage by stage in this process (``--stages``)."""
     from yolo11_lightning.data.agreement import split_hash
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
     from yolo11_lightning.data.images.io import probe_image
     from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
     from yolo11_lightning.data.sources import cache, split, yolo
@@ -199,7 +199,7 @@ def stages_worker(args: argparse.Namespace) -> dict:
     loaded, _ = timed("cache read", lambda: cache.load_cache(path, key))
     path.unlink()
     if not args.label_side:
-        dataset = timed("Dataset", lambda: DetectionDataset(loaded, 64, augment=True))
+        dataset = timed("Dataset", lambda: BoxDataset(loaded, 64, augment=True))
         timed("agreement hash", lambda: split_hash(dataset))
 
         def sampler() -> None:

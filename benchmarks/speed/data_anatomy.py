@@ -110,7 +110,7 @@ def ours_pipeline(records, size: int, batch: int, timer: StageTimer) -> Callable
             owner, name
         ):  # the names of this version of the pipeline (the script times earlier ones too)
             timer.wrap(owner, name, stage)
-    ds = dataset.DetectionDataset(records, size, augment=True, seed=0, global_batch_size=batch)
+    ds = dataset.BoxDataset(records, size, augment=True, seed=0, global_batch_size=batch)
     return lambda keys: len(dataset.collate_detection([ds[k] for k in keys])["indices"])
 
 

@@ -1,4 +1,4 @@
-"""Data pipeline speed: our DetectionDataset beside the reference's YOLODataset, same files, same run.
+"""Data pipeline speed: our BoxDataset beside the reference's YOLODataset, same files, same run.
 
 Measures images per second of ONE DataLoader worker (loading + augmentation + collate; total throughput
 is this times the workers, while CPU cores last). Rows:
@@ -41,7 +41,7 @@ import _common as C
 from _coco_like import make_dataset
 
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.sampling.partner_pools import RECENT_BATCHES
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler
 from yolo11_lightning.structures.batch import collate_detection
@@ -92,8 +92,8 @@ def main() -> None:
             keys += list(sampler)
         return [keys[i : i + batch] for i in range(0, num_batches * batch, batch)]
 
-    def train_set(global_batch: int | None, partner_batches: int = 1) -> DetectionDataset:
-        return DetectionDataset(
+    def train_set(global_batch: int | None, partner_batches: int = 1) -> BoxDataset:
+        return BoxDataset(
             records, size, augment=True, aug=AugmentConfig(), seed=0, global_batch_size=global_batch,
             partner_batches=partner_batches,
         )  # fmt: skip
@@ -106,7 +106,7 @@ def main() -> None:
         "train, partners anywhere": (train_set(None), train_keys(1, num_batches)),
         "train, recent partners": (train_set(batch, RECENT_BATCHES), train_keys(1, num_batches)),
     }
-    ours_val = DetectionDataset(records, size, augment=False)
+    ours_val = BoxDataset(records, size, augment=False)
     val_keys = list(range(len(records)))
     val_batches = [val_keys[i : i + batch] for i in range(0, len(val_keys), batch)]
 

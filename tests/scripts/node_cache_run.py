@@ -23,7 +23,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy
 from torch import nn
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.node_cache import PREFIX
 from yolo11_lightning.structures.batch import collate_detection
 from yolo11_lightning.training.datamodule import YOLODataModule
@@ -80,7 +80,7 @@ class Inspect(Callback):
 
     def _same_as_uncached(self, trainer, batch, split: str, epoch: int) -> bool:
         cached = trainer.datamodule.datasets[split]
-        plain = DetectionDataset(
+        plain = BoxDataset(
             [cached.records[i] for i in range(len(cached))], cached.image_size, augment=cached.augment,
             aug=cached.aug, seed=cached.seed, mosaic_until_epoch=cached.mosaic_until_epoch,
             global_batch_size=cached.global_batch_size, partner_batches=cached.partner_batches,

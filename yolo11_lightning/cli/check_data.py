@@ -5,7 +5,7 @@ per split in the task's words (``--task``, else the task the dataset's files say
 classification dataset counts class labels, not boxes), writes label statistics (``<split>_classes.png``, and
 ``<split>_boxes.png`` for a task of boxes) and a preview
 of augmented training samples with their boxes (``train_preview.png``, the training pipeline's
-own ``DetectionDataset``) plus letterboxed validation samples (``val_preview.png``, with the polygons
+own ``BoxDataset``) plus letterboxed validation samples (``val_preview.png``, with the polygons
 of a segmentation dataset outlined in white). Bad polygons are reported like bad rows: file and line
 (or json and annotation id) and the reason; a polygon whose box is usable keeps the box. An image above
 ``--max_image_pixels`` (default the reference's 178,956,970; 0: no limit) is refused from its header, never
@@ -85,9 +85,9 @@ def _preview(
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
 ) -> Path:
     """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn."""
-    from yolo11_lightning.data.dataset import DetectionDataset
+    from yolo11_lightning.data.dataset import BoxDataset
 
-    dataset = DetectionDataset(
+    dataset = BoxDataset(
         records, image_size=image_size, augment=augment, seed=seed, max_image_pixels=max_image_pixels
     )
     rng = np.random.default_rng(seed)

@@ -31,7 +31,7 @@ from yolo11_lightning.data.loader_workers import end_loader_workers
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.onnx_runtime import is_onnx_file
 from yolo11_lightning.model_files.weights import file_task
-from yolo11_lightning.tasks.choice import TaskClaim, TaskError, choose_task
+from yolo11_lightning.tasks.resolution import TaskClaim, TaskError, resolve_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
 from yolo11_lightning.training.callbacks.closing_summary import ClosingSummary
 from yolo11_lightning.training.callbacks.epoch_lines import EpochLines
@@ -215,7 +215,7 @@ class YOLOLightningCLI(LightningCLI):
         self.resolve_task()
 
     def resolve_task(self) -> None:
-        """Set the run's task once, in the config, before the model and the data are built (``tasks.choice``).
+        """Set the run's task once, in the config, before the model and the data are built (``tasks.resolution``).
 
         Named: ``model.task`` (``--model.task``, a model config, or the checkpoint of ``--ckpt_path``, whose
         hyper-parameters Lightning copied into ``model.*``), ``data.task``; else the ``--model.weights`` file's
@@ -250,10 +250,10 @@ class YOLOLightningCLI(LightningCLI):
         weights = model.get("weights")
         if not named and is_onnx_file(weights):
             if dataset is not None:
-                choose_task([], dataset=dataset)  # refuses a dataset of a task we do not train
+                resolve_task([], dataset=dataset)  # refuses a dataset of a task we do not train
             return
         claim = weights_task_claim(weights) if weights and not named else None
-        model.task = data.task = choose_task(named, claim, dataset)
+        model.task = data.task = resolve_task(named, claim, dataset)
         self._follow_kpt_shape(model, str(data.dataset))
 
     @staticmethod

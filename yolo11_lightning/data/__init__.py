@@ -1,7 +1,7 @@
 """Data: records -> samples -> the batch contract, and the LightningDataModule.
 
 batch.py          the batch contract (``DetectionBatch``: keys, shapes, units) and ``collate_detection``
-dataset.py        ``DetectionDataset``: augmented or letterboxed samples from the records
+dataset.py        ``BoxDataset``: augmented or letterboxed samples from the records
 datamodule.py     ``YOLODataModule``: dataset yaml or the synthetic set -> DataLoaders, the global batch
 eval_shapes.py    the reference validator's resize and rectangular batches
 agreement.py      every rank loaded the same data (one collective at setup)

@@ -37,7 +37,7 @@ def _relative_paths(paths: Sequence[str]) -> list[str]:
 
 
 def record_digests(dataset: Any) -> list[tuple[str, int]]:
-    """(relative path, 63-bit digest of its size and labels) per image of a ``DetectionDataset``."""
+    """(relative path, 63-bit digest of its size and labels) per image of a ``BoxDataset``."""
     records = [dataset.records[i] for i in range(len(dataset))]
     paths = _relative_paths([r.path for r in records])
     out = []
@@ -56,7 +56,7 @@ def record_digests(dataset: Any) -> list[tuple[str, int]]:
 
 
 def split_hash(dataset: Any) -> int:
-    """63-bit hash of a ``DetectionDataset``'s relative file list, image sizes and labels.
+    """63-bit hash of a ``BoxDataset``'s relative file list, image sizes and labels.
 
     Hashes the flat arrays of its ``PackedRecords`` directly (about 0.1 s for COCO's 118k images; the
     polygons of a segment dataset, about 160 MB for COCO, add about 0.3 s).

@@ -1,6 +1,6 @@
 """The detection Dataset: records -> augmented, letterboxed samples.
 
-``DetectionDataset[i]`` (or ``[(epoch, i)]``) returns one sample dict (``image`` (3, H, W) uint8, ``labels``
+``BoxDataset[i]`` (or ``[(epoch, i)]``) returns one sample dict (``image`` (3, H, W) uint8, ``labels``
 (n, 5) ``[class, cx, cy, w, h]`` normalised, ``index``, ``orig_size``, ``scale``, ``pad``, ``path`` and the
 unreadable-image fields); the task's collate (``Task.collate``, ``structures.batch.collate_detection`` for detection)
 stacks samples into the batch contract (``structures.batch.DetectionBatch``, shapes and units there).
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 DETECTION = TaskSamples()  # detection's samples: boxes and classes
 
 
-class DetectionDataset(RecordImageLoader, Dataset):
+class BoxDataset(RecordImageLoader, Dataset):
     """Images and boxes from ``ImageRecord``s, augmented for training or letterboxed for evaluation.
 
     ``dataset[(epoch, index)]`` (what ``ElasticDistributedSampler`` yields) or ``dataset[index]`` (epoch 0)

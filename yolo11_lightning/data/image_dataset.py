@@ -1,6 +1,6 @@
 """``ImageDataset``: one label per image (classification); samples from the task's whole-image transform.
 
-For a task with ``Task.whole_image`` (classification) the DataModule builds this instead of ``DetectionDataset``:
+For a task with ``Task.whole_image`` (classification) the DataModule builds this instead of ``BoxDataset``:
 the same records (each with one whole-image box, ``data.sources.imagefolder``), loading, unreadable-image
 substitutes, image cache and samplers, but each sample is the task's image transform of the image
 (``Task.image_transform``: ``fit`` is what the loader and the image cache keep, the call makes the sample with a
@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.io import ImageReadError
 from yolo11_lightning.data.sampling.seeds import sample_rng
 from yolo11_lightning.structures.batch import image_tensor
@@ -25,9 +25,9 @@ from yolo11_lightning.structures.batch import image_tensor
 __all__ = ["ImageDataset"]
 
 
-class ImageDataset(DetectionDataset):
+class ImageDataset(BoxDataset):
     """Whole-image samples (module docstring). ``task_options``: the task's augmentation settings
-    (``Task.image_transform``); the other arguments are ``DetectionDataset``'s (mosaic and partners unused)."""
+    (``Task.image_transform``); the other arguments are ``BoxDataset``'s (mosaic and partners unused)."""
 
     def __init__(self, *args: Any, task_options: dict[str, Any] | None = None, **kwargs: Any) -> None:
         kwargs["reduced_decode"] = False  # the transform resizes the shortest side: decode fully

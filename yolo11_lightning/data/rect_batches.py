@@ -1,6 +1,6 @@
 """Evaluation geometry as the reference validator does it: the load resize and rectangular batch shapes.
 
-Validation and test images go through two steps (``DetectionDataset`` in evaluation mode):
+Validation and test images go through two steps (``BoxDataset`` in evaluation mode):
 
 1. **Load resize** (``eval_resize``): the long side becomes ``size``, the short side
    ``min(ceil(short * r), size)`` with ``r = size / long`` (the reference rounds up, training rounds to

@@ -244,7 +244,7 @@ def infer_and_map(
     task = state_task(state)
     spec = get_task(task)
     cls_key, stem_key = _reference_key(spec.class_key, spec), "model.0.conv.weight"
-    for key, ndim in ((cls_key, 4 if spec.neck else 2), (stem_key, 4)):
+    for key, ndim in ((cls_key, 4 if spec.has_neck else 2), (stem_key, 4)):
         if key not in state or state[key].ndim != ndim:
             raise CheckpointError(
                 f"{label}: not a YOLO11 {spec.words} checkpoint: no {ndim}-d tensor {key!r}"

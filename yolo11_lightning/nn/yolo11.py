@@ -36,12 +36,12 @@ def detect_head(
 class HeadSpec:
     """What a task decides of the network: its name, which layers feed the head, the head, BatchNorm settings.
 
-    ``neck``: backbone and neck, the head after layers 16/19/22 (P3/P4/P5); False: the backbone alone, the head
+    ``has_neck``: backbone and neck, the head after layers 16/19/22 (P3/P4/P5); False: the backbone alone, the head
     after layer 9 (P5). ``batch_norm``: (eps, momentum) of every BatchNorm.
     """
 
     task: str = "detect"
-    neck: bool = True
+    has_neck: bool = True
     build_head: HeadBuilder = detect_head
     batch_norm: tuple[float, float] = (BN_EPS, BN_MOMENTUM)
 
@@ -123,7 +123,7 @@ class YOLO11(nn.Module):
     ``tasks.create_model(scale, num_classes, task=...)`` (segment, pose with ``kpt_shape`` (K, D), obb, classify).
 
     Input: float (B, 3, H, W) RGB in [0, 1], H and W multiples of 32. The spec says which layers the network has
-    (``neck``: backbone and neck, the head at layer 23 on P3/P4/P5; or the backbone alone, the head at layer 10
+    (``has_neck``: backbone and neck, the head at layer 23 on P3/P4/P5; or the backbone alone, the head at layer 10
     on P5) and builds the head, which decides the outputs. Detection. Train mode:
     list of three maps (B, 4·reg_max + nc, H/s, W/s) for s = 8, 16, 32, box-distribution channels first, then
     class logits. Eval mode: (B, 4 + nc, A), xywh boxes in input pixels then sigmoid class scores, A = sum over
@@ -146,9 +146,9 @@ class YOLO11(nn.Module):
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
         self.scale = scale
         self.task = head.task
-        self.layers, out = _build_layers(scale, head.neck)
-        self._head_from = _HEAD_FROM if head.neck else (len(self.layers) - 1,)
-        self.strides: tuple[int, ...] = _STRIDES if head.neck else _STRIDES[-1:]
+        self.layers, out = _build_layers(scale, head.has_neck)
+        self._head_from = _HEAD_FROM if head.has_neck else (len(self.layers) - 1,)
+        self.strides: tuple[int, ...] = _STRIDES if head.has_neck else _STRIDES[-1:]
         ch = [out[i] for i in self._head_from]
         self.head: Detect = head.build_head(  # type: ignore[assignment]
             num_classes, ch, self.strides, self.reg_max, scale

@@ -100,7 +100,7 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_detection(samples: Sequence[dict[str, Any]]) -> DetectionBatch:
-    """Stack ``DetectionDataset`` samples into a ``DetectionBatch``.
+    """Stack ``BoxDataset`` samples into a ``DetectionBatch``.
 
     Evaluation samples whose image could not be read are left out (``missing`` counts them); a batch
     of only such samples has B = 0 images.

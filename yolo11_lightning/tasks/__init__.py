@@ -2,7 +2,7 @@
 
 A new task is its own files (a ``Task`` subclass and what it needs: head, loss, label fields, metric) and one
 entry in ``TASKS`` below; nothing else in the package names it (ARCHITECTURE.md, "A task").
-Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.choice``.
+Which task a run is (named once, by the model, a checkpoint, a weights file or the dataset) is ``tasks.resolution``.
 """
 
 from __future__ import annotations

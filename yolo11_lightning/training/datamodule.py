@@ -6,7 +6,7 @@ Every ``__init__`` argument is a plain typed value, so LightningCLI exposes each
 ``ElasticDistributedSampler`` and its position is saved in checkpoints (``state_dict``), so a run can
 resume mid-epoch on any number of devices (``data.sampling.checkpoint``). The DataLoader workers are set up
 by ``data.loader_workers``. The task (``tasks.get_task(task)``) gives the labels' instance fields, the collate
-and the check of the records; left unset, it follows the model the data is trained with (``tasks.choice``).
+and the check of the records; left unset, it follows the model the data is trained with (``tasks.resolution``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from yolo11_lightning.data.agreement import check_ranks_agree
 from yolo11_lightning.data.augment.pipeline import AugmentConfig
 from yolo11_lightning.data.build_once import run_once_per_node
 from yolo11_lightning.data.cpu_cores import cores_per_rank
-from yolo11_lightning.data.dataset import DetectionDataset
+from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.image_dataset import ImageDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
 from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
@@ -42,7 +42,7 @@ from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.synthetic.shapes import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 from yolo11_lightning.tasks import get_task
-from yolo11_lightning.tasks.choice import TaskClaim, choose_task, task_words
+from yolo11_lightning.tasks.resolution import TaskClaim, resolve_task, task_words
 from yolo11_lightning.training.loading.loaders import make_loader, on_accelerator
 from yolo11_lightning.training.loading.options import check_data_options
 from yolo11_lightning.training.loading.splits import check_stage_splits, split_of, stage_splits
@@ -53,7 +53,7 @@ SYNTHETIC = "synthetic"
 
 
 def dataset_task_claim(dataset: str) -> TaskClaim | None:
-    """What a dataset's files say its task is (``data.sources.task_hint``), for ``tasks.choice``; None when they
+    """What a dataset's files say its task is (``data.sources.task_hint``), for ``tasks.resolution``; None when they
     do not say (the synthetic dataset is generated for the task the run chooses)."""
     hint = dataset_task(dataset) if dataset != SYNTHETIC else None
     if hint is None:
@@ -68,7 +68,7 @@ def dataset_kpt_shape(dataset: str, task: str) -> tuple[int, int] | None:
     set's for "synthetic"); None for a task without keypoints (``Task.check_kpt_shape``) or a dataset without."""
     if get_task(task).check_kpt_shape(None) is None:
         return None
-    return SYNTHETIC_KPT_SHAPE if dataset == SYNTHETIC else dataset_config(dataset).kpt_shape
+    return SYNTHETIC_KPT_SHAPE if dataset == SYNTHETIC else dataset_config(dataset).options.kpt_shape
 
 
 class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
@@ -113,7 +113,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             aspect-ratio order, each global batch letterboxed to its own shape (``data.rect_batches``);
             False letterboxes every image to an ``image_size`` square. Training is always square.
         eval_box_gain: ``reference`` maps evaluation boxes back with the reference's one gain for both axes
-            (its detections exactly); ``per_axis`` with each axis's own resize factor (``DetectionDataset``).
+            (its detections exactly); ``per_axis`` with each axis's own resize factor (``BoxDataset``).
         max_substituted_fraction: training images that cannot be read (deleted or corrupted during the run)
             are replaced by deterministic substitutes; when more than this share of the training set (at
             least 8 images) is replaced in one epoch, the run stops with an error (every rank together).
@@ -126,7 +126,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             resolution from the polygons; "synthetic" then generates the segmentation set). None (default):
             the task of the model the data is trained with (read from the trainer's LightningModule in
             ``prepare_data`` / ``setup``), else the task the dataset's files say (a ``kpt_shape`` yaml: pose;
-            its model's ``kpt_shape`` must be the yaml's), else detection (``tasks.choice``). A given task must agree with both.
+            its model's ``kpt_shape`` must be the yaml's), else detection (``tasks.resolution``). A given task must agree with both.
             ``task`` holds the resolved one once known, and so do the hyper-parameters.
         mask_overlap: segment task: masks as one index map per image (the reference's default) or, with
             False, one 0/1 mask per instance.
@@ -229,7 +229,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.task_spec = None
         self.dataset_claim = dataset_task_claim(dataset)
         if task is not None or self.dataset_claim is not None:
-            self._set_task(choose_task(self._named_tasks(), dataset=self.dataset_claim))
+            self._set_task(resolve_task(self._named_tasks(), dataset=self.dataset_claim))
         self.label_cache_dir = label_cache_dir
         self.prepare_data_per_node = prepare_data_per_node
         self.max_substituted_fraction = max_substituted_fraction
@@ -243,7 +243,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             self.class_names = list(dataset_config(dataset).names)
             if not self.class_names:
                 raise DatasetError(f"{dataset}: no class names (`names`, or categories of a COCO json)")
-        self.datasets: dict[str, DetectionDataset] = {}
+        self.datasets: dict[str, BoxDataset] = {}
         self.mosaic_until_epoch: int | None = None
         self._train_sampler: ElasticDistributedSampler | None = None
         self._train_loader: DataLoader | None = None
@@ -303,7 +303,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def resolve_task(self) -> str:
         """Settle the data's task (``task`` argument): the given one, else the model's, else the dataset's, else
         detection; TaskError names two sources that disagree. Datasets built for another task are dropped."""
-        task = choose_task(self._named_tasks(self.model_task()), dataset=self.dataset_claim)
+        task = resolve_task(self._named_tasks(self.model_task()), dataset=self.dataset_claim)
         if task != self.task:
             # Set up for another task before (e.g. used alone, then with a segmentation model): built again.
             if self.datasets:
@@ -354,7 +354,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
 
     def _make_dataset(
         self, config: DatasetConfig, split: str, augment: bool, evaluated: bool = False
-    ) -> DetectionDataset:
+    ) -> BoxDataset:
         """The dataset of ``split``: training (``augment``) or evaluation (``evaluated``; False: prediction)."""
         records, _ = run_once_per_node(
             RankGroup.from_trainer(self.trainer),
@@ -383,13 +383,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             else {}
         )
         aug = self.aug
-        keypoints = config.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is not None
-        if keypoints and config.flip_idx is None and (aug.fliplr or aug.flipud):
+        keypoints = config.options.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is not None
+        if keypoints and config.options.flip_idx is None and (aug.fliplr or aug.flipud):
             # A mirrored image's keypoints need their permutation: without one the reference drops the flips.
             rank_zero_warn(f"{config.source}: no `flip_idx` for its keypoints: fliplr and flipud are off")
             aug = dataclasses.replace(aug, fliplr=0.0, flipud=0.0)
         whole = {"task_options": self.image_options} if self.task_spec.whole_image else {}
-        dataset = (ImageDataset if whole else DetectionDataset)(
+        dataset = (ImageDataset if whole else BoxDataset)(
             records,
             self.image_size,
             augment=augment,
@@ -408,9 +408,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def _hint_keypoints(self, config: DatasetConfig) -> None:
         """Say so when the labels carry keypoints this task leaves out (a COCO keypoints json trained as boxes:
         its categories declare keypoints, which makes it a box dataset too, so the task stays the user's)."""
-        if config.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is None:
+        if config.options.kpt_shape is not None and self.task_spec.check_kpt_shape(None) is None:
             rank_zero_info(
-                f"{config.source}: its labels carry keypoints (kpt_shape {list(config.kpt_shape)}), which a "
+                f"{config.source}: its labels carry keypoints (kpt_shape {list(config.options.kpt_shape)}), which a "
                 f"{task_words(self.task)} run leaves out; --model.task pose trains them"
             )
 
@@ -420,10 +420,10 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         model_shape = getattr(getattr(module, "model", None), "kpt_shape", None)
         if self.task_spec.check_kpt_shape(None) is None or model_shape is None:
             return
-        if config.kpt_shape is None or tuple(config.kpt_shape) != tuple(model_shape):
+        if config.options.kpt_shape is None or tuple(config.options.kpt_shape) != tuple(model_shape):
             found = (
-                f"kpt_shape {list(config.kpt_shape)}"
-                if config.kpt_shape is not None
+                f"kpt_shape {list(config.options.kpt_shape)}"
+                if config.options.kpt_shape is not None
                 else "no kpt_shape (no key `kpt_shape`, no keypoint names in a COCO json's categories)"
             )
             raise DatasetError(
@@ -484,7 +484,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         return created
 
     # ------------------------------------------------------------------------------------ loaders
-    def _loader(self, dataset: DetectionDataset, sampler, batch_size: int) -> DataLoader:
+    def _loader(self, dataset: BoxDataset, sampler, batch_size: int) -> DataLoader:
         """A DataLoader of this module's worker and memory settings and the task's collate."""
         return make_loader(
             dataset,

@@ -12,7 +12,7 @@ import torch
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.nn.scales import SCALES
-from yolo11_lightning.tasks.choice import choose_task
+from yolo11_lightning.tasks.resolution import resolve_task
 from yolo11_lightning.training.pretrained import load_pretrained, weights_task_claim
 
 
@@ -23,7 +23,7 @@ def module_task(weights: str | None, num_classes: int, task: str | None) -> tupl
         return onnx.task, onnx
     if task is None:  # the weights file's task (its header only), else detection
         claim = weights_task_claim(weights) if weights else None
-        return choose_task([], weights=claim), None
+        return resolve_task([], weights=claim), None
     return task, None
 
 

@@ -25,7 +25,7 @@ from yolo11_lightning.structures.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
 from yolo11_lightning.training.callbacks.machine import MACHINE_DEFAULTS, MachineSettings
-from yolo11_lightning.training.callbacks.recipe import ReferenceRecipe, global_batch_size
+from yolo11_lightning.training.callbacks.recipe import LoopRecipe, global_batch_size
 from yolo11_lightning.training.callbacks.unreadable_images import UnreadableImages
 from yolo11_lightning.training.callbacks.validation_images import ValidationImages
 from yolo11_lightning.training.gradient_clipping import clip_fused_under_mixed_precision
@@ -164,7 +164,7 @@ class YOLO11Module(L.LightningModule):
         self.test_map = self.task.make_metric(class_names, reference_style=reference_style_map)
         self.resolved_recipe: OptimizerRecipe | None = None  # set at fit start, or restored from a checkpoint
         # Warmup, accumulation ramp and loss scale: the reference's loop, driven from a callback (recipe.py).
-        self.loop_recipe = ReferenceRecipe()
+        self.loop_recipe = LoopRecipe()
         self.step_guard = NonFiniteStepGuard(max_skipped_steps)
         # The training step's one collective (loss normalisers and items, the ranks' flags): step_exchange.py.
         self.step_exchange = StepExchange()
@@ -347,7 +347,7 @@ class YOLO11Module(L.LightningModule):
             self.resolved_recipe = OptimizerRecipe.from_state_dict(checkpoint["optimizer_recipe"])
 
     # ------------------------------------------------------------------------------------- evaluation
-    def detect(self, images: Tensor) -> list[Tensor]:
+    def forward_with_nms(self, images: Tensor) -> list[Tensor]:
         """uint8 (B, 3, H, W) images -> per image (n, 6 + extra) detections in input pixels (the task's NMS)."""
         return self.task.nms(self, self.model(self.model_input(images)))
 

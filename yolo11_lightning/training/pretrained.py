@@ -2,7 +2,7 @@
 
 The loading itself is ``model_files.weights.load_pretrained`` (plain torch); this wrapper only sends its summary and
 warnings through ``rank_zero_info`` / ``rank_zero_warn``, so one line is printed per run, not per rank.
-``weights_task_claim`` is what a weights file says about the run's task (``tasks.choice``).
+``weights_task_claim`` is what a weights file says about the run's task (``tasks.resolution``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from yolo11_lightning.model_files import weights as _weights
 from yolo11_lightning.model_files.weights import WeightsMismatchError, file_task
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks.choice import TaskClaim, task_words
+from yolo11_lightning.tasks.resolution import TaskClaim, task_words
 
 __all__ = ["WeightsMismatchError", "load_pretrained", "weights_task_claim"]
 

@@ -292,7 +292,7 @@ class ImageCache:
             max_fraction: largest share of the available memory the caches may take together.
             num_threads: decoding threads (OpenCV releases the GIL); default min(8, cpu count).
             shapes: (n, 2) (h', w') that ``load`` returns; default ``resized_shape`` of each record
-                (evaluation rounds differently, ``DetectionDataset.resized_shapes``).
+                (evaluation rounds differently, ``BoxDataset.resized_shapes``).
 
         Raises:
             MemoryError: with the figures, when ``copies`` caches would exceed the allowed share.

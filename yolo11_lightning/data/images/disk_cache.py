@@ -90,7 +90,7 @@ def attach_disk_caches(
     """Memory-map (building where missing) each dataset's decoded images and hand each its cache.
 
     Args:
-        datasets: ``DetectionDataset``s.
+        datasets: ``BoxDataset``s.
         locations: per dataset, (label cache path beside the labels, its fallback in the cache folder).
         group: the ranks of the job (one process when None).
         num_threads: decoding threads per rank (default cores / local ranks, at most 8).

@@ -1,6 +1,6 @@
 """``RecordImageLoader``: reading a dataset record's image (retries, reduced decode, resize, substitutes).
 
-The loading half of ``DetectionDataset`` (a mixin of it): it reads the attributes ``DetectionDataset``
+The loading half of ``BoxDataset`` (a mixin of it): it reads the attributes ``BoxDataset``
 sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``label_fields``,
 ``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels`` and the
 per-process
@@ -29,7 +29,7 @@ BLANK_SUBSTITUTE = -2
 
 
 class RecordImageLoader:
-    """Mixin of ``DetectionDataset``: a record's image, decoded, resized, or substituted when unreadable."""
+    """Mixin of ``BoxDataset``: a record's image, decoded, resized, or substituted when unreadable."""
 
     def load_resized(self, index: int) -> tuple[np.ndarray, float]:
         """Image ``index`` with its long side resized to ``image_size``: ((h', w', 3) uint8 RGB, scale r).

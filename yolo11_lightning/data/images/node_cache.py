@@ -118,7 +118,7 @@ class RankGroup:
 
 # ------------------------------------------------------------------------------------ build
 class CacheSource(Protocol):
-    """What is cached: a ``DetectionDataset`` (its records, output size and loader)."""
+    """What is cached: a ``BoxDataset`` (its records, output size and loader)."""
 
     records: Any
     image_size: int
@@ -343,7 +343,7 @@ def _report_shared(group: RankGroup, directory: Path, total: int, count: int, se
 def attach_image_caches(
     datasets: Sequence[Any], group: RankGroup | None = None, max_fraction: float = 0.7
 ) -> None:
-    """Build the caches of ``datasets`` (``DetectionDataset``s) and hand each its own."""
+    """Build the caches of ``datasets`` (``BoxDataset``s) and hand each its own."""
     for dataset in datasets:
         dataset.image_cache = None
         dataset.decode_cache_size = 0  # the RAM cache replaces the per-worker one

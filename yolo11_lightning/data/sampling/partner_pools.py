@@ -97,7 +97,7 @@ def workers_decoding_once(workers: int) -> int:
 def dataset_options(
     mode: str, global_batch: int, per_device_batch: int, num_workers: int
 ) -> dict[str, int | None]:
-    """The ``DetectionDataset`` arguments of a ``mosaic_partners`` mode (one of ``MODES``).
+    """The ``BoxDataset`` arguments of a ``mosaic_partners`` mode (one of ``MODES``).
 
     Args:
         mode: ``"recent"``, ``"dataset"`` or ``"batch"``.

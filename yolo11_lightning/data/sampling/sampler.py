@@ -166,7 +166,7 @@ class ShardedEvalSampler(DistributedSampler):
 
     ``order`` (default: 0, 1, ..., n - 1) is a permutation of the dataset's indices. For rectangular
     batches it is the aspect-ratio order whose consecutive groups of the GLOBAL batch B share one shape
-    (``DetectionDataset.set_rect_batches``): with R dividing B, rank r's per-device batches of B / R are
+    (``BoxDataset.set_rect_batches``): with R dividing B, rank r's per-device batches of B / R are
     exactly its positions in one group each, so every batch has a single shape on any world size and
     each image gets the same shape, hence the same detections, as in one process. Unequal lengths are
     safe as long as the evaluation step runs no collective per batch (metrics sync once at the end).

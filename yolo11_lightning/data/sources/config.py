@@ -78,16 +78,6 @@ class DatasetConfig:
         return len(self.names)
 
     @property
-    def kpt_shape(self) -> tuple[int, int] | None:
-        """``options.kpt_shape`` (what the DataModule reads)."""
-        return self.options.kpt_shape
-
-    @property
-    def flip_idx(self) -> tuple[int, ...] | None:
-        """``options.flip_idx`` (what the DataModule reads)."""
-        return self.options.flip_idx
-
-    @property
     def source(self) -> str:
         """How errors name this dataset: the yaml path, or the root for configs built in code."""
         return str(self.yaml_path or self.root)

@@ -6,7 +6,7 @@ and an ImageFolder root (class folders of images without YOLO label files, the r
 layout: the folder itself, its ``train`` folder, or a yaml whose ``train`` is such a folder) is a classification
 one. Anything else says nothing: box rows, polygon rows (detection trains on them too, taking boxes from the
 polygons) and COCO json fit detection and segmentation alike. The task names are plain strings here
-(``tasks.choice`` decides what they mean); this module imports no task code.
+(``tasks.resolution`` decides what they mean); this module imports no task code.
 """
 
 from __future__ import annotations

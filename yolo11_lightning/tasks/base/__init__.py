@@ -11,7 +11,7 @@ A task (``tasks/detect.py``, ``tasks/<task>/``) is one ``Task`` made of its face
 * ``export.py`` (``TaskExport``): the ONNX outputs, their shapes and metadata.
 
 Tasks reach the module (``training.module.YOLO11Module``) through its public methods only: ``model``,
-``hparams``, ``model_input`` and ``detect``.
+``hparams``, ``model_input`` and ``forward_with_nms``.
 """
 
 from __future__ import annotations

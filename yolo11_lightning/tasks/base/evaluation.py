@@ -53,6 +53,6 @@ class TaskEvaluation:
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
         """Detect, score into ``metric``; returns ``{"detections": [(n, 6)]}`` (what ValidationImages draws)."""
-        detections = module.detect(batch["images"])
+        detections = module.forward_with_nms(batch["images"])
         metric.update(detections, batch)
         return {"detections": detections}

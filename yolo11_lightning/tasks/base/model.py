@@ -23,7 +23,7 @@ class TaskModel:
     reference_class: ClassVar[str]  # the reference's model class of the task
     reference_key: ClassVar[str | None] = None  # a state-dict key only this task's reference files have
     # backbone and neck (head at reference layer 23); False: backbone only (layer 10)
-    neck: ClassVar[bool] = True
+    has_neck: ClassVar[bool] = True
     # (eps, momentum) of every BatchNorm: the reference's detection models set (1e-3, 0.03); its classifier keeps
     # PyTorch's defaults (its ClassificationModel never calls the reference's initialize_weights)
     batch_norm: ClassVar[tuple[float, float]] = (BN_EPS, BN_MOMENTUM)
@@ -35,7 +35,7 @@ class TaskModel:
     def head_index(self) -> int:
         """The head's layer index in the reference's model (``model.<i>``): 23 after backbone and neck, 10 after
         the classification backbone."""
-        return 23 if self.neck else 10
+        return 23 if self.has_neck else 10
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int] | None:
         """The model's keypoint shape (K, D) from what was given: None for a task without keypoints (a given one
@@ -56,7 +56,7 @@ class TaskModel:
     def head_spec(self, kpt_shape: Sequence[int] | None = None) -> HeadSpec:
         """What ``nn.yolo11.YOLO11`` needs to build this task's network (``kpt_shape`` checked here)."""
         checked = self.check_kpt_shape(kpt_shape)
-        return HeadSpec(self.name, self.neck, partial(self.build_head, kpt_shape=checked), self.batch_norm)
+        return HeadSpec(self.name, self.has_neck, partial(self.build_head, kpt_shape=checked), self.batch_norm)
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
         """Whether a reference state dict (keys ``model.<i>...``) is this task's: it has ``reference_key``.
@@ -95,7 +95,7 @@ class TaskModel:
 
     def reference_loss_factor(self, global_batch: int) -> int:
         """What the reference multiplies the (globally normalised) loss by before backward: the global batch for
-        the detection tasks (``ReferenceRecipe.loss_scale`` turns it into gradients on any world size)."""
+        the detection tasks (``LoopRecipe.loss_scale`` turns it into gradients on any world size)."""
         return global_batch
 
     def extra_channels(self, model: Any) -> int:

@@ -54,7 +54,7 @@ class TaskPrediction:
     def predict(self, module: Any, batch: dict[str, Any]) -> list[Any]:
         """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
         return detections_to_original(
-            module.detect(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
+            module.forward_with_nms(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
         )
 
     def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
@@ -70,7 +70,7 @@ class TaskPrediction:
         row) for a task whose answers are its detections."""
         return {}
 
-    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+    def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         """What an annotated copy shows under the boxes (``draw_prediction`` draws the boxes over it)."""
         return image
 
@@ -78,8 +78,8 @@ class TaskPrediction:
         self, image: np.ndarray, detections: np.ndarray, extras: dict[str, Any], names: Sequence[str] | None,
         thickness: int,
     ) -> np.ndarray:  # fmt: skip
-        """The annotated copy of one predicted image: ``draw``'s picture under the (n, 6) ``detections``' boxes
+        """The annotated copy of one predicted image: ``draw_under_boxes``'s picture under the (n, 6) ``detections``' boxes
         ``[x1, y1, x2, y2, score, class]``, labelled with their names and scores."""
-        image = self.draw(image, detections[:, 5], extras)
+        image = self.draw_under_boxes(image, detections[:, 5], extras)
         boxes, classes, scores = detections[:, :4], detections[:, 5], detections[:, 4]
         return draw_boxes(image, boxes, classes, scores, names, thickness=thickness)

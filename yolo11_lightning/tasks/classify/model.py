@@ -20,7 +20,7 @@ class ClassifyModel(TaskModel):
     model_suffix: ClassVar[str] = "-cls"
     reference_class: ClassVar[str] = "ClassificationModel"
     reference_key: ClassVar[str | None] = "model.10.linear.weight"
-    neck: ClassVar[bool] = False
+    has_neck: ClassVar[bool] = False
     batch_norm: ClassVar[tuple[float, float]] = (
         1e-5,
         0.1,

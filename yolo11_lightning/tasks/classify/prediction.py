@@ -42,7 +42,7 @@ class ClassifyPrediction(TaskPrediction):
         """No detections; the image's answer in the extras (``draw``, ``image_fields``)."""
         return result["probabilities"].new_zeros(0, 6), result
 
-    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+    def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         """The top-5 classes and their probabilities, written at the top left."""
         return draw_top_classes(image, extras["probabilities"].detach().float().cpu(), extras.get("names"))
 

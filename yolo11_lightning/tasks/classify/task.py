@@ -1,6 +1,6 @@
 """``ClassifyTask``: image classification (YOLO11-cls), what every layer asks of it (``tasks.base``).
 
-Another network: the detection backbone's layers 0-8, then C2PSA at layer 9 (no SPPF, no neck; ``neck = False``)
+Another network: the detection backbone's layers 0-8, then C2PSA at layer 9 (no SPPF, no neck; ``has_neck = False``)
 and the ``Classify`` head at layer 10; one label per image, the mean cross-entropy (``loss.ClassificationLoss``;
 ``reference_loss_factor`` 1: the reference does not multiply it by the batch). The data is whole images
 (``whole_image``: ``data.image_dataset.ImageDataset`` with ``augment.ClassifyTransform``, the reference's

@@ -91,7 +91,7 @@ class ObbPrediction(TaskPrediction):
         reference's predictor regularises them), and ``[x1, y1, x2, y2, score, class]`` with each box's
         axis-aligned extent clipped to the image."""
         out = []
-        for i, det in enumerate(module.detect(batch["images"])):
+        for i, det in enumerate(module.forward_with_nms(batch["images"])):
             rboxes = regularize(torch.cat((det[:, :4], det[:, 6:7]), 1).float())
             scale = batch["scales"][i].to(rboxes)
             scale = scale.reshape(-1).repeat(2)[:2] if scale.numel() > 1 else scale.expand(2)

@@ -69,6 +69,6 @@ class PosePrediction(TaskPrediction):
             points = np.concatenate([points, np.ones_like(points[:, :1])], 1)
         return {"keypoints": [round(float(v), 3) for v in points.reshape(-1)]}
 
-    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+    def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         points = extras["keypoints"]
         return draw_keypoints(image, points, classes) if len(points) else image

@@ -57,6 +57,6 @@ class SegmentPrediction(TaskPrediction):
         """The instance mask as COCO compressed RLE (``{"size": [h, w], "counts"}``)."""
         return {"segmentation": encode_rle(extras["masks"][k])}
 
-    def draw(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
+    def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
         masks = extras["masks"]
         return draw_masks(image, masks, classes) if len(masks) else image

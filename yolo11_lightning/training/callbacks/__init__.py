@@ -2,7 +2,7 @@
 
 checkpoints.py         ``LastCheckpoint`` and ``BestCheckpoint`` (``best.ckpt`` follows the task's monitor)
 ema.py                 ``ModelEMA``: the weights validation scores and checkpoints hold
-recipe.py              ``ReferenceRecipe``: warmup, accumulation ramp, loss scale, windows across epoch ends
+recipe.py              ``LoopRecipe``: warmup, accumulation ramp, loss scale, windows across epoch ends
 learning_rates.py      ``LearningRates``: Lightning's LR monitor, idle when the Trainer has no logger
 machine.py             ``MachineSettings``: compile, host memory, CPU threads (not saved with the model)
 hang_watchdog.py       ``HangWatchdog``: which rank stopped, with every rank's stacks

@@ -21,7 +21,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import create_model
+from yolo11_lightning.tasks import create_model, get_task
 
 __all__ = ["FlopsSummary", "count_flops_in_summary"]
 
@@ -35,7 +35,10 @@ class _CountedSummary(Summary):
         detector: YOLO11 = getattr(module, _DETECTOR)
         with torch.device("meta"):
             copy = create_model(
-                detector.scale, detector.num_classes, task=detector.task, kpt_shape=detector.kpt_shape
+                detector.scale,
+                detector.num_classes,
+                task=detector.task,
+                **get_task(detector.task).model_options(detector),
             )
         copy.eval()
         self._counter = FlopCounterMode(display=False, depth=None)

@@ -54,7 +54,7 @@ def global_batch_size(trainer: L.Trainer) -> int:
     return int(per_device) * trainer.world_size
 
 
-class ReferenceRecipe(Callback):
+class LoopRecipe(Callback):
     """Drive Lightning's optimisation loop the way the reference trainer drives its own.
 
     The schedule comes from ``pl_module.resolved_recipe`` (an ``OptimizerRecipe``, decided once at fit

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.tasks import DEFAULT_TASK, TASKS
 
-__all__ = ["TaskClaim", "TaskError", "choose_task", "task_words"]
+__all__ = ["TaskClaim", "TaskError", "resolve_task", "task_words"]
 
 
 class TaskError(UserInputError):
@@ -49,7 +49,7 @@ def task_words(task: str) -> str:
     return spec.words if spec is not None else task
 
 
-def choose_task(
+def resolve_task(
     named: Sequence[TaskClaim], weights: TaskClaim | None = None, dataset: TaskClaim | None = None
 ) -> str:
     """The run's task from its sources (module docstring); raises TaskError naming two that disagree."""
