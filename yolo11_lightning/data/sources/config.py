@@ -7,8 +7,8 @@ Format (the reference's, plus COCO json entries)::
     val: [images/val, extra.txt] #   or a list of those; relative to `path`
     test:                        # optional
     names: [person, bicycle]     # or {0: person, 1: bicycle}; optional when a COCO json gives them
-    kpt_shape: [17, 3]           # keypoint (pose) datasets: K keypoints of D = 2 (x, y) or 3 (x, y, visibility)
-    flip_idx: [0, 2, 1, ...]     # optional: keypoint k becomes flip_idx[k] when the image is mirrored
+
+A keypoint (pose) dataset adds its keypoint keys, read and checked by ``label_options.LabelOptions``.
 
 A COCO entry may also be a mapping that names the folder its ``file_name``s are relative to::
 
