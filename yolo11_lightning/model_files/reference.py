@@ -22,7 +22,8 @@ from torch import Tensor
 from yolo11_lightning.model_files import torch_file
 from yolo11_lightning.model_files.safe_pickle import StandIn
 from yolo11_lightning.model_files.torch_file import CheckpointError
-from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, Task, get_task
+from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
+from yolo11_lightning.tasks.base.model import TaskModel
 
 __all__ = [
     "CheckpointError",
@@ -269,7 +270,7 @@ def infer_and_map(
     raise CheckpointError(f"{label}: not a YOLO11 {spec.words} checkpoint (nc={nc}): {detail}")
 
 
-def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: Task) -> list[str]:
+def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: TaskModel) -> list[str]:
     """Up to six differences between our expected state dict and a renamed one, named in the file's keys."""
     ref_name = {k: _reference_key(k, spec) for k in (*expected, *got)}
     missing = [ref_name[k] for k in expected if k not in got]
@@ -283,7 +284,7 @@ def _compare(expected: Mapping[str, Tensor], got: Mapping[str, Tensor], spec: Ta
     return out + shapes[:2]
 
 
-def _reference_key(key: str, spec: Task) -> str:
+def _reference_key(key: str, spec: TaskModel) -> str:
     """Inverse of ``rename_key`` for ``spec``'s network."""
     if key.startswith("head."):
         return f"model.{spec.head_index}.{key[5:]}"

@@ -37,7 +37,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from yolo11_lightning.training.optim import OptimizerRecipe, WarmupSchedule
 
 if TYPE_CHECKING:
-    from yolo11_lightning.tasks.base import Task
+    from yolo11_lightning.tasks.base.model import TaskModel
 
 
 def global_batch_size(trainer: L.Trainer) -> int:
@@ -134,7 +134,7 @@ class LoopRecipe(Callback):
         trainer.accumulate_grad_batches = 1 if due else ready + 1
         self.step_due = due
 
-    def loss_scale(self, trainer: L.Trainer, local_batch: int, task: Task | None = None) -> int:
+    def loss_scale(self, trainer: L.Trainer, local_batch: int, task: TaskModel | None = None) -> int:
         """Factor on the (globally normalised) loss so that gradients are the reference's.
 
         The reference's gradient is d(loss x ``task.reference_loss_factor(global batch)``): the global batch for
