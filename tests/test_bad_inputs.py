@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from data_files import jpeg_with_orientation, pattern, write_image, write_labels, write_yaml
 
-from yolo11_lightning.data.images.io import ImageReadError, image_size, read_image
+from yolo11_lightning.data.images.io import image_size, read_image
+from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE
 from yolo11_lightning.data.sources.config import DatasetError, load_dataset_config
 from yolo11_lightning.data.sources.split import load_split

@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader
 from yolo11_lightning.data.agreement import SPLITS, compare, fingerprint, first_difference, record_digests
 from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import io as image_io
+from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.images.loading import BLANK_SUBSTITUTE
 from yolo11_lightning.data.sampling.sampler import epoch_order
 from yolo11_lightning.data.sampling.seeds import substitute_index
@@ -108,7 +109,7 @@ def test_a_transient_read_error_is_retried_and_no_substitute_is_needed(train_rec
 
     def flaky(path, *args):
         if next(failures, False):
-            raise image_io.ImageReadError(path, "cannot read file (Stale file handle)")
+            raise ImageReadError(path, "cannot read file (Stale file handle)")
         return real(path, *args)
 
     monkeypatch.setattr(image_io, "read_image", flaky)

@@ -33,16 +33,9 @@ from data_files import (
 
 from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images import io as image_io
-from yolo11_lightning.data.images.io import (
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageReadError,
-    ImageTooLargeError,
-    header_image_size,
-    image_size,
-    probe_image,
-    read_image,
-    read_image_retrying,
-)
+from yolo11_lightning.data.images.headers import header_image_size
+from yolo11_lightning.data.images.io import image_size, probe_image, read_image, read_image_retrying
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, ImageTooLargeError
 from yolo11_lightning.data.sources import yolo as yolo_source
 from yolo11_lightning.data.sources.config import load_dataset_config
 from yolo11_lightning.data.sources.split import load_split

@@ -28,7 +28,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.split import dataset_config, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task

@@ -36,7 +36,7 @@ from torch.utils.data import Dataset
 from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_sample
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
 from yolo11_lightning.data.images.loading import RecordImageLoader
 from yolo11_lightning.data.rect_batches import eval_resized_shape, rect_batches
 from yolo11_lightning.data.sampling.partner_pools import (
@@ -122,7 +122,7 @@ class BoxDataset(RecordImageLoader, Dataset):
             default (module docstring).
         mask_overlap: segment task: one index map per image (True, the reference's default) or one 0/1
             mask per instance (False).
-        max_image_pixels: an image of more pixels is unreadable (``images.io.ImageTooLargeError``, never
+        max_image_pixels: an image of more pixels is unreadable (``images.limits.ImageTooLargeError``, never
             decoded); default the reference's limit, None or 0: no limit.
     """
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from yolo11_lightning.data.dataset import BoxDataset
-from yolo11_lightning.data.images.io import ImageReadError
+from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.sampling.seeds import sample_rng
 from yolo11_lightning.structures.batch import image_tensor
 

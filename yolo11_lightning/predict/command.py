@@ -36,7 +36,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
 from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.weights import load_model

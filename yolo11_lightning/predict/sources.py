@@ -29,13 +29,8 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from yolo11_lightning.data.augment.transforms import letterbox
-from yolo11_lightning.data.images.io import (
-    DEFAULT_MAX_IMAGE_PIXELS,
-    IMAGE_EXTENSIONS,
-    ImageReadError,
-    pixel_limit,
-    read_image,
-)
+from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS, read_image
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
 from yolo11_lightning.structures.batch import PredictionBatch, image_tensor, stack_images
 
 VIDEO_EXTENSIONS = frozenset({"mp4", "avi", "mov", "mkv", "m4v", "webm", "mpg", "mpeg", "wmv", "asf", "gif"})

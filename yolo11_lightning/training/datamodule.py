@@ -29,7 +29,7 @@ from yolo11_lightning.data.cpu_cores import cores_per_rank
 from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.image_dataset import ImageDataset
 from yolo11_lightning.data.images.disk_cache import attach_disk_caches
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.images.node_cache import RankGroup, attach_image_caches
 from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from yolo11_lightning.data.images.io import ImageReadError
+from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.structures.records import ImageRecord
 
 log = logging.getLogger(__name__)

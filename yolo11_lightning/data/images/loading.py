@@ -15,7 +15,8 @@ import numpy as np
 from yolo11_lightning.data.augment.pipeline import Labelled
 from yolo11_lightning.data.augment.transforms import resize_long_side
 from yolo11_lightning.data.images.cache import resized_shape
-from yolo11_lightning.data.images.io import ImageReadError, check_pixels, decode_scale, read_image_retrying
+from yolo11_lightning.data.images.io import decode_scale, read_image_retrying
+from yolo11_lightning.data.images.limits import ImageReadError, check_pixels
 from yolo11_lightning.data.rect_batches import eval_resize, eval_resized_shape
 from yolo11_lightning.data.sampling.seeds import substitute_index
 from yolo11_lightning.structures.instances import Instances

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, pixel_limit
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 

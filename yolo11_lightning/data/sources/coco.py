@@ -36,12 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import (
-    DEFAULT_MAX_IMAGE_PIXELS,
-    ImageReadError,
-    ImageTooLargeError,
-    probe_image,
-)
+from yolo11_lightning.data.images.io import probe_image
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, ImageTooLargeError
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport, check_polygon, check_rows
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError, category_keypoints

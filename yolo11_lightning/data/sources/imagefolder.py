@@ -24,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import ImageReadError, ImageTooLargeError, probe_image
+from yolo11_lightning.data.images.io import probe_image
+from yolo11_lightning.data.images.limits import ImageReadError, ImageTooLargeError
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from yolo11_lightning.data.images.io import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
+from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
 from yolo11_lightning.data.sources import coco, imagefolder, yolo
 from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
@@ -190,7 +190,7 @@ def load_split(
         verbose: log each warning (once per process) and the summary; pass False on ranks > 0.
         workers: processes (threads for COCO) checking images (default ``check_workers()``: every usable core).
         max_image_pixels: images of more pixels are refused from their headers, undecoded, and reported
-            (``images.io.DEFAULT_MAX_IMAGE_PIXELS``, the reference's limit; None or 0: no limit).
+            (``images.limits.DEFAULT_MAX_IMAGE_PIXELS``, the reference's limit; None or 0: no limit).
 
     Raises:
         DatasetError: the split is not defined, an entry is missing, or no image is usable.
