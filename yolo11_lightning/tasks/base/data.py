@@ -5,14 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.task_samples import TaskSamples
 from yolo11_lightning.structures.batch import collate_detection
+from yolo11_lightning.structures.records import ImageRecord
 
 __all__ = ["TaskData"]
 
 
 class TaskData(TaskSamples):
-    """The data pipeline asks of a task beyond the dataset's samples, with detection's answers.: the task's hooks (module docstring)."""
+    """The data pipeline beyond the Dataset's samples: the task's hooks (module docstring)."""
 
     # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
     whole_image: ClassVar[bool] = False
@@ -31,11 +33,11 @@ class TaskData(TaskSamples):
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_detection(samples)
 
-    def check_records(self, records: Any, where: str) -> None:
+    def check_records(self, records: PackedRecords, where: str) -> None:
         """Report what this task needs and a split's records lack (``where`` names the split); ``records``: a
         ``PackedRecords`` (read its arrays' counts, not record by record)."""
 
-    def check_split(self, records: Any, names: Sequence[str], evaluated: bool) -> str | None:
+    def check_split(self, records: PackedRecords, names: Sequence[str], evaluated: bool) -> str | None:
         """Why the task cannot use a split's records, in words that follow ``<dataset>: split `<split>` (<its
         entries>): ``, or None; ``records``: a ``PackedRecords``, ``names``: the dataset's classes, ``evaluated``:
         validation or test (else training or prediction). Every rank asks with the same records, so every rank
@@ -50,7 +52,7 @@ class TaskData(TaskSamples):
             )
         return None
 
-    def label_problems(self, records: Sequence[Any]) -> list[str]:
+    def label_problems(self, records: Sequence[ImageRecord]) -> list[str]:
         """``check-data``'s lines ``<file>:<line>: <reason>`` for label rows the split's parse kept but this task
         cannot use (``records``: the split's ``ImageRecord``s)."""
         return []

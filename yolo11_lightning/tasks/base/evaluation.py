@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import Tensor
 
 from yolo11_lightning.ops.postprocess import non_max_suppression
+from yolo11_lightning.tasks.base.module_view import ModuleView
 
 if TYPE_CHECKING:
     from yolo11_lightning.metrics.class_results import ClassResults
@@ -40,7 +41,7 @@ class TaskEvaluation:
 
         return class_results(evaluation, names)
 
-    def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
+    def nms(self, module: ModuleView, predictions: Tensor) -> list[Tensor]:
         """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds
         (``extra = extra_channels(module.model)``)."""
         hp = module.hparams
@@ -51,7 +52,7 @@ class TaskEvaluation:
             max_detections=hp.max_detections, **kwargs,
         )  # fmt: skip
 
-    def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
+    def evaluate(self, module: ModuleView, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
         """Detect, score into ``metric``; returns ``{"detections": [(n, 6)]}`` (what ValidationImages draws)."""
         detections = module.forward_with_nms(batch["images"])
         metric.update(detections, batch)

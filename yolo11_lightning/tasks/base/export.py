@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from yolo11_lightning.nn.yolo11 import YOLO11
+
 __all__ = ["TaskExport"]
 
 OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; no NMS"
 
 
 class TaskExport:
-    """Onnx export and reading an onnx file back: the task's hooks (module docstring)."""
+    """ONNX export and reading an ONNX file back: the task's hooks (module docstring)."""
 
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
@@ -24,7 +26,7 @@ class TaskExport:
         image height and width are free (``dynamic``)."""
         return [{0: "batch", 2: "anchors"} if dynamic else {0: "batch"}]
 
-    def onnx_output_dims(self, model: Any, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
+    def onnx_output_dims(self, model: YOLO11, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
         """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
         known = {1: 4 + model.num_classes + self.extra_channels(model)}
         if not dynamic:
@@ -45,7 +47,7 @@ class TaskExport:
             )
         return shape[1] - 4 - extra if isinstance(shape[1], int) else None
 
-    def onnx_metadata(self, model: Any) -> dict[str, str]:
+    def onnx_metadata(self, model: YOLO11) -> dict[str, str]:
         """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
         return {}
 

@@ -11,7 +11,7 @@ from torch import Tensor, nn
 from yolo11_lightning.loss.detection import DetectionLoss
 from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM
 from yolo11_lightning.nn.head import Detect
-from yolo11_lightning.nn.yolo11 import HeadSpec
+from yolo11_lightning.nn.yolo11 import YOLO11, HeadSpec
 
 __all__ = ["TaskModel"]
 
@@ -56,7 +56,9 @@ class TaskModel:
     def head_spec(self, kpt_shape: Sequence[int] | None = None) -> HeadSpec:
         """What ``nn.yolo11.YOLO11`` needs to build this task's network (``kpt_shape`` checked here)."""
         checked = self.check_kpt_shape(kpt_shape)
-        return HeadSpec(self.name, self.has_neck, partial(self.build_head, kpt_shape=checked), self.batch_norm)
+        return HeadSpec(
+            self.name, self.has_neck, partial(self.build_head, kpt_shape=checked), self.batch_norm
+        )
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
         """Whether a reference state dict (keys ``model.<i>...``) is this task's: it has ``reference_key``.
@@ -71,7 +73,7 @@ class TaskModel:
     # the options a model of the task is built with (``create_model``'s keywords), as model files name them
     option_keys: ClassVar[tuple[str, ...]] = ()
 
-    def model_options(self, model: Any) -> dict[str, Any]:
+    def model_options(self, model: YOLO11) -> dict[str, Any]:
         """The options ``model`` (a ``YOLO11`` of this task) was built with, under ``option_keys``: what a model
         file keeps and ``create_model`` takes back (none for most tasks)."""
         return {}
@@ -85,7 +87,7 @@ class TaskModel:
         its tensors imply."""
         return {}
 
-    def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> nn.Module:
+    def build_loss(self, model: YOLO11, box: float, cls: float, dfl: float) -> nn.Module:
         """The criterion of ``model`` (a ``YOLO11`` of this task: class count, strides, keypoint shape)."""
         return DetectionLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)
 
@@ -98,7 +100,7 @@ class TaskModel:
         the detection tasks (``LoopRecipe.loss_scale`` turns it into gradients on any world size)."""
         return global_batch
 
-    def extra_channels(self, model: Any) -> int:
+    def extra_channels(self, model: YOLO11) -> int:
         """Prediction channels of ``model`` (a ``YOLO11`` of this task) after the class scores, carried through
         NMS (segmentation: 32 mask coefficients; pose: K·D keypoint values); detection: none."""
         return 0

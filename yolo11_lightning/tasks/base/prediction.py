@@ -11,6 +11,7 @@ from torch import Tensor
 
 from yolo11_lightning.ops.letterbox import detections_to_original
 from yolo11_lightning.plots.drawing import draw_boxes
+from yolo11_lightning.tasks.base.module_view import ModuleView
 
 __all__ = ["TaskPrediction"]
 
@@ -51,7 +52,7 @@ class TaskPrediction:
         boxes, classes = _target_boxes(image, batch, index)
         return draw_boxes(image, boxes, classes, color=(255, 255, 255))
 
-    def predict(self, module: Any, batch: dict[str, Any]) -> list[Any]:
+    def predict(self, module: ModuleView, batch: dict[str, Any]) -> list[Any]:
         """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
         return detections_to_original(
             module.forward_with_nms(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
