@@ -15,7 +15,7 @@ Each side's detections (in original pixels) are also scored by pycocotools again
 truth; the reference prints its own AP (101-point interpolation of its own PR curve, matching in
 letterboxed pixels), ours logs faster-coco-eval's COCO mAP and, with ``--model.reference_style_map true``,
 the reference's figure computed by our code. ``pairs`` counts the reference's detections
-with one of ours within 0.01 px and 1e-4 score (``tests/validation_oracle.match_detections``).
+with one of ours within 0.01 px and 1e-4 score (``tests/oracles/validation_oracle.match_detections``).
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from typing import Any
 
 import _common as C
 
-sys.path.insert(0, str(C.REPO / "tests"))  # the oracle helpers the parity tests use
+# The parity tests' oracle and the data helpers it builds on.
+sys.path[:0] = [str(C.REPO / "tests" / "oracles"), str(C.REPO / "tests" / "helpers")]
 
 # (height, width): resized to long side 160 most give a fractional short side (95.2, 62.1, 99.2, 91.4),
 # where rounding to nearest and rounding up differ; one square is enlarged.
