@@ -1,4 +1,5 @@
-"""YOLO11Module(task="segment"): training step, box + mask mAP, predict with masks, the CLI's task check.
+"""YOLO11Module(task="segment"): training step, box + mask mAP, predict with masks, the CLI's task check (its 2-rank
+fit: tests/tasks/segment/test_segment_resume.py).
 
 Hand-made 64 px ``SegmentationBatch``es (``collate_segmentation`` of crafted samples); a fake segmenter whose
 output is the ground truth gives the metric a known answer (mask mAP 1.0, or 0.0 with empty masks).
@@ -364,47 +365,6 @@ def test_cli_parses_model_task(tiny_dataset: Path, capsys: pytest.CaptureFixture
         main(["fit", "--model.task", "segment", "--data.dataset", str(tiny_dataset), "--print_config"])
     assert stop.value.code in (0, None)
     assert "task: segment" in capsys.readouterr().out
-
-
-def _data_has_task() -> bool:
-    import inspect
-
-    from yolo11_lightning.data.datamodule import YOLODataModule
-
-    return "task" in inspect.signature(YOLODataModule).parameters
-
-
-@pytest.mark.skipif(not _data_has_task(), reason="the DataModule has no segment task yet")
-def test_segment_fit_on_two_gloo_ranks_logs_box_and_mask_map(tmp_path: Path) -> None:
-    """``--model.task segment`` through the CLI on 2 gloo ranks (7 validation images: unpadded shards of 4 and
-    3): exit 0, box and mask mAP logged, checkpoints written; a model/data task mismatch is refused. (After one
-    epoch the mAP is ~0: the exact distributed equality is tested on non-trivial values above.)"""
-    import csv
-
-    from cli_runs import TINY_FIT, ddp, run_cli, tail
-
-    from yolo11_lightning.data.synthetic.shapes import make_synthetic_dataset
-    from yolo11_lightning.training.lightning_cli import run_lightning_cli
-
-    dataset = make_synthetic_dataset(tmp_path / "seg", num_train=8, num_val=7, image_size=64, task="segment")
-    root = tmp_path / "run"
-    args = ["fit", "--config", str(TINY_FIT), "--data.dataset", str(dataset), "--model.task", "segment",
-            "--data.task", "segment", "--trainer.max_epochs", "1", "--trainer.default_root_dir", str(root),
-            *ddp()]  # fmt: skip
-    proc = run_cli(args, cwd=tmp_path, timeout=300)
-    assert proc.returncode == 0, tail(proc)
-    (metrics_csv,) = root.rglob("metrics.csv")
-    logged = [row for row in csv.DictReader(metrics_csv.open()) if row.get("val/mask_mAP50-95")]
-    assert logged and logged[-1].get("val/mAP50-95") and logged[-1].get("val/mask_mAP50"), "mAP not logged"
-    assert {p.name for p in root.rglob("*.ckpt")} >= {"best.ckpt", "last.ckpt"}
-    assert YOLO11Module.load_from_checkpoint(next(root.rglob("last.ckpt"))).task.name == "segment"
-
-    mismatch = ["fit", "--data.dataset", str(dataset), "--model.task", "segment", "--data.task", "detect",
-                "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path / "mismatch")]  # fmt: skip
-    with pytest.raises(
-        ValueError, match=r"model.task='segment' \(--model.task\) but data.task='detect' \(--data"
-    ):
-        run_lightning_cli(mismatch)
 
 
 def test_an_image_without_instances_rasterises_to_an_empty_index_map() -> None:
