@@ -1,4 +1,5 @@
-"""The front door: LightningCLI fit on 1 process and on 2 gloo ranks, and config round trips."""
+"""The front door: LightningCLI fit on 1 process and on 2 gloo ranks (real processes), config round trips and the
+auto optimiser through the CLI's ``main`` in this process (nothing there asks for a process of its own)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from cli_runs import fit_here
+
+from yolo11_lightning.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,16 +37,25 @@ def _tiny_fit_args(dataset: Path, root: Path) -> list[str]:
     ]  # fmt: skip
 
 
-def test_print_config_round_trip(tmp_path: Path) -> None:
-    first = _cli("fit", "--config", str(REPO / "configs" / "quickstart.yaml"), "--model.scale", "s",
-                 "--data.batch_size", "32", "--print_config", cwd=tmp_path)  # fmt: skip
-    assert first.returncode == 0, first.stderr[-3000:]
+def _printed_config(capsys: pytest.CaptureFixture[str], *args: str) -> str:
+    """What ``fit ... --print_config`` prints (it exits 0 before building anything)."""
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", *args, "--print_config"])
+    assert stop.value.code in (0, None), capsys.readouterr().err[-3000:]
+    return capsys.readouterr().out
+
+
+def test_print_config_round_trip(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    first = _printed_config(capsys, "--config", str(REPO / "configs" / "quickstart.yaml"), "--model.scale", "s",
+                            "--data.batch_size", "32")  # fmt: skip
     saved = tmp_path / "printed.yaml"
-    saved.write_text(first.stdout)
-    second = _cli("fit", "--config", str(saved), "--print_config", cwd=tmp_path)
-    assert second.returncode == 0, second.stderr[-3000:]
-    assert yaml.safe_load(second.stdout) == yaml.safe_load(first.stdout)
-    config = yaml.safe_load(first.stdout)
+    saved.write_text(first)
+    second = _printed_config(capsys, "--config", str(saved))
+    assert yaml.safe_load(second) == yaml.safe_load(first)
+    config = yaml.safe_load(first)
     assert config["model"]["scale"] == "s" and config["data"]["batch_size"] == 32
     assert config["data"]["dataset"] == "synthetic"
 
@@ -100,18 +113,20 @@ def test_fit_two_ranks_ddp_rank_zero_writes_once(tiny_dataset: Path, tmp_path: P
     assert list(wandb_runs[0].rglob("*confusion_matrix*.png")), "the pictures did not reach W&B"
 
 
-def _auto_recipe_line(proc: subprocess.CompletedProcess) -> str:
-    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "optimizer " in ln and "lr0=" in ln]
-    assert lines, proc.stderr[-3000:]
+def _auto_recipe_line(said: str) -> str:
+    lines = [ln for ln in said.splitlines() if "optimizer " in ln and "lr0=" in ln]
+    assert lines, said[-3000:]
     return lines[-1]
 
 
-def test_auto_optimizer_through_the_cli_and_kept_by_a_resume(tiny_dataset: Path, tmp_path: Path) -> None:
+def test_auto_optimizer_through_the_cli_and_kept_by_a_resume(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`--model.optimizer auto` picks AdamW for a short run, and a resume with 10k more epochs keeps it."""
+    monkeypatch.chdir(tmp_path)
     root = tmp_path / "run"
     args = [*_tiny_fit_args(tiny_dataset, root), "--model.optimizer", "auto"]
-    first = _cli(*args, cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-5000:]
+    first = fit_here(args)
     # 16 images, batch 4: ceil(16 / max(4, 64)) * 1 epoch = 1 iteration <= 10000 -> AdamW(0.002 * 5 / (4 + 3)).
     assert "optimizer 'auto' chose AdamW(lr0=0.001429, momentum=0.9, warmup_bias_lr=0)" in _auto_recipe_line(
         first
@@ -122,9 +137,9 @@ def test_auto_optimizer_through_the_cli_and_kept_by_a_resume(tiny_dataset: Path,
     assert all(g["betas"] == (0.9, 0.999) for g in saved["optimizer_states"][0]["param_groups"])
 
     # 10001 epochs would make 'auto' pick SGD for a fresh run; the resumed run keeps AdamW and its state.
-    resumed = _cli(*args, "--trainer.max_epochs", "10001", "--trainer.max_steps", "3", "--ckpt_path", str(last),
-                   cwd=tmp_path)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-5000:]
+    resumed = fit_here(
+        [*args, "--trainer.max_epochs", "10001", "--trainer.max_steps", "3", "--ckpt_path", str(last)]
+    )
     assert "optimizer kept from the checkpoint: AdamW(lr0=0.001429" in _auto_recipe_line(resumed)
 
 

@@ -1,4 +1,7 @@
-"""The CLI's default loggers: metrics.csv always, TensorBoard beside it when installed, one version folder."""
+"""The CLI's default loggers: metrics.csv always, TensorBoard beside it when installed, one version folder.
+
+The fits run through the CLI's ``main`` in this process (``cli_runs.fit_here``): what is checked is in the files.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from cli_runs import run_cli, tail
+from cli_runs import fit_here
 
 # CI installs the dev extra, which has TensorBoard: there the test must run, not skip.
 if not os.environ.get("CI") and importlib.util.find_spec("tensorboard") is None:
@@ -19,14 +22,12 @@ from tensorboard.plugins.hparams import plugin_data_pb2
 
 
 def _fit(dataset: Path, root: Path, *extra: str) -> None:
-    args = [
+    fit_here([
         "fit", "--config", "quickstart", "--data.dataset", str(dataset), "--data.image_size", "64",
         "--data.batch_size", "4", "--data.num_workers", "0", "--trainer.accelerator", "cpu",
         "--trainer.limit_train_batches", "2", "--trainer.log_every_n_steps", "1", "--model.log_images", "2",
         "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(root), *extra,
-    ]  # fmt: skip
-    proc = run_cli(args, cwd=root)
-    assert proc.returncode == 0, tail(proc)
+    ])  # fmt: skip
 
 
 def _events(run_dir: Path) -> EventAccumulator:
@@ -35,7 +36,10 @@ def _events(run_dir: Path) -> EventAccumulator:
     return events
 
 
-def test_tensorboard_beside_metrics_csv(tiny_dataset: Path, tmp_path: Path) -> None:
+def test_tensorboard_beside_metrics_csv(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # as a user runs it: from the run's folder
     _fit(tiny_dataset, tmp_path, "--trainer.max_epochs", "1")
     (run_dir,) = (tmp_path / "lightning_logs").iterdir()
     assert run_dir.name == "version_0"
