@@ -12,6 +12,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+# Lightning gives its logger a stream handler bound to the sys.stderr of the moment it is first imported. Imported
+# here, at collection, that is pytest's session stream, not the stream of a test's capsys that closes after it (whose
+# handler would print "--- Logging error ---" tracebacks into every later in-process run's stderr).
+import lightning.pytorch  # noqa: F401
 import numpy as np
 import torch
 
@@ -105,6 +109,22 @@ def fit_here(args: Sequence[str]) -> str:
         sys.path.remove(str(SCRIPTS))
         lightning.removeHandler(said)
     return "\n".join(said.messages)
+
+
+def shell_here(args: Sequence[str]) -> int:
+    """The command as the shell gives it to ``main`` (no argument: ``main`` and LightningCLI read ``sys.argv``),
+    in this process on 1 torch thread with ``SCRIPTS`` importable; returns the exit code. For runs whose checks are
+    the shell path's messages and files, not anything of a process (a signal, an exit status, a fresh start)."""
+    from yolo11_lightning.cli import main
+
+    argv = sys.argv
+    sys.argv = ["yolo11-lightning", *args, "--machine.cpu_threads", "1"]
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        return main()
+    finally:
+        sys.path.remove(str(SCRIPTS))
+        sys.argv = argv
 
 
 def tail(proc: subprocess.CompletedProcess, chars: int = 6000) -> str:

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runs import SCRIPTS, run_cli
+from cli_runs import SCRIPTS, run_cli, shell_here
 
 from yolo11_lightning.cli import main
+from yolo11_lightning.errors import TRACEBACK_ENV, UserInputError
 
 TINY = ["--config", str(SCRIPTS / "tiny_fit.yaml"), "--trainer.max_steps", "1"]
 
@@ -71,15 +72,21 @@ def test_a_mistake_is_one_line(
     assert not any(line.startswith("usage:") for line in err), err  # no usage screen before it
 
 
-def test_traceback_on_request_and_a_quiet_start(tiny_dataset: Path, tmp_path: Path) -> None:
-    """From the shell: one line and exit 2, no traceback; ``--traceback`` gives the traceback; a run that starts prints no
-    deprecation warning and no pin_memory warning on a CPU."""
+def test_traceback_on_request_and_a_quiet_start(
+    tiny_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """From the shell (``main`` reading ``sys.argv``, in this process): one line and exit 2, no traceback;
+    ``--traceback`` lets the error out (the interpreter prints its traceback); a run that starts (a fresh process)
+    prints no deprecation warning and no pin_memory warning on a CPU."""
     bad = ["fit", *TINY, "--data.dataset", str(tiny_dataset), "--model.scale", "q"]
-    proc = run_cli(bad, cwd=tmp_path)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: model.scale='q'")
-    proc = run_cli([*bad, "--traceback"], cwd=tmp_path)
-    assert proc.returncode != 0 and "Traceback" in proc.stderr and "UserInputError" in proc.stderr
+    monkeypatch.delenv(
+        TRACEBACK_ENV, raising=False
+    )  # --traceback sets it for the ranks: unset again afterwards
+    assert shell_here(bad) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: model.scale='q'")
+    with pytest.raises(UserInputError, match=r"model\.scale='q'"):
+        shell_here([*bad, "--traceback"])
     proc = run_cli(["fit", *TINY, "--data.dataset", str(tiny_dataset), "--trainer.default_root_dir", str(tmp_path),
                     "--data.pin_memory", "true"], cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
