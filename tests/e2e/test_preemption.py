@@ -39,8 +39,6 @@ from cli_runs import (
     global_batches,
     load,
     records,
-    run_cli,
-    tail,
 )
 
 from yolo11_lightning.cli import main
@@ -175,10 +173,11 @@ def _slurm_env(tmp_path: Path) -> dict[str, str]:
 
 
 def test_slurm_requeue_signal_skips_and_repeats_no_sample(
-    tiny_dataset: Path, uninterrupted: Path, tmp_path: Path
+    tiny_dataset: Path, uninterrupted: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """SIGUSR1 under SLURM (Lightning's auto-requeue signal): saved at a step boundary, `scontrol requeue <job>`,
-    exit 138; the requeued job (`--ckpt_path last`) trains every remaining sample once."""
+    exit 138; the requeued job (`--ckpt_path last`, in the same allocation; not signalled: in this process) trains
+    every remaining sample once."""
     env = _slurm_env(tmp_path)
     root = tmp_path / "run"
     args = fit_args(tiny_dataset, root, "rec", *NO_STEP_SAVES, *SLOW)
@@ -193,8 +192,9 @@ def test_slurm_requeue_signal_skips_and_repeats_no_sample(
     assert position(saved) >= done - 1
     assert not list(root.glob("hpc_ckpt_*.ckpt")), "Lightning's mid-batch SLURM checkpoint was written"
     before = global_batches(records(root / "rec"))
-    resumed = run_cli(fit_args(tiny_dataset, root, "rec-resumed", "--ckpt_path", "last"), cwd=tmp_path, **env)
-    assert resumed.returncode == 0, tail(resumed)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    fit_here(fit_args(tiny_dataset, root, "rec-resumed", "--ckpt_path", "last"))
     after = global_batches(records(root / "rec-resumed"))
     assert set(before).isdisjoint(after) and flatten({**before, **after}) == expected_order()
     assert_same_training_state(load(final_checkpoint(uninterrupted)), load(final_checkpoint(root)))
