@@ -322,9 +322,14 @@ def test_exchange_on_one_process_moves_nothing_and_agrees_one_step_late() -> Non
 
 def test_cuda_only_sync_tests_exist_for_the_device_run() -> None:
     """benchmarks/gpu.py runs tests/e2e/test_gpu_syncs.py on a lent GPU; here it must at least be collected."""
-    import importlib
+    import importlib.util
 
-    syncs = importlib.import_module("test_gpu_syncs")  # collected by this suite too: an import error fails it
+    # Beside this file; collected by this suite too: an import error fails it.
+    spec = importlib.util.spec_from_file_location(
+        "test_gpu_syncs", Path(__file__).with_name("test_gpu_syncs.py")
+    )
+    syncs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(syncs)
     tests = [name for name in dir(syncs) if name.startswith("test_")]
     assert {"test_single_gpu_step_makes_no_host_sync", "test_ddp_step_makes_no_host_sync"} <= set(tests)
     mark = syncs.pytestmark.mark  # skipped exactly where there is no GPU
