@@ -27,7 +27,7 @@ def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def uninterrupted(tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``tests/scripts/tiny_fit.yaml`` on 1 rank, start to end (4 optimiser steps over 2 epochs), through the CLI
+    """``tests/helpers/scripts/tiny_fit.yaml`` on 1 rank, start to end (4 optimiser steps over 2 epochs), through the CLI
     (in this process, on 1 thread: ``cli_runs.fit_here``) with ``--ckpt_path last`` and nothing to resume; keeps
     its step-3 checkpoint (``at-step=3.ckpt``) too.
 

@@ -8,7 +8,13 @@ from pathlib import Path
 
 import pytest
 
-from yolo11_lightning.cli.defaults import CODE_CONSTANTS, REFERENCE_DEFAULTS, ROWS, our_default, render_table
+from yolo11_lightning.cli.defaults import (
+    CODE_CONSTANTS,
+    REFERENCE_DEFAULTS,
+    ROWS,
+    our_default,
+    render_table,
+)
 
 os.environ.setdefault("YOLO_OFFLINE", "1")
 DOC = Path(__file__).resolve().parents[1] / "docs" / "defaults.md"

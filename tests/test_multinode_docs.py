@@ -4,7 +4,7 @@ The sections between the multinode markers (docs/multinode.md, slurm.md, resume.
 troubleshooting.md; any page may hold one) hold cluster-only ``console`` commands (torchrun per node, sbatch, resuming on another node
 count, a restart loop). Each is turned into the ``fit`` command line the script would run and parsed with
 ``--print_config``, so a renamed option or config file fails here. The scripts' final command lines are
-checked for the order that lets the launch shape win over config files; tests/test_resume.py runs
+checked for the order that lets the launch shape win over config files; tests/e2e/test_resume.py runs
 scripts/torchrun_node.sh for real (two nodes on loopback).
 """
 
@@ -110,8 +110,8 @@ def test_multinode_commands_parse(monkeypatch: pytest.MonkeyPatch, capsys: pytes
 def test_troubleshooting_rows_quote_what_the_two_host_tests_see(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    """The rows for a wrong MASTER_ADDR, a lost node and a hung rank quote the messages tests/test_netns.py
-    and tests/test_faults.py check, and the HangWatchdog option given there parses."""
+    """The rows for a wrong MASTER_ADDR, a lost node and a hung rank quote the messages tests/e2e/test_netns.py
+    and tests/e2e/test_faults.py check, and the HangWatchdog option given there parses."""
     text = section()
     assert "RendezvousConnectionError: The connection to the C10d store has failed" in text
     assert re.search(

@@ -28,8 +28,8 @@ SKIPPED = {
     "pip install": "installs packages: .ci/run installs the project into a fresh virtual environment",
     "python -m pytest": "the test suite itself: .ci/run runs it",
     "python benchmarks/": "benchmarks take minutes and import the reference package; never part of the test run",
-    "jupyter lab": "interactive; tests/test_notebook.py executes notebooks/quickstart.ipynb with tiny settings",
-    "--trainer.strategy ddp": "two gloo processes: tests/test_cli.py::test_fit_two_ranks_ddp_rank_zero_writes_once "
+    "jupyter lab": "interactive; tests/e2e/test_notebook.py executes notebooks/quickstart.ipynb with tiny settings",
+    "--trainer.strategy ddp": "two gloo processes: tests/e2e/test_cli.py::test_fit_two_ranks_ddp_rank_zero_writes_once "
     "runs this fit",
 }
 # Appended to each runnable command: tiny images, one short epoch, CPU, no worker processes.

@@ -20,7 +20,7 @@ The budget (240 s of sections) leaves a rerun inside 15 device-minutes; the firs
 at most) are the checks no CPU can make, the rest are figures a budget cut may drop. Sections, in this order:
   tf32-probe      each fp32 mode the throughput rows use, set as they set it, then Lightning's own read of
                   it (``CUDAAccelerator.setup_device``) and the matmul / convolution error against float64;
-  sync-audit      ``pytest tests/test_gpu_syncs.py`` (CUDA-only tests: no host sync in a single-GPU
+  sync-audit      ``pytest tests/e2e/test_gpu_syncs.py`` (CUDA-only tests: no host sync in a single-GPU
                   training step nor in a 1-rank NCCL DDP step): passed / failed and the output tail;
   ddp 2-rank      ``yolo11-lightning fit --config configs/quickstart.yaml`` with 2 processes on the one GPU
                   over gloo (``SharedDeviceDDP``: NCCL refuses two ranks on one GPU), 2 epochs: the step
@@ -609,9 +609,9 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
     sections = [
         worker_section("tf32-probe", "tf32-probe", "tf32-probe", {"modes": ["ieee", "tf32"]}, timeout=60, need=15),
         Section("sync-audit", "audit",
-                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu_syncs.py"],
+                [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e/test_gpu_syncs.py"],
                 timeout=90, need=30,
-                skip="" if (REPO / "tests/test_gpu_syncs.py").exists() else "missing (tests/test_gpu_syncs.py)"),
+                skip="" if (REPO / "tests/e2e/test_gpu_syncs.py").exists() else "missing (tests/e2e/test_gpu_syncs.py)"),
         two_rank_section(s, work, cuda),
         ddp_section("16-mixed", s, work, cuda),
         resume_section(s, work, cuda),
@@ -975,7 +975,7 @@ def render(report: dict[str, Any]) -> str:
 
     for r in by_group.get("audit", []):
         tail = figures(r).get("tail") or r.get("tail", "")
-        out.extend(["", f"**Sync audit (tests/test_gpu_syncs.py): {r['status']}**"])
+        out.extend(["", f"**Sync audit (tests/e2e/test_gpu_syncs.py): {r['status']}**"])
         if tail:
             out.extend(["", "```", tail.strip()[-TAIL_CHARS:], "```"])
     return "\n".join(out) + "\n"

@@ -15,7 +15,7 @@ Each side's detections (in original pixels) are also scored by pycocotools again
 truth; the reference prints its own AP (101-point interpolation of its own PR curve, matching in
 letterboxed pixels), ours logs faster-coco-eval's COCO mAP and, with ``--model.reference_style_map true``,
 the reference's figure computed by our code. ``pairs`` counts the reference's detections
-with one of ours within 0.01 px and 1e-4 score (``tests/validation_oracle.match_detections``).
+with one of ours within 0.01 px and 1e-4 score (``tests/oracles/validation_oracle.match_detections``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: the
 import _common as C
 from _non_square import ASPECTS, non_square_yaml
 
-sys.path.insert(0, str(C.REPO / "tests"))  # the oracle helpers the parity tests use
+# The parity tests' oracle and the data helpers it builds on.
+sys.path[:0] = [str(C.REPO / "tests" / "oracles"), str(C.REPO / "tests" / "helpers")]
 
 
 def train_reference(yaml: Path, workdir: Path, epochs: int) -> Path:

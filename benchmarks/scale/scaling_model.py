@@ -74,7 +74,7 @@ BUCKET_BYTES = 25 * 1024 * 1024  # DDP bucket_cap_mb=25 (torch default; Lightnin
 GRAD_BYTES = 4  # DDP all-reduces the fp32 .grad of fp32 parameters, autocast or not
 BACKWARD_SHARE = 2 / 3  # the backward's share of a step: the window the bucket all-reduces can hide in
 SMALL_COLLECTIVES = 1  # per step, exposed: the step exchange (training/step_exchange.py), one all-reduce
-# of the loss normalisers and term sums with the ranks' flags (counted on the emu device, tests/test_gpu_path.py;
+# of the loss normalisers and term sums with the ranks' flags (counted on the emu device, tests/e2e/test_gpu_path.py;
 # before it: 4, two all-reduces behind barriers, Lightning's SIGTERM broadcast and the stop agreement)
 SMALL_BYTES = 32  # 4 loss values + 4 flags, float32
 

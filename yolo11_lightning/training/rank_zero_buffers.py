@@ -2,7 +2,7 @@
 
 Ranks update their BatchNorm statistics from their own batches. DDP's ``broadcast_buffers`` copies rank 0's
 before a forward that follows a gradient all-reduce only, so not after an epoch that ends inside an accumulation
-window, and never when it is off (``tests/test_ddp_buffers.py``).
+window, and never when it is off (``tests/e2e/test_ddp_buffers.py``).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ a ``ModelCheckpoint`` without a monitor that writes ``last.ckpt``:
 Mid-epoch saves happen only right after an optimiser step, where no gradient is half accumulated, so resuming
 from any of them repeats and skips no sample. None is made after an epoch's last batch: the epoch-end save
 follows right after validation, and Lightning 2.6 restores a checkpoint saved there into loop counters whose
-next mid-epoch checkpoint resumes at batch 0 of an epoch already under way (seen in tests/test_preemption.py's
+next mid-epoch checkpoint resumes at batch 0 of an epoch already under way (seen in tests/e2e/test_preemption.py's
 chaos test; it affects ``ModelCheckpoint(every_n_train_steps=...)`` too). A stop asked for at that point
 happens after the epoch-end save. The decisions that depend on one rank (a signal, its clock) are agreed
 by every rank at the same boundary: under DDP through the training step's own all-reduce
