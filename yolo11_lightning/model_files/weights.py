@@ -98,16 +98,12 @@ def save_weights(model: YOLO11, path: str | os.PathLike, image_size: int | None 
     return path
 
 
-def _read_weights(path: str | os.PathLike) -> YOLO11:
-    """Rebuild a model written by ``save_weights`` (in train mode, like any new module: call ``.eval()``).
+def _weights_model(payload: Mapping[str, Any], path: str) -> YOLO11:
+    """Rebuild a model from the loaded contents of a ``save_weights`` file (in train mode, like any new module).
 
-    Raises FileNotFoundError, or ValueError naming the file when it is not such a weights file.
+    Raises ValueError naming ``path`` when ``payload`` is not such a weights file.
     """
-    path = os.fspath(path)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"weights file not found: {path}")
-    payload = torch_file.load(path)  # checked archive, then torch's weights_only loader; ValueError naming it
-    found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+    found = payload.get("format")
     if found != WEIGHTS_FORMAT:
         raise ValueError(
             f"{path}: not a yolo11_lightning weights file (format {found!r}, expected {WEIGHTS_FORMAT!r}); "
@@ -209,7 +205,7 @@ def load_model(source: str | os.PathLike | Mapping[str, Tensor], task: str | Non
             path, task=task
         ).eval()  # raises CheckpointError (a ValueError) naming the file
     if isinstance(checkpoint, dict) and "format" in checkpoint:
-        model = _read_weights(path)  # ours, or a ValueError naming the file and the format it has
+        model = _weights_model(checkpoint, path)  # ours, or a ValueError naming the file and its format
     elif isinstance(checkpoint, dict) and "state_dict" in checkpoint:
         model = _checkpoint_model(path, checkpoint)
     else:
@@ -228,8 +224,7 @@ def file_task(path: str | os.PathLike) -> str | None:
     """The task a model file holds, read from its pickle only (``torch_file.peek``: no tensor data, no model).
 
     A weights file's ``task`` (detection when absent), a Lightning checkpoint's ``hyper_parameters["task"]``,
-    a reference file's model class or keys (``reference.reference_task``: ``pose``, ``obb`` or ``classify``
-    for the reference's tasks not implemented here). None when the file says nothing we know, or cannot be
+    a reference file's model class or keys (``reference.reference_task``). None when the file says nothing we know, or cannot be
     read: the loader that reads it next reports why.
     """
     try:

@@ -10,8 +10,7 @@ from torch import Tensor, nn
 
 from yolo11_lightning.loss.detection import DetectionLoss
 from yolo11_lightning.nn.blocks import BN_EPS, BN_MOMENTUM
-from yolo11_lightning.nn.head import Detect
-from yolo11_lightning.nn.yolo11 import YOLO11, HeadSpec
+from yolo11_lightning.nn.yolo11 import YOLO11, HeadSpec, detect_head
 
 __all__ = ["TaskModel"]
 
@@ -51,7 +50,7 @@ class TaskModel:
         kpt_shape: tuple[int, int] | None = None,
     ) -> nn.Module:  # fmt: skip
         """The head on the maps of ``channels`` (P3/P4/P5; ``scale`` for heads whose width follows it)."""
-        return Detect(num_classes, channels, strides, reg_max)
+        return detect_head(num_classes, channels, strides, reg_max, scale)
 
     def head_spec(self, kpt_shape: Sequence[int] | None = None) -> HeadSpec:
         """What ``nn.yolo11.YOLO11`` needs to build this task's network (``kpt_shape`` checked here)."""
