@@ -25,12 +25,14 @@ class ClassifyEvaluation(TaskEvaluation):
         return ClassificationAccuracy(class_names)
 
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
-        """Images per class and the top-1 confusion matrix (``metric.classification_results``)."""
+        """Returns the images per class and the top-1 confusion matrix, by metric.classification_results."""
         return classification_results(evaluation, names)
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: Any) -> dict[str, Any]:
-        """Class probabilities (B, nc) into ``metric``; returns them and, for the box-drawing callbacks, no
-        detections (one empty (0, 6) tensor per image)."""
+        """Scores the (B, nc) class probabilities into ``metric`` and returns them.
+
+        For the box-drawing callbacks it returns no detections: one empty (0, 6) tensor per image.
+        """
         probabilities = module.model(module.model_input(batch["images"]))
         metric.update(probabilities, batch["labels"], batch["indices"])
         empty = probabilities.new_zeros(0, 6)

@@ -29,7 +29,10 @@ class ObbEvaluation(TaskEvaluation):
         return ObbMAP(class_names)
 
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
-        """(B, 4 + nc + 1, A) -> per image (n, 7) ``[cx, cy, w, h, score, class, r]`` in input pixels."""
+        """Runs rotated NMS, (B, 4 + nc + 1, A) to (n, 7) [cx, cy, w, h, score, class, r] per image.
+
+        The detections are in input pixels.
+        """
         hp = module.hparams
         return rotated_nms(
             predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,

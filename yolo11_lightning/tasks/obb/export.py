@@ -23,5 +23,5 @@ class ObbExport(TaskExport):
     def onnx_extra_channels(
         self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
     ) -> int:
-        """One channel after the class scores: the angle."""
+        """Returns one channel after the class scores: the angle."""
         return 1

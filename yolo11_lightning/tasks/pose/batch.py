@@ -27,7 +27,7 @@ class PoseBatch(DetectionBatch):
 
 
 def collate_pose(samples: Sequence[dict[str, Any]]) -> PoseBatch:
-    """Stack pose samples: ``collate_detection`` plus ``keypoints`` (N, K, 3) of the samples it keeps."""
+    """Stacks pose samples like collate_detection, adding the (N, K, 3) keypoints of the samples it keeps."""
     batch = collate_detection(samples)
     kept = [torch.as_tensor(s["keypoints"]) for s in samples if not s.get("missing", False)]
     # Samples without instances may not know K (a blank substitute's (0, 0, 3)): the widest stands for them.

@@ -26,7 +26,7 @@ class PoseData(TaskData):
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
     ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The sample's ``keypoints`` (n, K, 3): x, y normalised to the (h, w) image, and the visibility."""
+        """Returns the sample's (n, K, 3) keypoints: x, y normalised to the (h, w) image, and visibility."""
         points = instances.fields[Keypoints.name].points.copy()  # type: ignore[attr-defined]
         points[..., 0] /= image_shape[1]
         points[..., 1] /= image_shape[0]

@@ -50,7 +50,7 @@ COCO_SIGMAS = (
 
 
 def keypoint_sigmas(kpt_shape: tuple[int, int]) -> tuple[float, ...]:
-    """Per-keypoint sigmas: COCO's for (17, 3), else 1/K each (the reference's rule)."""
+    """Returns per-keypoint sigmas: COCO's for (17, 3), else 1/K each, the reference's rule."""
     k, d = kpt_shape
     return COCO_SIGMAS if (k, d) == (17, 3) else (1.0 / k,) * k
 
@@ -113,8 +113,10 @@ class PoseLoss(DetectionLoss):
             return self._normalise(sums, normalisers, (0, 1, 1, 0, 0))
 
     def _keypoint_sums(self, prep: Prepared, raw: Tensor, keypoints: Tensor) -> tuple[Tensor, Tensor]:
-        """(Σ keypoint term, Σ visibility BCE) over the foreground anchors, each divided by K (not yet by the
-        foreground count)."""
+        """Sums the keypoint term and the visibility BCE over the foreground anchors, each divided by K.
+
+        Not yet divided by the foreground count.
+        """
         k, d = self.kpt_shape
         assign = prep.assign
         bs, na = assign.fg_mask.shape

@@ -33,7 +33,7 @@ class SegmentationBatch(DetectionBatch):
 
 
 def collate_segmentation(samples: Sequence[dict[str, Any]]) -> SegmentationBatch:
-    """Stack segmentation samples into a ``SegmentationBatch``: ``collate_detection`` plus ``masks``.
+    """Stacks segmentation samples into a SegmentationBatch: collate_detection plus the masks.
 
     Every sample's ``masks`` is 2-D (overlap index map) or every one 3-D (one mask per label row); the
     samples left out of the detection batch (unreadable evaluation images) are left out here too. A batch

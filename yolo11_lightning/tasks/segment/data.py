@@ -30,7 +30,10 @@ class SegmentData(TaskData):
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
     ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The sample's masks from its outlines, and the row order they imply (overlap: larger first)."""
+        """Returns the sample's masks from its outlines and the row order they imply.
+
+        With overlap, larger instances come first.
+        """
         outlines = instances.fields[Polygons.name].points  # type: ignore[attr-defined]
         masks, order = rasterize(
             outlines, image_shape[0], image_shape[1], overlap=options.get("mask_overlap", True)
@@ -44,7 +47,7 @@ class SegmentData(TaskData):
         return collate_segmentation(samples)
 
     def check_records(self, records: Any, where: str) -> None:
-        """Log how many instances have no polygon (their masks are their boxes' rectangles)."""
+        """Logs how many instances have no polygon; their masks are their boxes' rectangles."""
         instances, missing = records.num_labels(), records.num_labels() - records.num_polygons()
         if missing:
             log.warning(

@@ -38,7 +38,7 @@ class SegmentModel(TaskModel):
         )
 
     def extra_channels(self, model: Any) -> int:
-        """The 32 mask coefficients per anchor."""
+        """Returns the 32 mask coefficients per anchor."""
         return NUM_MASKS
 
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> DetectionLoss:
