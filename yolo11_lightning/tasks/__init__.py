@@ -1,4 +1,6 @@
-"""The YOLO11 tasks: one ``Task`` per task (``tasks.base`` is the contract every layer reads), one line each here.
+"""The YOLO11 tasks, one Task each, registered here in one line apiece.
+
+``tasks.base`` is the contract every layer reads.
 
 A new task is its own files (a ``Task`` subclass and what it needs: head, loss, label fields, metric) and one
 entry in ``TASKS`` below; nothing else in the package names it (ARCHITECTURE.md, "A task").

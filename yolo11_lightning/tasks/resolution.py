@@ -31,7 +31,7 @@ __all__ = ["TaskClaim", "TaskError", "resolve_task", "task_words"]
 
 
 class TaskError(UserInputError):
-    """Two sources of a run's task that disagree, or a task that is not supported (yet)."""
+    """Two sources of a run's task that disagree, or a task that is not supported yet."""
 
 
 @dataclass(frozen=True)

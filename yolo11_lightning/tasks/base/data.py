@@ -14,7 +14,7 @@ __all__ = ["TaskData"]
 
 
 class TaskData(TaskSamples):
-    """The data pipeline beyond the Dataset's samples: the task's hooks (module docstring)."""
+    """The data pipeline beyond the Dataset's samples: the task's hooks, listed in the module docstring."""
 
     # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
     whole_image: ClassVar[bool] = False

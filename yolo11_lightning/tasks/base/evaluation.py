@@ -17,7 +17,7 @@ __all__ = ["TaskEvaluation"]
 
 
 class TaskEvaluation:
-    """Validation, the checkpoints and ``export --check-data``: the task's hooks (module docstring)."""
+    """The task's hooks for validation, the checkpoints and export --check-data; see the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
     monitor_meaning: ClassVar[str] = (

@@ -13,7 +13,7 @@ OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; n
 
 
 class TaskExport:
-    """ONNX export and reading an ONNX file back: the task's hooks (module docstring)."""
+    """ONNX export and reading an ONNX file back: the task's hooks, listed in the module docstring."""
 
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC

@@ -16,7 +16,7 @@ __all__ = ["TaskModel"]
 
 
 class TaskModel:
-    """The network, the model files and the loss: the task's hooks (module docstring)."""
+    """The network, the model files and the loss: the task's hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str]  # the reference's file names: yolo11n<suffix>.pt
     reference_class: ClassVar[str]  # the reference's model class of the task

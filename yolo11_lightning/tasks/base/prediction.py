@@ -27,7 +27,7 @@ def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple
 
 
 class TaskPrediction:
-    """Prediction and the pictures: the task's hooks (module docstring)."""
+    """Prediction and the pictures: the task's hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,

@@ -1,4 +1,4 @@
-"""Classification's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Classification's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["ClassifyData"]
 
 
 class ClassifyData(TaskData):
-    """Classification's data hooks (module docstring)."""
+    """Classification's data hooks, listed in the module docstring."""
 
     whole_image: ClassVar[bool] = True
     label_noun: ClassVar[str] = "class labels"

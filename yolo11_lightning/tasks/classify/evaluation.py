@@ -1,4 +1,4 @@
-"""Classification's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Classification's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["ClassifyEvaluation"]
 
 
 class ClassifyEvaluation(TaskEvaluation):
-    """Classification's evaluation hooks (module docstring)."""
+    """Classification's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
     monitor_meaning: ClassVar[str] = "(top-1 + top-5 accuracy) / 2, the reference's"

@@ -1,4 +1,4 @@
-"""Classification's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Classification's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["ClassifyModel"]
 
 
 class ClassifyModel(TaskModel):
-    """Classification's model hooks (module docstring)."""
+    """Classification's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-cls"
     reference_class: ClassVar[str] = "ClassificationModel"

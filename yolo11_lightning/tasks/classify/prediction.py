@@ -1,4 +1,4 @@
-"""Classification's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Classification's prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["ClassifyPrediction"]
 
 
 class ClassifyPrediction(TaskPrediction):
-    """Classification's prediction and drawing hooks (module docstring)."""
+    """Classification's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,

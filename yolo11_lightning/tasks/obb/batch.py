@@ -20,7 +20,7 @@ __all__ = ["ObbBatch", "collate_obb"]
 
 
 class ObbBatch(DetectionBatch):
-    """A detection batch whose ``targets`` are (N, 7) rotated-box rows (module docstring)."""
+    """A detection batch whose ``targets`` are (N, 7) rotated-box rows; see the module docstring."""
 
 
 def collate_obb(samples: Sequence[dict[str, Any]]) -> ObbBatch:

@@ -1,4 +1,4 @@
-"""Oriented-box detection's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Oriented-box detection's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class ObbData(TaskData):
-    """Oriented-box detection's data hooks (module docstring)."""
+    """Oriented-box detection's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     outline_labels: ClassVar[bool] = True  # rows of repeated or collinear corners: dropped, not kept as boxes

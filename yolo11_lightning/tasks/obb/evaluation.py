@@ -1,4 +1,4 @@
-"""Oriented-box detection's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Oriented-box evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["ObbEvaluation"]
 
 
 class ObbEvaluation(TaskEvaluation):
-    """Oriented-box detection's evaluation hooks (module docstring)."""
+    """Oriented-box detection's evaluation hooks, listed in the module docstring."""
 
     monitor_meaning: ClassVar[str] = (
         "oriented-box mAP at IoU 0.50:0.95 by probiou (the reference validator's rules)"

@@ -40,7 +40,7 @@ MIN_SIZE = 2.0  # pixels: rotated boxes narrower or lower than this are left out
 
 
 class ObbLoss(DetectionLoss):
-    """Loss of the YOLO11-obb train-mode output against rotated-box targets (module docstring).
+    """Loss of the YOLO11-obb train-mode output against rotated-box targets; see the module docstring.
 
     Args: as ``DetectionLoss``; the default assigner is ``RotatedTaskAlignedAssigner`` (top 10, alpha 0.5, beta 6).
     """

@@ -1,4 +1,4 @@
-"""Oriented-box detection's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Oriented-box detection's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["ObbModel"]
 
 
 class ObbModel(TaskModel):
-    """Oriented-box detection's model hooks (module docstring)."""
+    """Oriented-box detection's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-obb"
     reference_class: ClassVar[str] = "OBBModel"

@@ -1,4 +1,4 @@
-"""Oriented-box detection's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Oriented-box prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def draw_rotated(
 
 
 class ObbPrediction(TaskPrediction):
-    """Oriented-box detection's prediction and drawing hooks (module docstring)."""
+    """Oriented-box detection's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,

@@ -21,7 +21,7 @@ __all__ = ["PoseBatch", "collate_pose"]
 
 
 class PoseBatch(DetectionBatch):
-    """A detection batch plus the keypoints of its targets (module docstring)."""
+    """A detection batch plus the keypoints of its targets; see the module docstring."""
 
     keypoints: torch.Tensor
 

@@ -1,4 +1,4 @@
-"""Pose estimation's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Pose estimation's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = ["PoseData"]
 
 
 class PoseData(TaskData):
-    """Pose estimation's data hooks (module docstring)."""
+    """Pose estimation's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
 

@@ -1,4 +1,4 @@
-"""Pose estimation's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Pose estimation's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["PoseEvaluation"]
 
 
 class PoseEvaluation(TaskEvaluation):
-    """Pose estimation's evaluation hooks (module docstring)."""
+    """Pose estimation's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + pose, as the reference's best.pt
     monitor_meaning: ClassVar[str] = (

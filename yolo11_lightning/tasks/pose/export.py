@@ -1,4 +1,4 @@
-"""Pose estimation's export hooks (``tasks.base.export``): ONNX outputs, their shapes and metadata."""
+"""Pose estimation's export hooks for tasks.base.export: ONNX outputs, their shapes and metadata."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ POSE_OUTPUT_DOC = (
 
 
 class PoseExport(TaskExport):
-    """Pose estimation's export hooks (module docstring)."""
+    """Pose estimation's export hooks, listed in the module docstring."""
 
     onnx_output_doc: ClassVar[str] = POSE_OUTPUT_DOC
     # A keypoint is its raw offset times 2·stride (64 px per unit at P5), twice a box side's DFL gain: measured

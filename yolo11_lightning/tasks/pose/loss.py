@@ -56,7 +56,7 @@ def keypoint_sigmas(kpt_shape: tuple[int, int]) -> tuple[float, ...]:
 
 
 class PoseLoss(DetectionLoss):
-    """Loss of the YOLO11-pose train-mode output against targets and keypoints (module docstring).
+    """Loss of the YOLO11-pose train-mode output against targets and keypoints; see the module docstring.
 
     Args:
         num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner: as ``DetectionLoss``.

@@ -47,7 +47,7 @@ def keypoint_oks(truths: Tensor, detections: Tensor, area: Tensor, sigmas: Seque
 
 
 class PoseMAP(DetectionMAP):
-    """Box mAP (``DetectionMAP``, COCO, original pixels) and keypoint mAP by OKS (module docstring).
+    """Box mAP (``DetectionMAP``, COCO, original pixels) and keypoint mAP by OKS; see the module docstring.
 
     ``update(detections, batch, keypoints)``: ``keypoints`` per image the (n, K, D) keypoints of its
     detections, in letterboxed-input pixels; the truths' are the batch's ``keypoints`` (N, K, 3) normalised.

@@ -1,4 +1,4 @@
-"""Pose estimation's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Pose estimation's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ _KEYPOINT_OUTPUT = "head.cv4.0.2.weight"  # our key of the first level's keypoin
 
 
 class PoseModel(TaskModel):
-    """Pose estimation's model hooks (module docstring)."""
+    """Pose estimation's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-pose"
     reference_class: ClassVar[str] = "PoseModel"

@@ -1,4 +1,4 @@
-"""Pose estimation's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Pose prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ __all__ = ["PosePrediction"]
 
 
 class PosePrediction(TaskPrediction):
-    """Pose estimation's prediction and drawing hooks (module docstring)."""
+    """Pose estimation's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,

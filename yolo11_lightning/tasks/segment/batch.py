@@ -26,7 +26,7 @@ __all__ = ["SegmentationBatch", "collate_segmentation"]
 
 
 class SegmentationBatch(DetectionBatch):
-    """A detection batch plus instance masks at 1/4 resolution and their encoding (module docstring)."""
+    """A detection batch plus instance masks at 1/4 resolution and their encoding, as the module tells."""
 
     masks: torch.Tensor
     mask_overlap: bool

@@ -1,4 +1,4 @@
-"""Segmentation's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Segmentation's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 class SegmentData(TaskData):
-    """Segmentation's data hooks (module docstring)."""
+    """Segmentation's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Polygons,)
 

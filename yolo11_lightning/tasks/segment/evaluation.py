@@ -1,4 +1,4 @@
-"""Segmentation's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Segmentation's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["SegmentEvaluation"]
 
 
 class SegmentEvaluation(TaskEvaluation):
-    """Segmentation's evaluation hooks (module docstring)."""
+    """Segmentation's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + mask, as the reference's best.pt
     monitor_meaning: ClassVar[str] = (

@@ -1,4 +1,4 @@
-"""Segmentation's export hooks (``tasks.base.export``): ONNX outputs, their shapes and metadata."""
+"""Segmentation's export hooks for tasks.base.export: ONNX outputs, their shapes and metadata."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ SEGMENT_OUTPUT_DOC = (
 
 
 class SegmentExport(TaskExport):
-    """Segmentation's export hooks (module docstring)."""
+    """Segmentation's export hooks, listed in the module docstring."""
 
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0", "output1")
     onnx_output_doc: ClassVar[str] = SEGMENT_OUTPUT_DOC

@@ -64,7 +64,7 @@ __all__ = ["SegmentationLoss"]
 
 
 class SegmentationLoss(DetectionLoss):
-    """Loss of the YOLO11-seg train-mode output against targets and instance masks (module docstring).
+    """Loss of the YOLO11-seg train-mode output against targets and instance masks; see the module docstring.
 
     Args:
         num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner: as ``DetectionLoss``.

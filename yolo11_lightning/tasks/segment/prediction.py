@@ -1,4 +1,4 @@
-"""Segmentation's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Segmentation's prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["SegmentPrediction"]
 
 
 class SegmentPrediction(TaskPrediction):
-    """Segmentation's prediction and drawing hooks (module docstring)."""
+    """Segmentation's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
