@@ -100,7 +100,7 @@ class KindResults:
 
 @dataclass
 class ClassResults:
-    """Everything the summary and the pictures show of one evaluation (module docstring)."""
+    """Everything the summary and the pictures show of one evaluation; see the module docstring."""
 
     names: list[str]
     images: np.ndarray  # (K,) images with at least one truth of the class

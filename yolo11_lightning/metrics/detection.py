@@ -84,7 +84,7 @@ class ScoredBatch:
 
 
 class DetectionMAP(Metric):
-    """COCO box mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels (module docstring).
+    """COCO box mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels; see the module docstring.
 
     ``update(detections, batch)``: per image (n, 6) ``[x1, y1, x2, y2, score, class]`` detections in
     letterboxed-input pixels and the batch they came from. ``compute()`` -> ``{"mAP50-95", "mAP50", "mAP75",
