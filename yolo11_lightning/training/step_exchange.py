@@ -73,7 +73,7 @@ class DeferredHostCopy:
 
 
 class StepExchange:
-    """One all-reduce per training micro-batch for the loss's summary and the ranks' flags (module docstring).
+    """One all-reduce per training micro-batch for the loss's summary and the ranks' flags; see the module.
 
     Args:
         flags: names of the host values summed over ranks (``RANK_FLAGS``).

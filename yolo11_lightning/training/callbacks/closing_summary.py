@@ -37,7 +37,7 @@ _LISTED_FILES = 12  # a folder with more files than this (one picture per epoch)
 
 
 class ClosingSummary(Callback):
-    """The closing summary of fit, validate and test (module docstring)."""
+    """The closing summary of fit, validate and test; see the module docstring."""
 
     def __init__(self) -> None:
         self.out_dir: Path | None = None

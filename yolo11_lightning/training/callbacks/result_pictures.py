@@ -47,7 +47,7 @@ _CURVE_METRICS = (
 
 
 class ResultPictures(Callback):
-    """Result pictures of a run (module docstring).
+    """Result pictures of a run; see the module docstring.
 
     Args:
         curves: draw ``results.png`` at epoch ends (at most 1/20 of the run's time) and at the end of fit.
