@@ -103,7 +103,7 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_detection(samples: Sequence[dict[str, Any]]) -> DetectionBatch:
-    """Stacks box dataset samples into a DetectionBatch.
+    """Stacks BoxDataset samples into a DetectionBatch.
 
     Evaluation samples whose image could not be read are left out (``missing`` counts them); a batch
     of only such samples has B = 0 images.

@@ -368,7 +368,7 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 def _stop_note(trainer: L.Trainer, signum: int, path: str | None) -> str:
-    """Tells in one line what a stop kept, the position and the file; the CLI adds the resume command."""
+    """Returns one line on what a stop kept, the position and the file; the CLI adds the resume command."""
     name = signal_name(signum)
     if path is None or trainer.sanity_checking:
         return f"{name}: stopped before any training step; nothing to save"

@@ -90,7 +90,10 @@ class LoopRecipe(Callback):
         trainer.fit_loop.epoch_loop.__dict__.pop("_should_accumulate", None)
 
     def _should_accumulate(self, lightning_rule: Any) -> bool:
-        """Applies Lightning's rule, except on an epoch's last batch that the reference would not step on."""
+        """Decides whether to accumulate, by Lightning's rule with one exception.
+
+        On an epoch's last batch that the reference would not step on, it accumulates.
+        """
         if self.schedule is not None and not self.step_due:
             return True
         return lightning_rule()
@@ -148,7 +151,7 @@ class LoopRecipe(Callback):
         return factor * world * trainer.accumulate_grad_batches
 
     def zero_grad_before_batch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Tells whether to zero gradients at Lightning's zero_grad point: only with a fixed accumulation.
+        """Zeroes the gradients at Lightning's zero_grad point, only with a fixed accumulation.
 
         Otherwise they are zeroed after each step.
         """
