@@ -90,7 +90,7 @@ def tensorboard_available() -> bool:
 def default_loggers(
     save_dir: str | os.PathLike[str] | None = None, name: str = "lightning_logs", version: str | None = None
 ) -> list[Logger]:
-    """Returns a RunCSVLogger, plus a RunTensorBoardLogger into the same folder when TensorBoard is installed.
+    """Returns [RunCSVLogger], plus a RunTensorBoardLogger into the same folder when TensorBoard is installed.
 
     ``save_dir``: the trainer's ``default_root_dir`` (the working folder when ``None``, as Lightning);
     ``<save_dir>/<name>/<version>``, the next ``version_N`` when ``version`` is ``None``.
