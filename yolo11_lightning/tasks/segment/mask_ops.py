@@ -139,7 +139,7 @@ def scale_masks(masks: Tensor, shape: Sequence[int], pad: Sequence[float] | Tens
 
 
 def _resize(masks: Tensor, size: tuple[int, int]) -> Tensor:
-    """Resizes (n, h, w) masks bilinearly to (n, *size), align_corners=False; no masks give an empty result."""
+    """Resizes (n, h, w) masks bilinearly to (n, *size), align_corners=False; no masks, an empty result."""
     if not len(masks):
         return masks.new_zeros((0, *size))
     return F.interpolate(masks[None], size, mode="bilinear", align_corners=False)[0]
