@@ -68,7 +68,7 @@ def _is_local(path: str) -> bool:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose local writes are atomic (``atomic_torch_save``).
+    """TorchCheckpointIO whose local writes are atomic (``atomic_torch_save``).
 
     Remote URLs (``s3://``, ``gs://``, ...) keep Lightning's implementation: object stores publish an
     object only once its upload completes. Loading and removal are Lightning's.

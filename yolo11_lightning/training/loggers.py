@@ -35,7 +35,7 @@ def with_code_version(params: dict[str, Any] | Namespace) -> dict[str, Any]:
 
 
 class RunCSVLogger(CSVLogger):
-    """``CSVLogger`` whose ``hparams.yaml`` also names the code version, and that appends to the
+    """CSVLogger whose ``hparams.yaml`` also names the code version, and that appends to the
     ``metrics.csv`` of a resumed run (Lightning's writer deletes the file it finds in its folder)."""
 
     @property
@@ -63,7 +63,7 @@ class RunCSVLogger(CSVLogger):
 
 
 class RunTensorBoardLogger(TensorBoardLogger):
-    """``TensorBoardLogger`` that writes into the version folder of ``follow`` (a CSV logger with the same
+    """TensorBoardLogger that writes into the version folder of ``follow`` (a CSV logger with the same
     ``save_dir`` and ``name``) instead of picking its own next version; hparams name the code version."""
 
     def __init__(self, follow: CSVLogger, **kwargs: Any) -> None:

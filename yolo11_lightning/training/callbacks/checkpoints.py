@@ -106,7 +106,7 @@ def _dirpath_change_expected() -> Iterator[None]:
 
 
 class BestCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` on the task's validation score (``best.ckpt``) whose best score survives any restart.
+    """ModelCheckpoint on the task's validation score (``best.ckpt``) whose best score survives any restart.
 
     ``monitor=None`` (the default) follows the module's task (``Task.checkpoint_monitor``): ``val/mAP50-95``
     for detection, ``val/fitness`` (box + mask, the reference's ``best.pt`` rule) for segmentation. It is

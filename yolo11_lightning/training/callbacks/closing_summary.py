@@ -1,4 +1,4 @@
-"""``ClosingSummary``: what a run did, printed when fit, ``validate`` or ``test`` ends (rank 0).
+"""ClosingSummary: what a run did, printed when fit, ``validate`` or ``test`` ends (rank 0).
 
 It prints, and saves as ``<log_dir>/summary_<stage>.csv``, the per-class table of the newest evaluation (the
 last validation of a fit; the ``validate`` or ``test`` run itself), in the task's terms::

@@ -82,7 +82,7 @@ def _counter_key(layer_name: str) -> str:
 
 
 class FlopsSummary(ModelSummary):
-    """``ModelSummary`` whose FLOPs are those of one image at the datamodule's ``image_size`` (the detector's
+    """ModelSummary whose FLOPs are those of one image at the datamodule's ``image_size`` (the detector's
     layers; the loss and metrics count none). Without a detector or an image size, Lightning's own."""
 
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:

@@ -1,4 +1,4 @@
-"""``ResultPictures``: the pictures people look at first, in the run folder and in the loggers that take images.
+"""ResultPictures: the pictures people look at first, in the run folder and in the loggers that take images.
 
 Into ``<log_dir>/pictures/`` (rank 0 only; each group can be turned off):
 

@@ -1,4 +1,4 @@
-"""``UnreadableImages``: the images the loaders could not read, counted, logged, named once and limited."""
+"""UnreadableImages: the images the loaders could not read, counted, logged, named once and limited."""
 
 from __future__ import annotations
 
