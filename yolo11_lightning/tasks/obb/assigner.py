@@ -12,7 +12,7 @@ __all__ = ["RotatedTaskAlignedAssigner"]
 
 
 class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
-    """``TaskAlignedAssigner`` for (N, 5) xywhr ground truths and (B, A, 5) xywhr predictions (pixels).
+    """TaskAlignedAssigner for (N, 5) xywhr ground truths and (B, A, 5) xywhr predictions (pixels).
 
     Alignment = score^alpha · probiou(box, predicted box).clamp(0)^beta; an anchor is a candidate of a box when its
     centre lies in the rotated rectangle, edges included (the reference's test, without a margin). The assignment's
