@@ -159,7 +159,7 @@ class TaskAlignedAssigner(nn.Module):
         k: int,
         gt_valid: Tensor | None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-        """Boxes x anchors pass, chunk by chunk of boxes.
+        """Runs the boxes x anchors pass, chunk by chunk of boxes.
 
         Returns the top-k anchors of each box (N, k): index, inside-the-box flag, CIoU, alignment; and per
         flat (image, anchor) cell (B·A,): the highest CIoU over the image's boxes and the first box row
@@ -205,7 +205,10 @@ class TaskAlignedAssigner(nn.Module):
 
     @staticmethod
     def inside(anchor_points: Tensor, boxes: Tensor) -> Tensor:
-        """(c, A) bool: anchor centres (A, 2) strictly inside (by ``INSIDE_EPS``) each xyxy box of (c, 4)."""
+        """Tells which anchor centres (A, 2) lie inside each xyxy box of (c, 4), as a (c, A) bool.
+
+        Inside means strictly, by ``INSIDE_EPS``.
+        """
         ax, ay = anchor_points[:, 0], anchor_points[:, 1]
         x1, y1, x2, y2 = (v[:, None] for v in boxes.unbind(-1))
         return (
@@ -214,7 +217,7 @@ class TaskAlignedAssigner(nn.Module):
 
     @staticmethod
     def overlap(gt_boxes: Tensor, pd_boxes: Tensor) -> Tensor:
-        """Elementwise overlap of broadcastable ground-truth and predicted boxes: CIoU of xyxy boxes."""
+        """Returns the elementwise CIoU of broadcastable ground-truth and predicted xyxy boxes."""
         return complete_iou(gt_boxes, pd_boxes)
 
     def _pair_metrics(
@@ -228,7 +231,9 @@ class TaskAlignedAssigner(nn.Module):
         sparse: bool,
         valid: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, tuple[Tensor, Tensor, Tensor]]:
-        """CIoU (clamped at 0) and alignment of c boxes with all A anchors, zero unless the anchor is inside.
+        """Returns the CIoU, clamped at 0, and the alignment of c boxes with all A anchors.
+
+        Both are zero unless the anchor is inside the box.
 
         Returns ov (c, A), align (c, A), inside (c, A) bool and the evaluated pairs (box row in the chunk,
         anchor, CIoU), each (P,). ``sparse`` evaluates only the inside pairs (found with ``nonzero``, a host

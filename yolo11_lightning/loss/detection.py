@@ -91,7 +91,9 @@ class DetectionLoss(nn.Module):
     def _anchor_grid(
         self, shapes: list[tuple[int, int]], dtype: torch.dtype, device: torch.device
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """(anchors (A, 2) in grid units, strides (A, 1), DFL bins (reg_max,)), built once per input shape.
+        """Builds the anchor grid once per input shape.
+
+        Returns anchors (A, 2) in grid units, strides (A, 1) and the DFL bins (reg_max,).
 
         The training shape rarely changes: keeping them saves a dozen small allocations (kernel launches
         on an accelerator) per step. Nothing downstream writes into them.
@@ -117,7 +119,7 @@ class DetectionLoss(nn.Module):
     def _normalise(
         self, sums: Tensor, normalisers: Tensor, divisor_of: Sequence[int]
     ) -> tuple[Tensor, Tensor]:
-        """``(loss, items)`` from the gained term sums (m,) and the local normalisers (k,).
+        """Returns (loss, items) from the gained term sums (m,) and the local normalisers (k,).
 
         Term j is divided by ``max(normalisers[divisor_of[j]] summed over ranks, 1)``; ``sums`` and
         ``normalisers`` are summed over ranks together, in the one call of ``sum_over_ranks``.
@@ -131,7 +133,7 @@ class DetectionLoss(nn.Module):
         return (sums / divisors).sum(), total[k:] / divisors
 
     def _assign(self, feats: Sequence[Tensor], targets: Tensor) -> Prepared:
-        """Decode the level maps and assign the targets to anchors (shared with the segmentation loss)."""
+        """Decodes the level maps and assigns the targets to anchors; the segmentation loss shares it."""
         dtype = torch.promote_types(feats[0].dtype, torch.float32)
         device, nd = feats[0].device, 4 * self.reg_max
         shapes = [tuple(f.shape[-2:]) for f in feats]
@@ -157,7 +159,7 @@ class DetectionLoss(nn.Module):
         return Prepared(pred_dist, pred_logits, pred_boxes, anchors, stride, targets, assign, (height, width))
 
     def _box_cls_dfl_sums(self, prep: Prepared) -> Tensor:
-        """The gained (box, cls, dfl) terms (3,), each summed over the batch, not yet normalised."""
+        """Returns the gained box, cls and dfl terms (3,), each summed over the batch, not yet normalised."""
         assign, anchors = prep.assign, prep.anchors
         bs, na = assign.fg_mask.shape
         target_scores = assign.target_scores
@@ -179,9 +181,12 @@ class DetectionLoss(nn.Module):
     def _box_term(
         self, prep: Prepared, rows: Tensor, row_valid: Tensor, weight: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """The box term summed over the foreground ``rows`` (R,) (``row_valid`` (R,) false on padding rows,
-        ``weight`` (R,) their target scores), and the (R, 4) xyxy boxes in grid units the DFL term reads its
-        target distances from: 1 − CIoU with the assigned box, and that box."""
+        """Returns the box term summed over the foreground rows, and those rows' assigned boxes.
+
+        The term is 1 − CIoU with the assigned box. ``rows`` is (R,); ``row_valid`` (R,) is false on padding
+        rows and ``weight`` (R,) holds their target scores. The (R, 4) xyxy boxes are in grid units; the DFL
+        term reads its target distances from them.
+        """
         target_box = (prep.assign.target_boxes / prep.stride).flatten(0, 1)[rows]  # grid units
         ciou = complete_iou(prep.pred_boxes.flatten(0, 1)[rows], target_box)
         return ((1.0 - ciou) * weight).sum(), target_box
@@ -221,12 +226,14 @@ class DetectionLoss(nn.Module):
 
 
 def _scale_xywh(xywh: Tensor, width: int, height: int) -> Tensor:
-    """Normalised (N, 4) xywh to pixels, with Python scalars (no host-to-device copy)."""
+    """Scales normalised (N, 4) xywh to pixels with Python scalars, so without a host-to-device copy."""
     return torch.stack((xywh[:, 0] * width, xywh[:, 1] * height, xywh[:, 2] * width, xywh[:, 3] * height), 1)
 
 
 def compact_rows(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
-    """Indices of the True entries of a 1-D mask, in order, in a list of fixed ``size`` (>= mask.sum()).
+    """Returns the indices of the True entries of a 1-D mask, in order, in a list of fixed ``size``.
+
+    ``size`` must be at least mask.sum().
 
     Returns (indices (size,) long, valid (size,) bool); padding rows point at entry 0. Sync-free,
     unlike ``nonzero``.
@@ -239,7 +246,7 @@ def compact_rows(mask: Tensor, size: int) -> tuple[Tensor, Tensor]:
 
 
 def distribution_focal_loss(log_probs: Tensor, target: Tensor) -> Tensor:
-    """Distribution focal loss, mean over the 4 sides.
+    """Returns the distribution focal loss, mean over the 4 sides.
 
     log_probs: (R, 4, reg_max) log-softmax over the bins; target: (R, 4) distances in bins, < reg_max - 1.
     Cross entropy against the two bins around the target, weighted by proximity.

@@ -93,14 +93,14 @@ class KindResults:
     r: np.ndarray  # (K,) recall at ``best_confidence``
 
     def mean(self, values: np.ndarray) -> float:
-        """Mean over the classes that have truths (NaN when none has)."""
+        """Returns the mean over the classes that have truths, NaN when none has."""
         present = values[~np.isnan(values)]
         return float(present.mean()) if len(present) else float("nan")
 
 
 @dataclass
 class ClassResults:
-    """Everything the summary and the pictures show of one evaluation (module docstring)."""
+    """Everything the summary and the pictures show of one evaluation; see the module docstring."""
 
     names: list[str]
     images: np.ndarray  # (K,) images with at least one truth of the class
@@ -115,7 +115,7 @@ class ClassResults:
 
 
 def class_results(evaluation: Evaluation, names: Sequence[str]) -> ClassResults:
-    """The per-class results of ``evaluation`` for the classes ``names`` (module docstring)."""
+    """Returns the per-class results of an evaluation for the given class names; see the module docstring."""
     k = len(names)
     truth_classes = evaluation.truth_classes.astype(np.int64)
     inside = (truth_classes >= 0) & (truth_classes < k)
@@ -139,10 +139,12 @@ def class_results(evaluation: Evaluation, names: Sequence[str]) -> ClassResults:
 def _counted(
     matched: np.ndarray | None, scores: np.ndarray, classes: np.ndarray, instances: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Per class (K, C) precision and recall against ``CONFIDENCES`` from per-detection matches, as the
-    reference computes them: the cumulative counts in decreasing score order, interpolated linearly between
-    the detections' scores (recall 0 and precision 1 above the highest). A class with truths but no detection
-    has zeros; a class without truths, NaN."""
+    """Counts per-class (K, C) precision and recall at each of ``CONFIDENCES`` from per-detection matches.
+
+    As the reference computes them: the cumulative counts in decreasing score order, interpolated linearly
+    between the detections' scores (recall 0 and precision 1 above the highest). A class with truths but no
+    detection has zeros; a class without truths, NaN.
+    """
     k = len(instances)
     precision = np.full((k, len(CONFIDENCES)), np.nan)
     recall = np.full((k, len(CONFIDENCES)), np.nan)
@@ -163,14 +165,14 @@ def _counted(
 
 
 def _box_filter(values: np.ndarray, fraction: float = 0.1) -> np.ndarray:
-    """``values`` smoothed by a centred moving average over ``fraction`` of their length (edges repeated)."""
+    """Smooths values by a centred moving average over ``fraction`` of their length, edges repeated."""
     width = round(len(values) * fraction * 2) // 2 + 1  # odd
     padded = np.concatenate((np.full(width // 2, values[0]), values, np.full(width // 2, values[-1])))
     return np.convolve(padded, np.ones(width) / width, mode="valid")
 
 
 def _kind_results(scored: KindEvaluation, k: int, precision: np.ndarray, recall: np.ndarray) -> KindResults:
-    """One kind's results: its per-class AP and PR curve and the counted ``precision`` and ``recall`` (K, C)."""
+    """Returns one kind's results: per-class AP and PR curve and the counted (K, C) precision and recall."""
     ap50_95, ap50, pr = np.full(k, np.nan), np.full(k, np.nan), np.full((k, len(RECALLS)), np.nan)
     for row, cls in enumerate(scored.classes.tolist()):
         if 0 <= cls < k:
@@ -195,7 +197,9 @@ def _kind_results(scored: KindEvaluation, k: int, precision: np.ndarray, recall:
 
 
 def confusion_matrix(detections: Tensor, truths: Tensor, num_classes: int) -> np.ndarray:
-    """(K + 1, K + 1) int64 counts ``[predicted, true]``, index K the background (module docstring).
+    """Counts [predicted, true] pairs into a (K + 1, K + 1) int64 matrix, index K the background.
+
+    The module docstring tells which pairs count.
 
     ``detections`` (n, 7) ``[image, x1, y1, x2, y2, score, class]`` and ``truths`` (m, 6)
     ``[image, x1, y1, x2, y2, class]`` of any number of images, in the same pixels."""
@@ -218,7 +222,9 @@ def confusion_pairs(
     classes: np.ndarray,
     truth_classes: np.ndarray,
 ) -> np.ndarray:
-    """The confusion matrix's counts as pairs (module docstring), for any number of images at once.
+    """Returns the confusion matrix's counts as pairs for any number of images at once.
+
+    The module docstring tells which pairs count.
 
     Args:
         iou: (p,) IoU of every (detection, truth) pair of the same image, whatever the classes, listed by truth
@@ -252,8 +258,10 @@ def confusion_pairs(
 
 
 def _confusion_counts(pairs: np.ndarray, num_classes: int) -> np.ndarray:
-    """(k, 2) ``[predicted, true]`` pairs, -1 the background -> (K + 1, K + 1) counts, index K the background
-    (a class outside 0..K-1 counts as the background too)."""
+    """Counts (k, 2) [predicted, true] pairs into a (K + 1, K + 1) matrix, index K the background.
+
+    In the pairs -1 is the background, and so is a class outside 0..K-1.
+    """
     k = num_classes
     matrix = np.zeros((k + 1, k + 1), np.int64)
     pairs = np.where((pairs >= 0) & (pairs < k), pairs, k).astype(np.int64)

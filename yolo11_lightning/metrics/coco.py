@@ -29,12 +29,12 @@ RECALL_THRESHOLDS = np.linspace(0.0, 1.0, int(np.round((1.0 - 0.0) / 0.01)) + 1)
 
 
 def coco_boxes(xyxy: Tensor) -> np.ndarray:
-    """(n, 4) ``[x1, y1, x2, y2]`` -> (n, 4) float64 ``[x, y, w, h]`` with the float32 rounding COCO receives."""
+    """Converts (n, 4) [x1, y1, x2, y2] boxes to (n, 4) float64 [x, y, w, h] with COCO's float32 rounding."""
     return box_convert(xyxy.detach().float().cpu(), "xyxy", "xywh").double().numpy()
 
 
 def coco_box_iou(truths: np.ndarray, detections: np.ndarray) -> np.ndarray:
-    """(..., 4) and (..., 4) float64 ``[x, y, w, h]`` (broadcast) -> (...) IoU by COCO's ``bbIou`` arithmetic."""
+    """Returns the IoU of broadcast (..., 4) float64 [x, y, w, h] boxes by COCO's bbIou arithmetic."""
     t, d = truths, detections
     w = np.minimum(d[..., 2] + d[..., 0], t[..., 2] + t[..., 0]) - np.maximum(d[..., 0], t[..., 0])
     h = np.minimum(d[..., 3] + d[..., 1], t[..., 3] + t[..., 1]) - np.maximum(d[..., 1], t[..., 1])
@@ -45,8 +45,11 @@ def coco_box_iou(truths: np.ndarray, detections: np.ndarray) -> np.ndarray:
 
 
 def group_ranks(groups: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """(n,) int64 group keys and scores -> (n,) each detection's place in its group by decreasing score (equal
-    scores keep their order): COCO's order within an (image, class), whose first ``max_detections`` count."""
+    """Ranks each detection in its group by decreasing score, equal scores in their order.
+
+    Takes (n,) int64 group keys and scores and returns (n,) places: COCO's order within an (image, class),
+    whose first ``max_detections`` count.
+    """
     order = np.lexsort((np.arange(len(groups)), -scores, groups))
     ranks = np.empty(len(groups), np.int64)
     sorted_groups = groups[order]
@@ -64,7 +67,7 @@ def coco_match(
     truth_groups: np.ndarray,
     det_groups: np.ndarray,
 ) -> np.ndarray:
-    """COCO's greedy matching of many images at once (module docstring).
+    """Matches detections to truths of many images at once greedily, as COCO does; see the module docstring.
 
     Args:
         iou: (p,) IoU of each (detection, truth) pair of the same image and class.
@@ -92,8 +95,10 @@ def coco_match(
 def _first_reaching(
     matched: np.ndarray, iou: np.ndarray, pair_det: np.ndarray, det_rank: np.ndarray, det_groups: np.ndarray
 ) -> None:
-    """``coco_match`` for groups of one truth, in place: at each threshold the best-ranked detection of the group
-    whose IoU reaches it is the match."""
+    """Runs coco_match in place for groups of one truth.
+
+    At each threshold the best-ranked detection of the group whose IoU reaches it is the match.
+    """
     order = np.lexsort((det_rank[pair_det], det_groups[pair_det]))
     iou, pair_det = iou[order], pair_det[order]
     groups = det_groups[pair_det]
@@ -112,8 +117,11 @@ def _scan(
     truth_groups: np.ndarray,
     det_groups: np.ndarray,
 ) -> None:
-    """``coco_match`` for groups of several truths, in place: COCO's scan, one detection of every group per step
-    (the detections of a group in rank order), all groups and thresholds of a step at once."""
+    """Runs coco_match in place for groups of several truths, by COCO's scan.
+
+    One detection of every group per step, the detections of a group in rank order, all groups and
+    thresholds of a step at once.
+    """
     if not len(iou):
         return
     # Each truth's place among the truths of its group, in input order (COCO's truth order).
@@ -155,7 +163,7 @@ def coco_precision(
     class_ids: np.ndarray,
     share: tuple[int, int] = (0, 1),
 ) -> np.ndarray:
-    """COCO's accumulated precision (module docstring).
+    """Accumulates COCO's precision, as the module docstring says.
 
     Args:
         true_positives: (n, 10) bool per detection that counts (within the detection limit), in image order and
@@ -200,6 +208,6 @@ def coco_precision(
 
 
 def coco_summary(precision: np.ndarray) -> float:
-    """The mean of the precision entries that are not -1 (COCO's ``summarize``); -1 when there is none."""
+    """Returns the mean of the precision entries that are not -1, as COCO's summarize; -1 if there is none."""
     valid = precision[precision > -1]
     return float(valid.mean()) if valid.size else -1.0

@@ -84,7 +84,7 @@ class ScoredBatch:
 
 
 class DetectionMAP(Metric):
-    """COCO box mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels (module docstring).
+    """COCO box mAP (IoU 0.50:0.05:0.95, 101-point) in original image pixels; see the module docstring.
 
     ``update(detections, batch)``: per image (n, 6) ``[x1, y1, x2, y2, score, class]`` detections in
     letterboxed-input pixels and the batch they came from. ``compute()`` -> ``{"mAP50-95", "mAP50", "mAP75",
@@ -120,12 +120,12 @@ class DetectionMAP(Metric):
     # ----------------------------------------------------------------------------------------- per batch
     @staticmethod
     def to_original(detections: list[Tensor], batch: dict[str, Any]) -> list[Tensor]:
-        """Map (n, 6) detections from letterboxed-input pixels to original image pixels (``ops.letterbox``)."""
+        """Maps (n, 6) detections from letterboxed-input pixels to original image pixels by ops.letterbox."""
         return detections_to_original(detections, batch["scales"], batch["pads"], batch["orig_sizes"])
 
     @staticmethod
     def targets_in_input(batch: dict[str, Any]) -> list[Tensor]:
-        """Ground truth of each image as (m, 5) ``[x1, y1, x2, y2, class]`` in letterboxed-input pixels."""
+        """Returns each image's ground truth as (m, 5) [x1, y1, x2, y2, class] in letterboxed-input pixels."""
         targets, images = batch["targets"], batch["images"]
         height, width = images.shape[-2:]
         size = torch.tensor([width, height, width, height], device=targets.device, dtype=targets.dtype)
@@ -137,7 +137,7 @@ class DetectionMAP(Metric):
 
     @classmethod
     def targets_to_original(cls, batch: dict[str, Any]) -> list[Tensor]:
-        """Ground truth of each image as (m, 5) ``[x1, y1, x2, y2, class]`` in original pixels."""
+        """Returns each image's ground truth as (m, 5) [x1, y1, x2, y2, class] in original pixels."""
         out = []
         for i, truth in enumerate(cls.targets_in_input(batch)):
             original = letterbox_to_original(
@@ -147,11 +147,11 @@ class DetectionMAP(Metric):
         return out
 
     def update(self, detections: list[Tensor], batch: dict[str, Any]) -> None:
-        """Match one batch: ``detections`` per image (n, 6) in letterboxed-input pixels."""
+        """Matches one batch: ``detections`` per image (n, 6) in letterboxed-input pixels."""
         self._add(batch, self._score_boxes(detections, batch))
 
     def _score_boxes(self, detections: list[Tensor], batch: dict[str, Any]) -> ScoredBatch:
-        """The box kinds of a batch: COCO's IoU in original pixels, and the reference's in input pixels."""
+        """Scores the box kinds of a batch: COCO's IoU in original pixels, the reference's in input pixels."""
         det_images = torch.repeat_interleave(
             torch.arange(len(detections)), torch.tensor([len(d) for d in detections])
         )
@@ -179,7 +179,7 @@ class DetectionMAP(Metric):
         )
 
     def _add(self, batch: dict[str, Any], scored: ScoredBatch) -> None:
-        """Match every kind of ``scored`` and append the batch's rows to the states."""
+        """Matches every kind of ``scored`` and appends the batch's rows to the states."""
         ids = batch["indices"].detach().cpu().double().numpy()
         scores, classes, truth_classes = scored.scores, scored.classes, scored.truth_classes
         det_counts = np.bincount(scored.det_images, minlength=len(ids))
@@ -230,8 +230,11 @@ class DetectionMAP(Metric):
         super()._sync_dist(dist_sync_fn, process_group)
 
     def _host_states(self) -> dict[str, np.ndarray]:
-        """Every state, concatenated on the host; detections and truths in dataset-index order (then each
-        image's order), the order that makes the values the same on any number of ranks."""
+        """Concatenates every state on the host, in dataset-index order.
+
+        Detections and truths come in dataset-index order, then each image's order: the order that makes the
+        values the same on any number of ranks.
+        """
         out = {}
         for name, width in self._widths.items():
             value = getattr(self, name)
@@ -244,7 +247,7 @@ class DetectionMAP(Metric):
         return out
 
     def compute(self) -> dict[str, Tensor]:
-        """``{"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...}`` per kind (module docstring).
+        """Returns {"mAP50-95", "mAP50", "mAP75", "AP/<class name>", ...} per kind; see the module docstring.
 
         Accumulated on the host from the gathered rows; the values are returned on the metric's device, where
         every other metric of the module lives, so that any consumer (a logger's sync, a collective) finds them
@@ -252,9 +255,12 @@ class DetectionMAP(Metric):
         return {name: value.to(self.device) for name, value in self._evaluate().items()}
 
     def _evaluate(self) -> dict[str, Tensor]:
-        """``compute``'s values, on the host. After a gather every rank holds every row; the classes are then
-        shared out (``_share``) and each rank accumulates its share, the per-class arrays summed up by one
-        all-reduce (the maximum of each entry: the others' entries are -inf)."""
+        """Computes compute's values on the host.
+
+        After a gather every rank holds every row; the classes are then shared out (``_share``) and each
+        rank accumulates its share, the per-class arrays summed up by one all-reduce (the maximum of each
+        entry: the others' entries are -inf).
+        """
         states = self._host_states()
         detections, truths = states["detections"], states["truths"]
         scores, classes = detections[:, _SCORE], detections[:, _CLASS].astype(np.int64)
@@ -310,8 +316,11 @@ class DetectionMAP(Metric):
         return out
 
     def _share(self) -> tuple[int, int]:
-        """(rank, ranks) among which the classes are shared out: every rank of the process group when this
-        compute gathered the states (then every rank holds the same rows), else (0, 1)."""
+        """Returns (rank, ranks) among which the classes are shared out.
+
+        Every rank of the process group when this compute gathered the states (then every rank holds the same
+        rows), else (0, 1).
+        """
         if self._is_synced and dist.is_available() and dist.is_initialized():
             group = self.process_group
             if dist.get_world_size(group) > 1:
@@ -319,8 +328,10 @@ class DetectionMAP(Metric):
         return 0, 1
 
     def _assemble(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        """Every rank's share of ``arrays`` (-inf where another rank computed) made whole: one all-reduce (max)
-        on the metric's device, the process group's."""
+        """Makes every rank's share of ``arrays`` whole by one max all-reduce on the process group's device.
+
+        Each share holds -inf where another rank computed.
+        """
         if self._share()[1] == 1 or not sum(a.size for a in arrays):  # the same sizes on every rank
             return arrays
         flat = torch.from_numpy(np.concatenate([a.reshape(-1) for a in arrays])).to(self.device)
@@ -337,7 +348,10 @@ class DetectionMAP(Metric):
 
 
 def _coco_kind(class_ids: np.ndarray, precision: np.ndarray) -> KindEvaluation:
-    """One kind's results from COCO's (10, 101, K) precision of ``class_ids``; per class the classes with truths."""
+    """Builds one kind's results from COCO's (10, 101, K) precision of ``class_ids``.
+
+    Per class, the classes with truths.
+    """
     with_truths = precision[0, 0, :] > -1
     return KindEvaluation(
         map50_95=coco_summary(precision),
@@ -350,7 +364,7 @@ def _coco_kind(class_ids: np.ndarray, precision: np.ndarray) -> KindEvaluation:
 
 
 def _reference_kind(present: np.ndarray, aps: np.ndarray, curves: np.ndarray) -> KindEvaluation:
-    """One kind's results from the reference's AP (C, 10) and PR curves (C, 101) of the classes ``present``."""
+    """Builds one kind's results from the reference's AP (C, 10) and PR curves (C, 101) of present classes."""
     mean = aps.mean(0) if len(present) else np.zeros(len(IOU_THRESHOLDS))
     return KindEvaluation(
         map50_95=float(mean.mean()),
@@ -363,7 +377,7 @@ def _reference_kind(present: np.ndarray, aps: np.ndarray, curves: np.ndarray) ->
 
 
 def _same_group_pairs(truth_groups: np.ndarray, det_groups: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every (detection, truth) pair with the same group key (image and class), by truth then detection."""
+    """Lists every (detection, truth) pair with the same image and class key, by truth then detection."""
     order = np.argsort(det_groups, kind="stable")
     sorted_groups = det_groups[order]
     start = np.searchsorted(sorted_groups, truth_groups, side="left")
@@ -373,14 +387,19 @@ def _same_group_pairs(truth_groups: np.ndarray, det_groups: np.ndarray) -> tuple
 
 
 def image_ordered(rows: Tensor) -> Tensor:
-    """Rows ``[image, ...]`` (a batch's targets, keypoints...) grouped by image, each image's rows in their order:
-    the truth order every kind of a batch is scored in."""
+    """Groups rows [image, ...] by image, each image's rows in their order.
+
+    The rows are a batch's targets, keypoints and the like; this is the truth order every kind of a batch
+    is scored in.
+    """
     return rows[torch.argsort(rows[:, 0], stable=True)] if len(rows) else rows
 
 
 def _to_original(boxes: Tensor, images: Tensor, scales: Tensor, pads: Tensor, orig_sizes: Tensor) -> Tensor:
-    """(n, 4) xyxy boxes of the images ``images`` (n,) from letterboxed-input pixels to original pixels, clipped
-    (``ops.letterbox.letterbox_to_original`` for many images at once: the same arithmetic, element by element)."""
+    """Maps (n, 4) xyxy boxes of the (n,) images from letterboxed-input to original pixels, clipped.
+
+    The arithmetic of ops.letterbox.letterbox_to_original, element by element, for many images at once.
+    """
     per_image = scales.reshape(len(scales), -1)  # (B, 1), or (B, 2) per axis
     scale = per_image.repeat(1, 4 // per_image.shape[1])
     out = (boxes - pads.repeat(1, 2)[images]) / scale[images]
@@ -389,7 +408,7 @@ def _to_original(boxes: Tensor, images: Tensor, scales: Tensor, pads: Tensor, or
 
 
 def _box_iou_pairs(truths: np.ndarray, detections: np.ndarray) -> np.ndarray:
-    """(p, 4) and (p, 4) xyxy -> (p,) IoU of each pair (``torchvision.ops.box_iou``'s arithmetic)."""
+    """Returns the (p,) IoU of each pair of (p, 4) xyxy boxes, by torchvision.ops.box_iou's arithmetic."""
     area_t = (truths[:, 2] - truths[:, 0]) * (truths[:, 3] - truths[:, 1])
     area_d = (detections[:, 2] - detections[:, 0]) * (detections[:, 3] - detections[:, 1])
     wh = np.clip(
@@ -402,7 +421,7 @@ def _box_iou_pairs(truths: np.ndarray, detections: np.ndarray) -> np.ndarray:
 def pair_iou_from_matrices(
     matrices: list[np.ndarray], det_counts: np.ndarray, truth_counts: np.ndarray
 ) -> PairIoU:
-    """A ``PairIoU`` reading each pair's entry of its image's (m_i, n_i) matrix."""
+    """Builds a PairIoU that reads each pair's entry of its image's (m_i, n_i) matrix."""
     flat = np.concatenate([np.zeros(0), *(np.asarray(m, np.float64).reshape(-1) for m in matrices)])
     det_start = np.cumsum(det_counts) - det_counts
     truth_start = np.cumsum(truth_counts) - truth_counts

@@ -28,17 +28,23 @@ RECALLS = np.linspace(0.0, 1.0, 101)  # where a class's PR curve is read
 
 
 def match_by_iou(iou: np.ndarray, same_class: np.ndarray) -> np.ndarray:
-    """(m truths, n detections) IoU and class agreement of one image -> (n, 10) bool: detection is a true
-    positive at IoU 0.50:0.05:0.95."""
+    """Matches one image's detections to its truths at IoU 0.50:0.05:0.95, as the reference does.
+
+    Takes the (m truths, n detections) IoU and class agreement and returns (n, 10) bool: the detection is
+    a true positive at each threshold.
+    """
     truth, det = np.nonzero(same_class)
     return match_pairs(iou[truth, det], det, truth, iou.shape[1])
 
 
 def match_pairs(iou: np.ndarray, pair_det: np.ndarray, pair_truth: np.ndarray, num_det: int) -> np.ndarray:
-    """The reference's matching of many images at once, from the (p,) IoUs of their (detection, truth) pairs of
-    the same image and class, listed by truth then detection (truth and detection indices unique over the images)
-    -> (num_det, 10) bool: detection is a true positive at IoU 0.50:0.05:0.95. Pairs of different images never
-    compete, so this equals matching each image alone."""
+    """Matches detections to truths of many images at once, as the reference does.
+
+    Takes the (p,) IoUs of their (detection, truth) pairs of the same image and class, listed by truth then
+    detection (truth and detection indices unique over the images), and returns (num_det, 10) bool: the
+    detection is a true positive at IoU 0.50:0.05:0.95. Pairs of different images never compete, so this
+    equals matching each image alone.
+    """
     correct = np.zeros((num_det, len(IOU_THRESHOLDS)), bool)
     for k, threshold in enumerate(IOU_THRESHOLDS):
         candidate = np.flatnonzero(iou >= threshold)
@@ -54,7 +60,7 @@ def match_pairs(iou: np.ndarray, pair_det: np.ndarray, pair_truth: np.ndarray, n
 
 
 def interpolated_ap(recall: np.ndarray, precision: np.ndarray) -> float:
-    """AP of one PR curve (points in decreasing score order) with the reference's interpolation."""
+    """Returns the AP of one PR curve, points in decreasing score order, by the reference's interpolation."""
     rec = np.concatenate(([0.0], recall, [1.0]))
     pre = np.concatenate(([1.0], precision, [0.0]))
     envelope = np.maximum.accumulate(pre[::-1])[::-1]
@@ -69,9 +75,12 @@ def class_average_precisions(
     classes: list[np.ndarray],
     truth_classes: list[np.ndarray],
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The reference's ``ap_per_class``: from per-image detections' (n, 10) true-positive flags per IoU threshold,
-    their scores and classes, and per-image truth classes -> (classes present in the truths (C,), their AP (C, 10)
-    at IoU 0.50:0.05:0.95); a class never detected has AP 0. Ties in score keep the detections' order."""
+    """Computes per-class AP at IoU 0.50:0.05:0.95 as the reference's ap_per_class does.
+
+    Takes per-image detections' (n, 10) true-positive flags per IoU threshold, their scores and classes,
+    and per-image truth classes; returns the classes present in the truths (C,) and their AP (C, 10). A
+    class never detected has AP 0. Ties in score keep the detections' order.
+    """
     present, aps, _ = precision_curves(
         np.concatenate([*correct, np.zeros((0, len(IOU_THRESHOLDS)), bool)]),
         np.concatenate([*scores, np.zeros(0)]),
@@ -88,8 +97,10 @@ def precision_curves(
     truth_classes: np.ndarray,
     share: tuple[int, int] = (0, 1),
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``class_average_precisions`` of concatenated arrays, and each class's precision envelope at IoU 0.5 read at
-    101 recalls 0..1 (the PR curve the reference draws) -> (present (C,), AP (C, 10), curves (C, 101)).
+    """Computes class_average_precisions of concatenated arrays and each class's PR curve.
+
+    The curve is the class's precision envelope at IoU 0.5 read at 101 recalls 0..1, the one the reference
+    draws. Returns present (C,), AP (C, 10) and curves (C, 101).
 
     ``share`` (rank, ranks): compute only the present classes ``i`` with ``i % ranks == rank``, the others' rows
     left at -inf (classes are independent: ranks can split them)."""
@@ -117,5 +128,5 @@ def precision_curves(
 
 
 def as_tensor(value: float) -> Tensor:
-    """The value as a float64 scalar tensor (what ``DetectionMAP.compute`` returns)."""
+    """Returns the value as a float64 scalar tensor, what DetectionMAP.compute returns."""
     return torch.tensor(value, dtype=torch.float64)

@@ -37,7 +37,7 @@ class Conv(nn.Module):
 
     @torch.no_grad()
     def fuse_bn(self) -> None:
-        """Fold BN into the conv: w' = w·γ/σ, b' = β − μ·γ/σ with σ = sqrt(var + eps). Idempotent."""
+        """Folds BN into the conv: w' = w·γ/σ, b' = β − μ·γ/σ, σ = sqrt(var + eps); idempotent."""
         bn = self.bn
         if not isinstance(bn, nn.modules.batchnorm._BatchNorm):  # BatchNorm2d or SyncBatchNorm
             return

@@ -19,8 +19,9 @@ from yolo11_lightning.ops.anchors import dist_to_box, make_anchors
 
 
 def output_branch(branch: nn.Sequential, x: Tensor) -> Tensor:
-    """Run a head branch; its last layer (the 1×1 convolution that makes the outputs) runs outside autocast,
-    in the weights' own precision.
+    """Runs a head branch, its last layer outside autocast in the weights' own precision.
+
+    The last layer is the 1×1 convolution that makes the outputs.
 
     Under bf16 autocast the outputs would otherwise be rounded to 8 significant bits: scores quantised into
     ties and box logits off by ~0.03, a quarter pixel at stride 8, which costs mAP50-95 at its high IoU
@@ -34,7 +35,7 @@ def output_branch(branch: nn.Sequential, x: Tensor) -> Tensor:
 
 
 def autocast_off(device_type: str) -> contextlib.AbstractContextManager:
-    """Autocast disabled for ``device_type``; nothing to disable on a device without autocast (``meta``)."""
+    """Disables autocast on a device type; one without autocast, such as meta, has nothing to disable."""
     available = getattr(torch.amp, "is_autocast_available", lambda device: device in ("cpu", "cuda"))
     return torch.autocast(device_type, enabled=False) if available(device_type) else contextlib.nullcontext()
 
@@ -89,7 +90,7 @@ class Detect(nn.Module):
         self.bias_init()
 
     def class_branch(self, nc: int) -> nn.ModuleList:
-        """A fresh class branch for ``nc`` classes (its hidden width c3 depends on nc)."""
+        """Builds a fresh class branch for ``nc`` classes; its hidden width c3 depends on nc."""
         c3 = max(self.ch[0], min(nc, 100))
         return nn.ModuleList(
             nn.Sequential(
@@ -102,14 +103,17 @@ class Detect(nn.Module):
 
     @torch.no_grad()
     def bias_init(self) -> None:
-        """Reference prior: box logits bias 1.0; class bias log(5 / nc / (640 / s)²), i.e. ~5 objects
-        per 640² image spread over the classes, so early training is not swamped by negatives."""
+        """Sets the reference prior: box logit bias 1.0, class bias log(5 / nc / (640 / s)²).
+
+        That is about 5 objects per 640² image spread over the classes, so early training is not swamped by
+        negatives.
+        """
         for box, cls, s in zip(self.cv2, self.cv3, self.strides):
             box[-1].bias.fill_(1.0)
             cls[-1].bias.fill_(math.log(5 / self.nc / (640 / s) ** 2))
 
     def reset_classes(self, nc: int) -> None:
-        """Re-create the class branch for ``nc`` classes.
+        """Re-creates the class branch for ``nc`` classes.
 
         Hidden layers whose shape is unchanged keep their weights (what loading a pretrained model
         into a new class count does); the final 1×1 convs are new, with the reference bias init.
@@ -131,7 +135,7 @@ class Detect(nn.Module):
         self.bias_init()
 
     def level_maps(self, xs: Sequence[Tensor]) -> list[Tensor]:
-        """Raw per-level maps (B, 4·reg_max + nc, H_i, W_i): box logits, then class logits."""
+        """Returns the raw per-level maps (B, 4·reg_max + nc, H_i, W_i): box logits, then class logits."""
         return [
             torch.cat((output_branch(self.cv2[i], x), output_branch(self.cv3[i], x)), 1)
             for i, x in enumerate(xs)
@@ -142,16 +146,17 @@ class Detect(nn.Module):
         return maps if self.training else self.decode_outputs(maps)
 
     def outputs(self, xs: Sequence[Tensor]) -> list[Tensor]:
-        """The train-mode outputs, whatever the mode: the level maps (what the loss takes)."""
+        """Returns the train-mode outputs, the level maps the loss takes, whatever the mode."""
         return self.level_maps(xs)
 
     def decode_outputs(self, maps: Sequence[Tensor]) -> Tensor:
-        """The eval-mode output from ``outputs``: ``decode``."""
+        """Returns the eval-mode output from the train-mode outputs, by decode."""
         return self.decode(maps)
 
     def anchors(self, maps: Sequence[Tensor], dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
-        """Anchor centres (2, A) in grid units and strides (1, A) in ``dtype`` (default: the maps'), cached by
-        map shapes, device, dtype.
+        """Returns anchor centres (2, A) in grid units and strides (1, A), cached by shapes, device and dtype.
+
+        ``dtype`` defaults to the maps'.
 
         Not cached while tracing (ONNX export) or compiling (``torch.compile``): the grid is built in the
         graph from the input's shapes, so that an export with free height and width computes it for each
@@ -176,7 +181,7 @@ class Detect(nn.Module):
         return self._anchor_cache[1], self._anchor_cache[2]
 
     def decode(self, maps: Sequence[Tensor]) -> Tensor:
-        """Level maps -> (B, 4 + nc, A) float32: xywh boxes in input pixels, then sigmoid class scores.
+        """Decodes level maps into (B, 4 + nc, A) float32: xywh boxes in input pixels, then class sigmoids.
 
         Anchors run level by level (P3, P4, P5), row-major within a level. Always computed in float32, also
         under autocast or for a half-precision model: in bfloat16 (8 significant bits) a box corner at 640 px

@@ -17,6 +17,6 @@ SCALES: dict[str, tuple[float, float, int]] = {
 
 
 def scaled_channels(scale: str, c: int) -> int:
-    """Channels of a layer of width ``c`` (at width 1) in ``scale``: ceil(min(c, max) · width / 8) · 8."""
+    """Returns the channels at a scale of a layer c wide at width 1: ceil(min(c, max) · width / 8) · 8."""
     _, width, max_ch = SCALES[scale]
     return math.ceil(min(c, max_ch) * width / 8) * 8

@@ -15,7 +15,7 @@ def make_anchors(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Anchor centres of every grid cell, level by level.
+    """Returns the anchor centre of every grid cell, level by level.
 
     Args:
         feature_shapes: (H, W) of each level map, finest first.
@@ -37,7 +37,7 @@ def make_anchors(
 
 
 def dist_to_box(distance: Tensor, anchor_points: Tensor, xywh: bool = True, dim: int = -1) -> Tensor:
-    """Turn (left, top, right, bottom) distances from anchor points into boxes.
+    """Turns left, top, right and bottom distances from anchor points into boxes.
 
     ``distance`` and ``anchor_points`` broadcast; ``dim`` is the axis holding the 4 distances / 2 coords.
     Returns xywh (centre, size) when ``xywh`` else xyxy, in the units of the inputs.
@@ -51,6 +51,9 @@ def dist_to_box(distance: Tensor, anchor_points: Tensor, xywh: bool = True, dim:
 
 
 def box_to_dist(anchor_points: Tensor, boxes_xyxy: Tensor, max_dist: float) -> Tensor:
-    """Distances (left, top, right, bottom) from anchor points to xyxy boxes, clamped to [0, max_dist]."""
+    """Returns the left, top, right and bottom distances from anchor points to xyxy boxes.
+
+    The distances are clamped to [0, max_dist].
+    """
     x1y1, x2y2 = boxes_xyxy.chunk(2, -1)
     return torch.cat((anchor_points - x1y1, x2y2 - anchor_points), -1).clamp_(0, max_dist)

@@ -17,12 +17,15 @@ __all__ = ["complete_iou", "cxcywh_to_xyxy"]
 
 
 def cxcywh_to_xyxy(boxes: Tensor) -> Tensor:
-    """(..., 4) centre/size boxes to corner boxes, same units (torchvision's ``box_convert``)."""
+    """Converts centre/size boxes of shape (..., 4) to corner boxes in the same units.
+
+    The same conversion as torchvision's box_convert.
+    """
     return box_convert(boxes, "cxcywh", "xyxy")
 
 
 def complete_iou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
-    """Elementwise complete IoU of xyxy boxes, YOLO11's variant; the two inputs broadcast.
+    """Returns the elementwise complete IoU of xyxy boxes, YOLO11's variant; the two inputs broadcast.
 
     Args:
         boxes1, boxes2: (..., 4) boxes ``x1, y1, x2, y2`` in the same units (any), broadcastable.

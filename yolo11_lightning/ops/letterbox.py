@@ -35,9 +35,11 @@ def letterbox_to_original(
 def detections_to_original(
     detections: list[Tensor], scales: Tensor, pads: Tensor, orig_sizes: Tensor
 ) -> list[Tensor]:
-    """Per-image (n, 6) detections ``[x1, y1, x2, y2, score, class]`` from letterboxed-input pixels to
-    original image pixels; ``scales`` (B,) or (B, 2) per axis, ``pads`` (B, 2) and ``orig_sizes`` (B, 2) as in
-    the batch."""
+    """Maps each image's detections from letterboxed-input pixels to original image pixels.
+
+    Detections are (n, 6) rows [x1, y1, x2, y2, score, class]; ``scales`` is (B,) or (B, 2) per axis,
+    ``pads`` (B, 2) and ``orig_sizes`` (B, 2), as in the batch.
+    """
     out = []
     for i, det in enumerate(detections):
         det = det.clone()

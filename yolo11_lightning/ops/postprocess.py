@@ -1,4 +1,7 @@
-"""From the detector's decoded output to per-image detections (NMS); ``ops.letterbox`` maps them to original pixels."""
+"""Turns the detector's decoded output into per-image detections with NMS.
+
+``ops.letterbox`` maps them to original pixels.
+"""
 
 from __future__ import annotations
 
@@ -23,8 +26,9 @@ def nms_candidates(
     class_agnostic: bool,
     class_offset: float,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """One image's NMS candidates from its (A, nc) class scores, as the reference's NMS picks them (axis-aligned and
-    rotated boxes alike).
+    """Picks one image's NMS candidates from its (A, nc) class scores as the reference's NMS does.
+
+    Axis-aligned and rotated boxes alike.
 
     The (anchor, class) pairs scoring above ``conf_threshold`` (every class of an anchor with ``multi_label`` and
     nc > 1, else its best class), in that order, at most ``max_candidates`` of the highest scores.

@@ -10,15 +10,18 @@ DPI = 100
 
 
 def new_figure(width: float, height: float, constrained: bool = True) -> Figure:
-    """A figure of ``width`` x ``height`` inches on its own Agg canvas; ``constrained`` lays it out to fit its
-    labels and legends (about twice the drawing time of a fixed layout)."""
+    """Returns a figure of width x height inches on its own Agg canvas.
+
+    ``constrained`` lays it out to fit its labels and legends, at about twice the drawing time of a fixed
+    layout.
+    """
     figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained" if constrained else None)
     FigureCanvasAgg(figure)
     return figure
 
 
 def to_rgb(figure: Figure) -> np.ndarray:
-    """The rendered figure as an (H, W, 3) uint8 RGB image."""
+    """Renders the figure as an (H, W, 3) uint8 RGB image."""
     canvas = figure.canvas
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -15,7 +15,7 @@ _PALETTE = np.array(
 
 
 def class_color(class_id: int) -> tuple[int, int, int]:
-    """A stable RGB colour per class."""
+    """Returns a stable RGB colour per class."""
     return tuple(int(c) for c in _PALETTE[int(class_id) % len(_PALETTE)])
 
 
@@ -28,7 +28,7 @@ def draw_boxes(
     thickness: int = 1,
     color: tuple[int, int, int] | None = None,
 ) -> np.ndarray:
-    """Return a copy of ``image`` ((H, W, 3) uint8 RGB) with labelled boxes (pixels, xyxy) drawn on it."""
+    """Draws labelled xyxy pixel boxes on a copy of an (H, W, 3) uint8 RGB image."""
     out = np.ascontiguousarray(image.copy())
     for i, (box, cls) in enumerate(
         zip(np.asarray(boxes_xyxy).reshape(-1, 4), np.asarray(classes).reshape(-1))
@@ -48,8 +48,11 @@ def write_label(
     names: Sequence[str] | None,
     color: tuple[int, int, int],
 ) -> None:
-    """Write a box's label (its class name, else its id, and its score) just above ``corner`` (x, y pixels),
-    in place on ``image`` ((H, W, 3) uint8 RGB, contiguous)."""
+    """Writes a box's label just above ``corner``, in place on the image.
+
+    The label is the class name, else its id, and the score; ``corner`` is (x, y) pixels and the image a
+    contiguous (H, W, 3) uint8 RGB array.
+    """
     label = names[class_id] if names is not None and class_id < len(names) else str(class_id)
     if score is not None:
         label = f"{label} {score:.2f}"
@@ -58,7 +61,7 @@ def write_label(
 
 
 def draw_masks(image: np.ndarray, masks: np.ndarray, classes: np.ndarray, alpha: float = 0.4) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with binary ``masks`` (n, h, w) blended in their class colours.
+    """Blends binary (n, h, w) masks in their class colours into a copy of an (H, W, 3) uint8 RGB image.
 
     Masks of another size than the image (e.g. 1/4-resolution validation masks) are resized nearest-neighbour;
     later masks are drawn over earlier ones.
@@ -75,7 +78,7 @@ def draw_masks(image: np.ndarray, masks: np.ndarray, classes: np.ndarray, alpha:
 
 
 def image_grid(images: Sequence[np.ndarray], columns: int = 4, fill: int = 114) -> np.ndarray:
-    """Tile equally sized (H, W, 3) images into one mosaic, ``columns`` wide."""
+    """Tiles equally sized (H, W, 3) images into one mosaic, ``columns`` wide."""
     if not images:
         raise ValueError("image_grid needs at least one image")
     h, w = images[0].shape[:2]
@@ -89,6 +92,6 @@ def image_grid(images: Sequence[np.ndarray], columns: int = 4, fill: int = 114) 
 
 
 def save_rgb(path: str, image: np.ndarray) -> None:
-    """Write an RGB image (OpenCV expects BGR)."""
+    """Writes an RGB image; OpenCV expects BGR."""
     if not cv2.imwrite(str(path), cv2.cvtColor(image, cv2.COLOR_RGB2BGR)):
         raise OSError(f"could not write image {path}")

@@ -15,7 +15,9 @@ _LEGEND_CLASSES = 20
 
 
 def confusion_matrix_image(matrix: np.ndarray, names: Sequence[str], normalize: bool) -> np.ndarray:
-    """(H, W, 3) uint8 RGB of a (K + 1, K + 1) ``[predicted, true]`` count matrix, the background last.
+    """Draws a (K + 1, K + 1) [predicted, true] count matrix, the background last, as an RGB image.
+
+    The image is (H, W, 3) uint8.
 
     ``normalize``: each true class's column divided by its sum (the share of its truths predicted as each row)."""
     k = len(names)
@@ -47,7 +49,10 @@ def confusion_matrix_image(matrix: np.ndarray, names: Sequence[str], normalize: 
 
 
 def pr_curve_image(results: KindResults, names: Sequence[str], kind: str = "box") -> np.ndarray:
-    """(H, W, 3) uint8 RGB: precision against recall at IoU 0.5 per class, AP50 in the legend."""
+    """Draws precision against recall at IoU 0.5 per class, AP50 in the legend, as an RGB image.
+
+    The image is (H, W, 3) uint8.
+    """
     figure = new_figure(8, 6)
     axes = figure.add_subplot(1, 1, 1)
     _per_class(axes, RECALLS, results.pr_curve, results.ap50, names, "{:.3f}")
@@ -60,8 +65,10 @@ def pr_curve_image(results: KindResults, names: Sequence[str], kind: str = "box"
 def confidence_curve_image(
     results: KindResults, names: Sequence[str], which: str, kind: str = "box"
 ) -> np.ndarray:
-    """(H, W, 3) uint8 RGB: ``which`` ("f1", "precision" or "recall") against the confidence threshold per
-    class; the mean's best F1 threshold is marked."""
+    """Draws f1, precision or recall against the confidence threshold per class as an RGB image.
+
+    ``which`` picks the measure; the mean's best F1 threshold is marked. The image is (H, W, 3) uint8.
+    """
     curves = getattr(results, which)
     figure = new_figure(8, 6)
     axes = figure.add_subplot(1, 1, 1)
@@ -84,7 +91,7 @@ def _present(results: KindResults) -> np.ndarray:
 
 def _per_class(axes, x: np.ndarray, curves: np.ndarray, scores: np.ndarray | None, names: Sequence[str],
                score_format: str) -> None:  # fmt: skip
-    """One line per class with truths: coloured with a legend entry up to 20 classes, thin grey beyond."""
+    """Draws one line per class with truths: coloured with a legend entry to 20 classes, thin grey beyond."""
     present = [i for i in range(len(curves)) if not np.isnan(curves[i]).all()]
     legend = len(present) <= _LEGEND_CLASSES
     for i in present:

@@ -22,7 +22,7 @@ def _text(img: np.ndarray, text: str, org: tuple[int, int], scale: float = 0.4, 
 
 
 def _vertical_text(text: str, scale: float = 0.35) -> np.ndarray:
-    """White-background image of ``text`` rotated 90° clockwise (reads top to bottom)."""
+    """Renders ``text`` on a white background, rotated 90° clockwise to read top to bottom."""
     (w, h), base = cv2.getTextSize(text, _FONT, scale, 1)
     tile = np.full((h + base + 2, w + 2, 3), 255, np.uint8)
     _text(tile, text, (1, h + 1), scale)
@@ -30,7 +30,7 @@ def _vertical_text(text: str, scale: float = 0.35) -> np.ndarray:
 
 
 def class_histogram(counts: Sequence[int], names: Sequence[str], title: str = "") -> np.ndarray:
-    """Bar chart of boxes per class; class names written vertically under the bars."""
+    """Draws a bar chart of boxes per class, the class names written vertically under the bars."""
     counts = np.asarray(counts, np.int64)
     n = max(len(counts), 1)
     bar = int(np.clip(640 // n, 10, 40)) if n <= 150 else max(2, 1500 // n)  # names need >= 10 px
@@ -62,7 +62,7 @@ def class_histogram(counts: Sequence[int], names: Sequence[str], title: str = ""
 def _scatter_panel(
     x: np.ndarray, y: np.ndarray, classes: np.ndarray, xlabel: str, ylabel: str, y_down: bool, size: int = 300
 ) -> np.ndarray:
-    """Points in [0, 1]^2 on a square panel with axes, coloured by class; y grows down when ``y_down``."""
+    """Draws points in [0, 1]^2 on a square panel with axes, coloured by class; y grows down if y_down."""
     pad = 36
     img = np.full((size + 2 * pad, size + 2 * pad, 3), 255, np.uint8)
     cv2.rectangle(img, (pad, pad), (pad + size, pad + size), _BLACK, 1)
@@ -86,7 +86,7 @@ def _scatter_panel(
 
 
 def box_scatter(boxes: np.ndarray, classes: np.ndarray, title: str = "") -> np.ndarray:
-    """Two panels: box width vs height, and centre x vs y (all normalised to the image)."""
+    """Draws two panels: box width against height, and centre x against y, all normalised to the image."""
     boxes = np.asarray(boxes, np.float32).reshape(-1, 4)
     classes = np.asarray(classes, np.int64).reshape(-1)
     left = _scatter_panel(boxes[:, 2], boxes[:, 3], classes, "width", "height", y_down=False)

@@ -11,7 +11,9 @@ from yolo11_lightning.plots._canvas import new_figure, to_rgb
 
 
 def training_curves(history: Mapping[str, Mapping[int, float]], columns: int = 5) -> np.ndarray:
-    """(H, W, 3) uint8 RGB: ``history`` {series name: {epoch: value}}, one panel per series in its order.
+    """Draws one panel per series of ``history`` {series name: {epoch: value}}, in its order, as an RGB image.
+
+    The image is (H, W, 3) uint8.
 
     Each panel draws the values with markers and, from 10 epochs on, a moving average over 5 epochs."""
     names = [name for name, points in history.items() if points]

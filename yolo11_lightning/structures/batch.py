@@ -56,7 +56,7 @@ __all__ = [
 
 
 class ImageBatch(TypedDict):
-    """Letterboxed images and the geometry that maps them back to original pixels (module docstring)."""
+    """Letterboxed images and the geometry that maps them back to original pixels (see the module)."""
 
     images: torch.Tensor
     orig_sizes: torch.Tensor
@@ -87,12 +87,15 @@ class PredictionBatch(ImageBatch):
 
 
 def image_tensor(image: np.ndarray) -> torch.Tensor:
-    """(H, W, 3) uint8 array -> (3, H, W) tensor over the same memory (channels-last strides, no copy)."""
+    """Wraps an (H, W, 3) uint8 array as a (3, H, W) tensor over the same memory, without a copy.
+
+    The tensor has channels-last strides.
+    """
     return torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
 
 
 def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
-    """(3, H, W) images -> (B, 3, H, W) batch in channels-last memory (``torch.channels_last``).
+    """Stacks (3, H, W) images into a (B, 3, H, W) batch in channels-last memory.
 
     One copy, the stack itself; for ``image_tensor`` outputs each image is a contiguous (H, W, 3) block.
     """
@@ -100,7 +103,7 @@ def stack_images(images: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def collate_detection(samples: Sequence[dict[str, Any]]) -> DetectionBatch:
-    """Stack ``BoxDataset`` samples into a ``DetectionBatch``.
+    """Stacks BoxDataset samples into a DetectionBatch.
 
     Evaluation samples whose image could not be read are left out (``missing`` counts them); a batch
     of only such samples has B = 0 images.
@@ -130,7 +133,7 @@ def collate_detection(samples: Sequence[dict[str, Any]]) -> DetectionBatch:
 
 
 def empty_detection_batch(unreadable: list[tuple[str, str]], missing: int) -> DetectionBatch:
-    """A batch without images (every image of it was unreadable): same keys, B = 0."""
+    """Returns a batch without images, every one of them unreadable: the same keys, B = 0."""
     return {
         "images": torch.zeros(0, 3, 32, 32, dtype=torch.uint8),
         "targets": torch.zeros(0, 6),

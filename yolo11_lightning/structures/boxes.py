@@ -17,7 +17,7 @@ __all__ = [
 
 
 def xywhn_to_xyxy(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """(n, 4) normalised ``cx, cy, w, h`` -> (n, 4) float32 pixel ``x1, y1, x2, y2``."""
+    """Converts (n, 4) normalised cx, cy, w, h boxes to (n, 4) float32 pixel x1, y1, x2, y2."""
     boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
     scale = np.array([width, height, width, height], dtype=np.float32)
     half = boxes[:, 2:] / 2
@@ -25,7 +25,7 @@ def xywhn_to_xyxy(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
 
 
 def xyxy_to_xywhn(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """(n, 4) pixel ``x1, y1, x2, y2`` -> (n, 4) float32 ``cx, cy, w, h`` normalised by (width, height)."""
+    """Converts (n, 4) pixel x1, y1, x2, y2 boxes to (n, 4) float32 cx, cy, w, h normalised by image size."""
     boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
     scale = np.array([width, height, width, height], dtype=np.float32)
     xywh = np.concatenate([(boxes[:, :2] + boxes[:, 2:]) / 2, boxes[:, 2:] - boxes[:, :2]], axis=1)
@@ -33,12 +33,12 @@ def xyxy_to_xywhn(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
 
 
 def clip_boxes(boxes: np.ndarray, width: float, height: float) -> np.ndarray:
-    """Clip (n, 4) pixel xyxy boxes to ``[0, width] x [0, height]`` (new array)."""
+    """Clips (n, 4) pixel xyxy boxes to [0, width] x [0, height] into a new array."""
     return np.clip(boxes, 0, np.array([width, height, width, height], dtype=np.float32))
 
 
 def transform_boxes(boxes: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """Map (n, 4) xyxy boxes through a (3, 3) matrix: the extent of the four transformed corners."""
+    """Maps (n, 4) xyxy boxes through a (3, 3) matrix to the extent of their four transformed corners."""
     n = len(boxes)
     if n == 0:
         return np.zeros((0, 4), np.float32)
@@ -59,7 +59,7 @@ def box_candidates(
     min_area_ratio: float = 0.1,
     eps: float = 1e-16,
 ) -> np.ndarray:
-    """Which boxes survive a warp: (n,) bool.
+    """Tells which boxes survive a warp, as an (n,) bool array.
 
     Keeps boxes whose sides both exceed ``min_side`` pixels, whose aspect ratio stays below ``max_aspect``,
     and that keep more than ``min_area_ratio`` of their area ``before`` (already multiplied by the warp's
@@ -77,10 +77,10 @@ def box_candidates(
 
 
 def flip_boxes_lr(boxes: np.ndarray, width: float) -> np.ndarray:
-    """Mirror (n, 4) xyxy pixel boxes left-right in an image ``width`` pixels wide."""
+    """Mirrors (n, 4) xyxy pixel boxes left-right in an image ``width`` pixels wide."""
     return np.stack([width - boxes[:, 2], boxes[:, 1], width - boxes[:, 0], boxes[:, 3]], 1)
 
 
 def flip_boxes_ud(boxes: np.ndarray, height: float) -> np.ndarray:
-    """Mirror (n, 4) xyxy pixel boxes top-bottom in an image ``height`` pixels high."""
+    """Mirrors (n, 4) xyxy pixel boxes top-bottom in an image ``height`` pixels high."""
     return np.stack([boxes[:, 0], height - boxes[:, 3], boxes[:, 2], height - boxes[:, 1]], 1)

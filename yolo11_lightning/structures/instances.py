@@ -1,4 +1,4 @@
-"""``Instances``: the labels of one image (boxes, classes and per-instance fields) and the geometry that moves them.
+"""Instances: one image's boxes, classes and per-instance fields, and the geometry that moves them.
 
 Every geometric step of the data pipeline (placing an image in a letterbox or a mosaic tile, clipping to the
 mosaic canvas, the random warp, mixup's concatenation, the flips) is one method here, applied to the boxes and,
@@ -33,7 +33,7 @@ __all__ = ["InstanceField", "Instances"]
 
 
 class InstanceField:
-    """One row per instance of an image, moved with its box by every geometric step (base class).
+    """The base class of a field with one row per instance, moved with its box by every geometric step.
 
     ``derives_boxes``: after a warp the boxes are the extent of this field (an outline's box is tighter than a
     warped box's corners), filtered by ``min_area_ratio`` of their zoomed area before the warp; otherwise the
@@ -50,42 +50,44 @@ class InstanceField:
 
     @classmethod
     def from_record(cls, record: ImageRecord, width: float, height: float) -> InstanceField:
-        """The record's field in pixels of a ``width`` x ``height`` image (the original, resized)."""
+        """Builds the record's field in pixels of a width x height image, the original resized."""
         raise NotImplementedError
 
     @classmethod
     def empty(cls) -> InstanceField:
-        """The field of an image without instances."""
+        """Returns the field of an image without instances."""
         raise NotImplementedError
 
     @classmethod
     def concat(cls, parts: Sequence[InstanceField]) -> InstanceField:
-        """The fields of several images' instances, one after the other (mosaic, mixup)."""
+        """Joins the fields of several images' instances, one after the other, as mosaic and mixup do."""
         raise NotImplementedError
 
     def select(self, keep: np.ndarray) -> InstanceField:
-        """The rows where ``keep`` (n,) bool is True."""
+        """Returns the rows where the (n,) bool ``keep`` is True."""
         raise NotImplementedError
 
     def placed(self, scale: float, offset: tuple[float, float]) -> InstanceField:
-        """Moved as its image is resized by ``scale`` and put at ``offset`` (x, y) pixels: ``xy * scale + offset``."""
+        """Moves the field as its image is scaled and put at the (x, y) pixel offset: xy * scale + offset."""
         raise NotImplementedError
 
     def clipped(self, width: float, height: float) -> InstanceField:
-        """Clipped to a ``width`` x ``height`` canvas."""
+        """Clips the field to a width x height canvas."""
         raise NotImplementedError
 
     def warped(self, matrix: np.ndarray, out_wh: tuple[int, int]) -> tuple[InstanceField, np.ndarray | None]:
-        """Through a (3, 3) pixel matrix into an ``out_wh`` image: the field, and its (n, 4) xyxy boxes when it
-        ``derives_boxes`` (else None)."""
+        """Warps the field through a (3, 3) pixel matrix into an ``out_wh`` image.
+
+        Returns the field, and its (n, 4) xyxy boxes when it ``derives_boxes`` (else None).
+        """
         raise NotImplementedError
 
     def flipped_lr(self, width: float) -> InstanceField:
-        """Mirrored left-right in an image ``width`` pixels wide."""
+        """Mirrors the field left-right in an image ``width`` pixels wide."""
         raise NotImplementedError
 
     def flipped_ud(self, height: float) -> InstanceField:
-        """Mirrored top-bottom in an image ``height`` pixels high."""
+        """Mirrors the field top-bottom in an image ``height`` pixels high."""
         raise NotImplementedError
 
 
@@ -116,19 +118,19 @@ class Instances:
     def from_record(
         cls, record: ImageRecord, width: float, height: float, field_types: Sequence[type[InstanceField]] = ()
     ) -> Instances:
-        """The record's instances in pixels of a ``width`` x ``height`` image, with the fields ``field_types``."""
+        """Builds the record's instances in pixels of a width x height image, with the given field types."""
         fields = {f.name: f.from_record(record, width, height) for f in field_types}
         return cls(xywhn_to_xyxy(record.boxes, width, height), record.classes, fields)
 
     @classmethod
     def empty(cls, field_types: Sequence[type[InstanceField]] = ()) -> Instances:
-        """No instances, with an empty field of each of ``field_types``."""
+        """Returns no instances, with an empty field of each of ``field_types``."""
         fields = {f.name: f.empty() for f in field_types}
         return cls(np.zeros((0, 4), np.float32), np.zeros(0, np.int64), fields)
 
     @classmethod
     def concat(cls, parts: Sequence[Instances]) -> Instances:
-        """The instances of ``parts`` one after the other (the parts carry the same fields)."""
+        """Joins the instances of ``parts`` one after the other; the parts carry the same fields."""
         names = parts[0].fields
         return cls(
             np.concatenate([p.boxes for p in parts]),
@@ -137,13 +139,13 @@ class Instances:
         )
 
     def select(self, keep: np.ndarray) -> Instances:
-        """The instances where ``keep`` (n,) bool is True."""
+        """Returns the instances where the (n,) bool ``keep`` is True."""
         return Instances(
             self.boxes[keep], self.classes[keep], {k: f.select(keep) for k, f in self.fields.items()}
         )
 
     def placed(self, scale: float, offset: tuple[float, float]) -> Instances:
-        """As their image is resized by ``scale`` and put at ``offset`` (x, y) pixels of a larger one."""
+        """Moves the instances as their image is scaled and put at the (x, y) pixel offset of a larger one."""
         return Instances(
             _offset_boxes(self.boxes, scale, offset),
             self.classes,
@@ -154,7 +156,10 @@ class Instances:
     def tiled(
         cls, parts: Sequence[Instances], offsets: Sequence[tuple[int, int]], canvas_wh: tuple[int, int]
     ) -> Instances:
-        """Mosaic tiles' instances moved to canvas ``offsets``, clipped to the canvas; zero-area boxes dropped."""
+        """Moves mosaic tiles' instances to the canvas ``offsets`` and clips them to the canvas.
+
+        Zero-area boxes are dropped.
+        """
         moved = cls.concat([p.placed(1, o) for p, o in zip(parts, offsets)])
         boxes = clip_boxes(moved.boxes, *canvas_wh)
         keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
@@ -162,7 +167,7 @@ class Instances:
         return cls(boxes[keep], moved.classes[keep], fields)
 
     def warped(self, matrix: np.ndarray, zoom: float, out_wh: tuple[int, int]) -> Instances:
-        """Through the random warp ``matrix`` (zoom ``zoom``) into an ``out_wh`` image.
+        """Warps the instances through the random warp ``matrix`` at zoom ``zoom`` into an ``out_wh`` image.
 
         Boxes are clipped to the image and kept when they stay large and keep enough of their zoomed area
         (``structures.boxes.box_candidates``); a field that ``derives_boxes`` gives the boxes instead.
@@ -183,11 +188,11 @@ class Instances:
         return Instances(boxes[keep], self.classes[keep], {k: f.select(keep) for k, f in fields.items()})
 
     def flipped_lr(self, width: float) -> Instances:
-        """Mirrored left-right in an image ``width`` pixels wide."""
+        """Mirrors the instances left-right in an image ``width`` pixels wide."""
         fields = {k: f.flipped_lr(width) for k, f in self.fields.items()}
         return Instances(flip_boxes_lr(self.boxes, width), self.classes, fields)
 
     def flipped_ud(self, height: float) -> Instances:
-        """Mirrored top-bottom in an image ``height`` pixels high."""
+        """Mirrors the instances top-bottom in an image ``height`` pixels high."""
         fields = {k: f.flipped_ud(height) for k, f in self.fields.items()}
         return Instances(flip_boxes_ud(self.boxes, height), self.classes, fields)

@@ -1,4 +1,4 @@
-"""Instance keypoints: the ``Keypoints`` label field and how every geometric step moves it.
+"""Instance keypoints: the Keypoints label field and how every geometric step moves it.
 
 Per instance K keypoints ``x, y`` in pixels of the image and a visibility (0: not labelled or out of the image,
 1 or 2: labelled), in one (n, K, 3) float32 array. They follow the reference's rules (its ``Instances`` and
@@ -49,7 +49,10 @@ class Keypoints(InstanceField):
 
     @classmethod
     def concat(cls, parts: Sequence[InstanceField]) -> Keypoints:
-        """One (sum n_i, K, 3) array; parts without rows (whose K may be unknown: 0) add nothing."""
+        """Joins the parts into one (sum n_i, K, 3) array.
+
+        Parts without rows, whose K may be unknown (0), add nothing.
+        """
         full = [p for p in parts if len(p)] or list(parts[:1])
         points = np.concatenate([p.points for p in full])  # type: ignore[attr-defined]
         flips = [p.flip_idx for p in parts if p.flip_idx is not None]  # type: ignore[attr-defined]
@@ -64,7 +67,7 @@ class Keypoints(InstanceField):
         return self._new(points)
 
     def clipped(self, width: float, height: float) -> Keypoints:
-        """Keypoints outside the ``width`` x ``height`` image get visibility 0; all are clipped into it."""
+        """Clips the keypoints into the width x height image; those outside it get visibility 0."""
         points = self.points.copy()
         x, y = points[..., 0], points[..., 1]
         points[..., 2][(x < 0) | (x > width) | (y < 0) | (y > height)] = 0.0
@@ -72,7 +75,7 @@ class Keypoints(InstanceField):
         return self._new(points)
 
     def warped(self, matrix: np.ndarray, out_wh: tuple[int, int]) -> tuple[Keypoints, None]:
-        """Through the (3, 3) matrix (perspective division), then ``clipped`` to the ``out_wh`` image."""
+        """Warps the keypoints through the (3, 3) matrix by perspective division and clips them to out_wh."""
         n, k = self.points.shape[:2]
         if n == 0:
             return self._new(self.points.copy()), None

@@ -1,4 +1,4 @@
-"""Instance outlines: the ``Polygons`` label field and its geometry (resampling, warps, flips, boxes from polygons).
+"""Instance outlines: the Polygons label field and its resampling, warps, flips and boxes.
 
 Coordinates are pixels ``x, y`` of the image the polygons belong to, in (N, M, 2) float32 arrays: N
 instances of M points each. Polygons come from the records as lists of (k_i, 2) normalised outlines
@@ -49,7 +49,7 @@ RESAMPLE_POINTS = 1000
 
 
 def resample(polygon: np.ndarray, n: int) -> np.ndarray:
-    """A closed outline (k, 2) as n points (n, 2) float32 along its perimeter, evenly in vertex index.
+    """Resamples a closed (k, 2) outline as (n, 2) float32 points along its perimeter, even in vertex index.
 
     The outline is closed (its first point appended), then sampled at n parameters evenly spaced over
     its k + 1 vertices by linear interpolation. With k < n the original vertices are kept too: n - k - 1
@@ -74,7 +74,9 @@ def resample(polygon: np.ndarray, n: int) -> np.ndarray:
 
 
 def resample_all(polygons: Sequence[np.ndarray], n: int = RESAMPLE_POINTS) -> np.ndarray:
-    """Outlines of different lengths -> one (N, M, 2) float32 array, M = n, or longest + 1 when longer.
+    """Resamples outlines of different lengths into one (N, M, 2) float32 array.
+
+    M = n, or the longest length + 1 when that is longer.
 
     An outline longer than ``n`` would lose points: then every outline gets the longest's point count
     plus one (the reference's rule). No outlines: a (0, n, 2) array.
@@ -87,7 +89,7 @@ def resample_all(polygons: Sequence[np.ndarray], n: int = RESAMPLE_POINTS) -> np
 
 
 def box_outlines(xyxy: np.ndarray) -> np.ndarray:
-    """Boxes (N, 4) ``x1, y1, x2, y2`` -> their rectangles (N, 4, 2) float32, clockwise from top-left.
+    """Returns the rectangles (N, 4, 2) float32 of (N, 4) xyxy boxes, clockwise from top-left.
 
     The outline to give an instance that has a box but no polygon (a box row of a YOLO-seg file, a COCO
     annotation without ``segmentation``), where a mask is needed for every instance.
@@ -97,19 +99,19 @@ def box_outlines(xyxy: np.ndarray) -> np.ndarray:
 
 
 def with_box_outlines(polygons: Sequence[np.ndarray], xyxy: np.ndarray) -> list[np.ndarray]:
-    """``polygons`` with each empty one (no polygon) replaced by its box's rectangle (same units)."""
+    """Replaces each empty polygon with its box's rectangle, in the same units."""
     rects = box_outlines(xyxy)
     return [np.asarray(p, np.float32).reshape(-1, 2) if len(p) else rects[i] for i, p in enumerate(polygons)]
 
 
 def to_pixels(polygons: Sequence[np.ndarray], width: float, height: float) -> list[np.ndarray]:
-    """Normalised outlines (k_i, 2) -> pixel outlines (k_i, 2) float32 of a width x height image."""
+    """Converts normalised (k_i, 2) outlines to pixel (k_i, 2) float32 outlines of a width x height image."""
     scale = np.array([width, height], np.float32)
     return [np.asarray(p, np.float32).reshape(-1, 2) * scale for p in polygons]
 
 
 def apply_matrix(points: np.ndarray, matrix: np.ndarray) -> np.ndarray:
-    """Map (..., 2) points by a 3x3 homogeneous matrix (affine or perspective) -> (..., 2) float32."""
+    """Maps (..., 2) points by a 3x3 homogeneous matrix, affine or perspective, to (..., 2) float32."""
     pts = np.asarray(points, np.float32)
     flat = pts.reshape(-1, 2).astype(np.float64)
     m = np.asarray(matrix, np.float64)
@@ -118,7 +120,7 @@ def apply_matrix(points: np.ndarray, matrix: np.ndarray) -> np.ndarray:
 
 
 def boxes_from_polygons(points: np.ndarray, width: float, height: float) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes (N, 4) xyxy float32 of warped outlines (N, M, 2), and the outlines clipped to their boxes.
+    """Returns the (N, 4) xyxy float32 boxes of warped (N, M, 2) outlines, and the outlines clipped to them.
 
     Per outline: when 3 or 4 of its sides (min x, min y, max x, max y) are outside the image, all its
     points are first clipped to the image; the box is then the extent of the points inside the image
@@ -155,26 +157,26 @@ def boxes_from_polygons(points: np.ndarray, width: float, height: float) -> tupl
 
 
 def flip_horizontal(points: np.ndarray, width: float) -> np.ndarray:
-    """Mirror (..., 2) pixel points left-right in an image ``width`` pixels wide: x -> width - x."""
+    """Mirrors (..., 2) pixel points left-right in an image ``width`` pixels wide: x -> width - x."""
     out = np.array(points, np.float32, copy=True)
     out[..., 0] = width - out[..., 0]
     return out
 
 
 def flip_vertical(points: np.ndarray, height: float) -> np.ndarray:
-    """Mirror (..., 2) pixel points top-bottom in an image ``height`` pixels high: y -> height - y."""
+    """Mirrors (..., 2) pixel points top-bottom in an image ``height`` pixels high: y -> height - y."""
     out = np.array(points, np.float32, copy=True)
     out[..., 1] = height - out[..., 1]
     return out
 
 
 def letterbox_polygons(points: np.ndarray, scale: float, pad: tuple[float, float]) -> np.ndarray:
-    """Original-image pixel points (..., 2) -> letterboxed pixels: ``xy * scale + (left, top)``."""
+    """Maps original-image (..., 2) pixel points to letterboxed pixels: xy * scale + (left, top)."""
     return np.asarray(points, np.float32) * np.float32(scale) + np.asarray(pad, np.float32)
 
 
 def merge_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
-    """Several closed outlines of one object (k_i, 2) -> one outline that fills them all.
+    """Merges several closed (k_i, 2) outlines of one object into one outline that fills them all.
 
     Consecutive parts are joined by a zero-width bridge between their closest vertices; the walk goes
     around part i from where it entered to the bridge to part i + 1, visits the rest of the chain, comes
@@ -235,7 +237,10 @@ class Polygons(InstanceField):
 
     @classmethod
     def concat(cls, parts: Sequence[InstanceField]) -> Polygons:
-        """One (sum n_k, max M_k, 2) array; shorter outlines resampled to the longest (the reference's rule)."""
+        """Joins the parts into one (sum n_k, max M_k, 2) array.
+
+        Shorter outlines are resampled to the longest, the reference's rule.
+        """
         arrays = [p.points for p in parts]  # type: ignore[attr-defined]
         m = max(a.shape[1] for a in arrays)
         same = [

@@ -11,8 +11,11 @@ SPLITS = ("train", "val")
 def already_written(
     out: Path, marker: Path, yaml_path: Path, expected: dict, counts: tuple[int, int]
 ) -> bool:
-    """Whether ``out`` holds a finished set of these parameters: the marker (written last) equals
-    ``expected``, the yaml exists and ``images/{train,val}`` hold ``counts`` PNGs."""
+    """Tells whether ``out`` holds a finished set of these parameters.
+
+    It does when the marker, written last, equals ``expected``, the yaml exists and images/{train,val} hold
+    ``counts`` PNGs.
+    """
     try:
         same = json.loads(marker.read_text()) == expected and yaml_path.is_file()
     except (OSError, ValueError):

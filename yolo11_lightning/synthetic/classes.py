@@ -36,14 +36,16 @@ YAML_NAME = "data.yaml"
 
 
 def _any_colour(rng: np.random.Generator) -> np.ndarray:
-    """A bright RGB colour of any hue."""
+    """Picks a bright RGB colour of any hue."""
     hsv = np.uint8([[[rng.integers(180), rng.integers(120, 256), rng.integers(150, 256)]]])
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
 
 
 def _paint(img: np.ndarray, rng: np.random.Generator, cls: int, side: float, num_classes: int | None) -> None:
-    """Paint one shape of class ``cls`` with a side of about ``side``; its hue from the class's band of
-    ``num_classes``, or any hue when None."""
+    """Paints one shape of class ``cls`` with a side of about ``side``.
+
+    Its hue comes from the class's band of ``num_classes``, or is any hue when that is None.
+    """
     h, w = img.shape[:2]
     aspect = rng.uniform(0.75, 1.33)
     bw, bh = max(4, min(w - 2, round(side * aspect))), max(4, min(h - 2, round(side / aspect)))
@@ -57,8 +59,10 @@ def _paint(img: np.ndarray, rng: np.random.Generator, cls: int, side: float, num
 def classes_sample(
     seed: int, split_index: int, index: int, size: int, num_classes: int, class_hues: bool = True
 ) -> tuple[np.ndarray, int]:
-    """One image ((size, size, 3) uint8 RGB) and its class (``index`` modulo ``num_classes``); shapes in their
-    class's hue band, or in any hue without ``class_hues`` (module docstring)."""
+    """Draws one (size, size, 3) uint8 RGB image and its class, ``index`` modulo ``num_classes``.
+
+    Shapes are in their class's hue band, or in any hue without ``class_hues``; see the module docstring.
+    """
     rng = np.random.default_rng([_STREAM, seed, split_index, index])
     cls = index % num_classes  # balanced in any split, however small
     hues = num_classes if class_hues else None
@@ -73,9 +77,11 @@ def make_classes_dataset(
     out_dir: str | Path, num_train: int = 64, num_val: int = 16, image_size: int = 64, num_classes: int = 3,
     seed: int = 0, class_hues: bool = True,
 ) -> Path:  # fmt: skip
-    """Write the set (module docstring; ``class_hues``: shapes in their class's hue band); returns its
-    ``data.yaml`` (the folder itself is the ImageFolder root). A folder already written with the same parameters
-    is reused as is."""
+    """Writes the set described in the module docstring and returns its data.yaml.
+
+    The folder itself is the ImageFolder root; with ``class_hues`` shapes are in their class's hue band. A
+    folder already written with the same parameters is reused as is.
+    """
     if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
         raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
     if image_size < 16:

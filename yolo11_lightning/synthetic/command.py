@@ -17,7 +17,7 @@ from yolo11_lightning.tasks import DEFAULT_TASK, TASKS, get_task
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``yolo11-lightning synthetic --out DIR [--hard] [--train N --val N --size S --seed S ...]``."""
+    """Runs yolo11-lightning synthetic --out DIR [--hard] [--train N --val N --size S --seed S ...]."""
     p = argparse.ArgumentParser(prog="yolo11-lightning synthetic", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="output folder")
     p.add_argument("--train", type=int, default=64, help="number of training images")

@@ -48,7 +48,7 @@ class _Params:
 
 
 def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
-    """bool mask (H, W) of one shape inside box (x1, y1, x2, y2), pixel edges."""
+    """Returns the bool (H, W) mask of one shape inside box (x1, y1, x2, y2), in pixel edges."""
     mask = np.zeros(shape, np.uint8)
     x1, y1, x2, y2 = box
     xr, yb = x2 - 1, y2 - 1
@@ -78,7 +78,10 @@ def _shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int
 
 
 def _background(rng, height: int, width: int) -> np.ndarray:
-    """float (H, W, 3): gradient between two colours, random lines, distractor blobs and squiggles."""
+    """Paints a float (H, W, 3) background: a gradient, random lines, distractor blobs and squiggles.
+
+    The gradient runs between two colours.
+    """
     c0, c1 = rng.uniform(20, 200, 3), rng.uniform(20, 200, 3)
     angle = rng.uniform(0, 2 * math.pi)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -110,7 +113,10 @@ def _background(rng, height: int, width: int) -> np.ndarray:
 
 
 def _sample(params: _Params, split_index: int, index: int):
-    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (full extents)."""
+    """Draws one image: (H, W, 3) uint8 RGB, classes (n,) and the objects' full-extent pixel boxes.
+
+    The boxes are (n, 4) x1, y1, x2, y2.
+    """
     rng = np.random.default_rng([params.seed, split_index, index, 1])
     h, w = params.height, params.width
     img = _background(rng, h, w)
@@ -179,7 +185,7 @@ def make_hard_synthetic_dataset(
     min_objects: int = 1,
     max_objects: int = 7,
 ) -> Path:
-    """Write the hard set (module docstring) and return the path of its YOLO dataset yaml.
+    """Writes the hard set described in the module docstring and returns the path of its YOLO dataset yaml.
 
     ``image_size`` is an int or (height, width) in pixels. A folder already generated with the same
     parameters is reused untouched.

@@ -37,7 +37,7 @@ class ShapeParams:
 
 
 def shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int], rng) -> np.ndarray:
-    """uint8 mask (H, W) of one filled shape drawn inside box (x1, y1, x2, y2), pixel edges."""
+    """Returns the uint8 (H, W) mask of one filled shape drawn inside box (x1, y1, x2, y2), in pixel edges."""
     mask = np.zeros(shape, np.uint8)
     x1, y1, x2, y2 = box
     xr, yb = x2 - 1, y2 - 1  # last pixel column / row inside the box
@@ -74,7 +74,7 @@ def shape_mask(kind: str, box: tuple[int, int, int, int], shape: tuple[int, int]
 
 
 def background(rng, height: int, width: int) -> np.ndarray:
-    """Dark diagonal gradient between two random colours (values 15..100) plus Gaussian noise."""
+    """Paints a dark diagonal gradient between two random colours, values 15..100, plus Gaussian noise."""
     c0, c1 = rng.uniform(15, 100, 3), rng.uniform(15, 100, 3)
     angle = rng.uniform(0, 2 * math.pi)
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
@@ -84,7 +84,7 @@ def background(rng, height: int, width: int) -> np.ndarray:
 
 
 def class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
-    """A bright, saturated RGB colour in the class's hue band."""
+    """Picks a bright, saturated RGB colour in the class's hue band."""
     hue = (cls / num_classes + rng.uniform(-0.3, 0.3) / num_classes) % 1.0
     hsv = np.uint8([[[round(hue * 180) % 180, rng.integers(170, 256), rng.integers(190, 256)]]])
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2RGB)[0, 0].astype(np.float64)
@@ -93,7 +93,7 @@ def class_colour(rng, cls: int, num_classes: int) -> np.ndarray:
 def _free_places(
     rng: np.random.Generator, n_target: int, h: int, w: int, num_classes: int
 ) -> Iterator[tuple[int, tuple[int, int, int, int]]]:
-    """Up to ``n_target`` non-overlapping boxes (x1, y1, x2, y2) in an (h, w) image, by rejection sampling.
+    """Places up to n_target non-overlapping boxes (x1, y1, x2, y2) in an (h, w) image by rejection sampling.
 
     Yields (class, box) one at a time; the caller draws that object's shape from the same ``rng`` before
     the next place is drawn, so the random stream is that of one interleaved loop.
@@ -115,7 +115,7 @@ def _free_places(
 
 
 def boxes_sample(params: ShapeParams, split_index: int, index: int):
-    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges)."""
+    """Draws one image: (H, W, 3) uint8 RGB, classes (n,) and pixel-edge boxes (n, 4) x1, y1, x2, y2."""
     rng = np.random.default_rng([params.seed, split_index, index])
     h, w = params.height, params.width
     img = background(rng, h, w)
@@ -132,7 +132,7 @@ def boxes_sample(params: ShapeParams, split_index: int, index: int):
 
 
 def _unit_outline(kind: str, rng) -> np.ndarray:
-    """The outline (k, 2) of a class's shape in the square [-1, 1]^2, as one closed polygon.
+    """Returns the outline (k, 2) of a class's shape in the square [-1, 1]^2, as one closed polygon.
 
     Curved shapes are polygons of ``_ROUND_POINTS`` vertices; the ring is its outer circle, a zero-width
     cut, and its inner circle the other way round (one outline with a hole).
@@ -179,7 +179,7 @@ def _unit_outline(kind: str, rng) -> np.ndarray:
 
 
 def _place_outline(unit: np.ndarray, box: tuple[int, int, int, int], angle: float) -> np.ndarray:
-    """Rotate a unit outline by ``angle`` and stretch its extent onto box (x1, y1, x2, y2), pixel edges.
+    """Rotates a unit outline by ``angle`` and stretches its extent onto box (x1, y1, x2, y2), in pixel edges.
 
     Vertices are snapped to 1/16 pixel, the precision ``cv2.fillPoly`` draws them with (``shift=4``), so
     the outline written to the labels is exactly the one painted.
@@ -193,7 +193,10 @@ def _place_outline(unit: np.ndarray, box: tuple[int, int, int, int], angle: floa
 
 
 def _paint_outline(outline: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    """uint8 mask (H, W) of an outline in pixel-edge coordinates (pixel (i, j) has its centre at j + 0.5)."""
+    """Paints an outline in pixel-edge coordinates into a uint8 (H, W) mask.
+
+    Pixel (i, j) has its centre at j + 0.5.
+    """
     mask = np.zeros(shape, np.uint8)
     fixed = np.round((outline - 0.5) * _SUBPIXEL).astype(np.int32)
     cv2.fillPoly(mask, [fixed], 255, cv2.LINE_8, shift=_SHIFT)
@@ -201,7 +204,9 @@ def _paint_outline(outline: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 
 
 def outlines_sample(params: ShapeParams, split_index: int, index: int):
-    """One image labelled with outlines: (H, W, 3) uint8 RGB, classes (n,), outlines [(k_i, 2)] in pixel edges.
+    """Draws one image labelled with outlines: (H, W, 3) uint8 RGB, classes (n,), outlines [(k_i, 2)].
+
+    The outlines are in pixel edges.
 
     Same placement as ``boxes_sample`` (non-overlapping boxes), each shape rotated by up to 30 degrees and
     stretched onto its box; the painted pixels are exactly the outline's fill.
@@ -222,7 +227,7 @@ def outlines_sample(params: ShapeParams, split_index: int, index: int):
 
 
 def polygon_area(outline: np.ndarray) -> float:
-    """The area of a closed outline (k, 2), in its units squared (the shoelace formula)."""
+    """Returns the area of a closed (k, 2) outline in its units squared, by the shoelace formula."""
     x, y = outline.T
     return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
 
@@ -231,8 +236,9 @@ _ORIENTED_STREAM = 2  # seeds the oriented-box set's images apart from the other
 
 
 def oriented_sample(params: ShapeParams, split_index: int, index: int):
-    """One image of rotated elongated objects: (H, W, 3) uint8 RGB, classes (n,), each object's oriented box as
-    its 4 corners [(4, 2)] in pixel edges.
+    """Draws one image of rotated elongated objects: (H, W, 3) uint8 RGB, classes (n,) and oriented boxes.
+
+    Each object's oriented box is its 4 corners [(4, 2)] in pixel edges.
 
     A class's shape is stretched to 2.5-5 times longer than wide, turned by any angle, and placed apart from the
     others (discs around them do not overlap); its label is the rotated rectangle the stretched shape fills

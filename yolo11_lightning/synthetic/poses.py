@@ -58,8 +58,11 @@ def pose_sample(
     seed: int, split_index: int, index: int, height: int, width: int, num_classes: int, max_objects: int,
     min_objects: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """One image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) x1, y1, x2, y2 (edges), keypoints
-    (n, 5, 3) pixel x, y and visibility (0: unlabelled, its x, y then 0)."""
+    """Draws one image: (H, W, 3) uint8 RGB, classes (n,), pixel boxes (n, 4) and keypoints (n, 5, 3).
+
+    Boxes are x1, y1, x2, y2 in pixel edges; keypoints are pixel x, y and visibility (0: unlabelled, its
+    x, y then 0).
+    """
     rng = np.random.default_rng([seed, _POSE_STREAM, split_index, index])
     yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
     c0, c1 = rng.uniform(15, 90, 3), rng.uniform(15, 90, 3)
@@ -142,9 +145,11 @@ def make_synthetic_pose_dataset(
     min_objects: int = 1,
     coco: bool = False,
 ) -> Path:
-    """Write the pose set (module docstring) and return its dataset yaml; a folder already written with the
-    same parameters is reused as is. ``coco``: also ``{train,val}.json`` and ``coco.yaml`` (category ids 1, 3, 5,
-    ...)."""
+    """Writes the pose set described in the module docstring and returns its dataset yaml.
+
+    A folder already written with the same parameters is reused as is. With ``coco`` it also writes
+    {train,val}.json and coco.yaml (category ids 1, 3, 5, ...).
+    """
     if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
         raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
     height, width = (int(image_size),) * 2 if np.ndim(image_size) == 0 else (int(v) for v in image_size)

@@ -57,7 +57,7 @@ _MARKER = "synthetic.json"  # the parameters the folder was generated with (writ
 
 
 def synthetic_class_names(num_classes: int = 3) -> list[str]:
-    """Class names of a synthetic dataset with ``num_classes`` classes."""
+    """Returns the class names of a synthetic dataset with ``num_classes`` classes."""
     if not 1 <= num_classes <= len(SYNTHETIC_CLASS_NAMES):
         raise ValueError(f"num_classes must be 1..{len(SYNTHETIC_CLASS_NAMES)}, got {num_classes}")
     return list(SYNTHETIC_CLASS_NAMES[:num_classes])
@@ -121,8 +121,11 @@ def _write_split(
 
 
 def _labelled_with_outlines(task: str) -> Callable | None:
-    """The painter of ``task``'s set when it is labelled with outlines (shapes and their polygons, or rotated
-    elongated shapes and their oriented boxes' corners), None for boxes; a clear error for a task it cannot label."""
+    """Returns the painter of a task's set when it is labelled with outlines, None for boxes.
+
+    Outlines are shapes and their polygons, or rotated elongated shapes and their oriented boxes' corners.
+    A task it cannot label gets a clear error.
+    """
     fields = get_task(task).label_fields
     samplers = {(): None, (Polygons,): outlines_sample, (ObbCorners,): oriented_sample}
     if fields not in samplers:
@@ -145,7 +148,7 @@ def make_synthetic_dataset(
     coco: bool = False,
     task: str = "detect",
 ) -> Path:
-    """Write the dataset (module docstring) and return the path of its YOLO dataset yaml.
+    """Writes the dataset described in the module docstring and returns the path of its YOLO dataset yaml.
 
     ``image_size`` is an int or (height, width). With ``coco=True`` the same images are also
     described by ``train.json``/``val.json`` (category ids 1, 3, 5, ...: deliberately not
@@ -189,6 +192,6 @@ def make_synthetic_dataset(
 
 
 def make_synthetic_coco(out_dir: str | Path, **kwargs) -> Path:
-    """Same as ``make_synthetic_dataset(coco=True)`` but returns the COCO dataset yaml."""
+    """Writes the dataset as make_synthetic_dataset(coco=True) does, but returns the COCO dataset yaml."""
     make_synthetic_dataset(out_dir, coco=True, **kwargs)
     return Path(out_dir) / SYNTHETIC_COCO_YAML

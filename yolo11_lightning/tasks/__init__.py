@@ -1,4 +1,6 @@
-"""The YOLO11 tasks: one ``Task`` per task (``tasks.base`` is the contract every layer reads), one line each here.
+"""The YOLO11 tasks, one Task each, registered here in one line apiece.
+
+``tasks.base`` is the contract every layer reads.
 
 A new task is its own files (a ``Task`` subclass and what it needs: head, loss, label fields, metric) and one
 entry in ``TASKS`` below; nothing else in the package names it (ARCHITECTURE.md, "A task").
@@ -28,7 +30,7 @@ DEFAULT_TASK = "detect"  # the task of configs and weights files that name none
 
 
 def get_task(name: str) -> Task:
-    """The task named ``name``; a clear error listing the known ones otherwise."""
+    """Returns the task named ``name``; a clear error lists the known ones otherwise."""
     task = TASKS.get(name)
     if task is None:
         raise ValueError(f"unknown YOLO11 task {name!r}; choose one of {', '.join(TASKS)}")
@@ -42,5 +44,8 @@ def create_model(
     task: str = "detect",
     kpt_shape: Sequence[int] | None = None,
 ) -> YOLO11:
-    """A freshly initialised YOLO11 of ``task`` (``kpt_shape`` (K, D): pose only, (17, 3) when None)."""
+    """Builds a freshly initialised YOLO11 of ``task``.
+
+    ``kpt_shape`` (K, D) is for pose only, (17, 3) when None.
+    """
     return YOLO11(scale, num_classes, names, head=get_task(task).head_spec(kpt_shape))

@@ -1,4 +1,4 @@
-"""Object detection: boxes and classes; every behaviour is the task contract's default (``tasks.base``)."""
+"""Object detection, boxes and classes: every behaviour is the task contract's default from tasks.base."""
 
 from __future__ import annotations
 

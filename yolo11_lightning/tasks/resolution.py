@@ -31,7 +31,7 @@ __all__ = ["TaskClaim", "TaskError", "resolve_task", "task_words"]
 
 
 class TaskError(UserInputError):
-    """Two sources of a run's task that disagree, or a task that is not supported (yet)."""
+    """Two sources of a run's task that disagree, or a task that is not supported yet."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class TaskClaim:
 
 
 def task_words(task: str) -> str:
-    """How messages name ``task``'s models and datasets: detection, segmentation, keypoint (pose), ..."""
+    """Names a task's models and datasets in messages: detection, segmentation, keypoint (pose), ..."""
     spec = TASKS.get(task)
     return spec.words if spec is not None else task
 
@@ -52,7 +52,10 @@ def task_words(task: str) -> str:
 def resolve_task(
     named: Sequence[TaskClaim], weights: TaskClaim | None = None, dataset: TaskClaim | None = None
 ) -> str:
-    """The run's task from its sources (module docstring); raises TaskError naming two that disagree."""
+    """Resolves the run's task from its sources; raises TaskError naming two that disagree.
+
+    The module docstring lists the sources.
+    """
     for other in named[1:]:
         if other.task != named[0].task:
             raise TaskError(

@@ -29,7 +29,7 @@ TEMP_MARK = ".tmp-"
 
 
 def atomic_torch_save(obj: Any, path: str | os.PathLike[str]) -> None:
-    """``torch.save(obj, path)`` that never leaves a partial file under ``path``.
+    """Saves like torch.save(obj, path) but never leaves a partial file under ``path``.
 
     Streams into ``.<name>.tmp-<pid>`` in the same folder (no second in-memory copy of the checkpoint),
     fsyncs it, ``os.replace``-s it over ``path`` (atomic within one POSIX filesystem) and fsyncs the
@@ -68,7 +68,7 @@ def _is_local(path: str) -> bool:
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
-    """``TorchCheckpointIO`` whose local writes are atomic (``atomic_torch_save``).
+    """TorchCheckpointIO whose local writes are atomic (``atomic_torch_save``).
 
     Remote URLs (``s3://``, ``gs://``, ...) keep Lightning's implementation: object stores publish an
     object only once its upload completes. Loading and removal are Lightning's.
@@ -89,8 +89,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         map_location: Any | None = lambda storage, loc: storage,
         weights_only: bool | None = None,
     ) -> dict[str, Any]:
-        """Load with the checks of ``model_files.torch_file.load`` (archive, claimed sizes, restricted unpickler), then
-        torch's ``weights_only=True`` loader on the same open file; CheckpointError naming the file.
+        """Loads a checkpoint with torch's weights-only loader after model_files.torch_file.load's checks.
+
+        The checks are the archive, the claimed sizes and a restricted unpickler; then ``weights_only=True``
+        loads the same open file. Errors are a CheckpointError naming the file.
 
         ``weights_only=False`` passed explicitly (a caller that trusts the file) and ``http(s)`` URLs keep
         Lightning's loader.
@@ -110,13 +112,13 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 
 def use_atomic_checkpoints(trainer: L.Trainer) -> None:
-    """Give ``trainer`` an ``AtomicCheckpointIO`` unless a custom checkpoint IO was configured."""
+    """Gives the trainer an AtomicCheckpointIO unless a custom checkpoint IO was configured."""
     if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
         trainer.strategy.checkpoint_io = AtomicCheckpointIO()
 
 
 def _checkpoint_folders(trainer: L.Trainer, callback: ModelCheckpoint) -> list[Path]:
-    """Every folder ``callback`` writes to, over all logger versions (a restart starts a new version)."""
+    """Lists every folder ``callback`` writes to, over all logger versions; a restart starts a new version."""
     if callback.dirpath is not None:
         return [Path(str(callback.dirpath))]
     if trainer.loggers:
@@ -128,7 +130,7 @@ def _checkpoint_folders(trainer: L.Trainer, callback: ModelCheckpoint) -> list[P
 
 
 def find_last_checkpoint(trainer: L.Trainer) -> str | None:
-    """The newest ``last*.ckpt`` of this run's checkpoint callbacks (or SLURM ``hpc_ckpt_*.ckpt``), if any.
+    """Finds the newest last*.ckpt of this run's checkpoint callbacks, or SLURM's hpc_ckpt_*.ckpt, if any.
 
     Lightning's own ``ckpt_path="last"`` only looks in the *current* logger version's folder; after a
     restart the logger opens a new version, so it finds nothing and silently starts over. This looks in

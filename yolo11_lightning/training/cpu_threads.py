@@ -33,16 +33,20 @@ BRIEF_SPINS = 1000  # spins before a waiting thread sleeps: ~1-2 us (GNU OpenMP'
 
 
 def spin_briefly() -> None:
-    """Set ``GOMP_SPINCOUNT`` to ``BRIEF_SPINS`` for this process and its children (DDP ranks, loader workers),
-    unless the environment already sets a wait policy or torch (and so OpenMP) is already loaded: call it before
-    importing torch."""
+    """Sets GOMP_SPINCOUNT to BRIEF_SPINS for this process and its children; call it before importing torch.
+
+    The children are DDP ranks and loader workers. Nothing is set when the environment already sets a wait
+    policy or torch, and so OpenMP, is already loaded.
+    """
     if "torch" not in sys.modules and WAIT_POLICY not in os.environ and SPIN_COUNT not in os.environ:
         os.environ[SPIN_COUNT] = str(BRIEF_SPINS)
 
 
 def openmp_waits_briefly() -> bool:
-    """Whether waiting OpenMP threads in this process sleep at once or after a brief spin: ``OMP_WAIT_POLICY``
-    passive, or (no policy) ``GOMP_SPINCOUNT`` of at most ``BRIEF_SPINS``."""
+    """Tells whether waiting OpenMP threads in this process sleep at once or after a brief spin.
+
+    They do with OMP_WAIT_POLICY passive, or, without a policy, a GOMP_SPINCOUNT of at most BRIEF_SPINS.
+    """
     policy = os.environ.get(WAIT_POLICY, "").strip().lower()
     if policy in ("passive", "active"):
         return policy == "passive"
@@ -53,8 +57,10 @@ def openmp_waits_briefly() -> bool:
 
 
 def training_threads(cpus: int, local_processes: int, loader_workers: int, brief_waits: bool) -> int:
-    """Torch threads for one training process: its share of ``cpus`` among ``local_processes`` ranks; with
-    spinning waits (``brief_waits=False``) minus its ``loader_workers`` (each a single-threaded process); at
-    least 1."""
+    """Returns the torch threads for one training process: its share of ``cpus`` among the local ranks.
+
+    With spinning waits (``brief_waits=False``) its ``loader_workers``, each a single-threaded process, are
+    subtracted; at least 1.
+    """
     share = cpus // max(local_processes, 1)
     return max(1, share if brief_waits else share - max(loader_workers, 0))

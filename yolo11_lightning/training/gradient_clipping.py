@@ -15,8 +15,10 @@ from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 
 
 def clip_fused_under_mixed_precision(plugin: Precision, optimizer: Any, clip: float) -> bool:
-    """Clip the gradients' norm to ``clip`` when ``optimizer`` is fused and ``plugin`` mixed precision; False
-    (nothing done: Lightning's own clipping applies) otherwise."""
+    """Clips the gradients' norm to ``clip`` when the optimiser is fused and the plugin mixed precision.
+
+    Otherwise returns False and does nothing: Lightning's own clipping applies.
+    """
     torch_optimizer = getattr(optimizer, "optimizer", optimizer)
     if not isinstance(plugin, MixedPrecision) or not getattr(
         torch_optimizer, "_step_supports_amp_scaling", False

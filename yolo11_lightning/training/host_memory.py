@@ -29,7 +29,7 @@ _applied = False
 
 
 def keep_freed_host_memory() -> bool:
-    """Stop glibc's malloc from returning freed memory to the OS (no mmap'ed chunks, no heap trimming).
+    """Stops glibc's malloc from returning freed memory to the OS: no mmap'ed chunks, no heap trimming.
 
     Returns True when the settings are in effect (now or from an earlier call), False where they do not
     apply (not Linux with glibc) or glibc refused them. Safe to call many times and from any rank.

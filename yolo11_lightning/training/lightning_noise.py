@@ -16,7 +16,7 @@ class _WithoutCloudTips(logging.Filter):
 
 
 def silence_lightning_noise() -> None:
-    """Install the filters (once, when ``training.module`` is imported)."""
+    """Installs the filters once, when training.module is imported."""
     # Lightning advises sync_dist=True for epoch-level logs under DDP; the evaluation metrics are global already.
     warnings.filterwarnings(
         "ignore", message=r"It is recommended to use `self\.log\('(val|test)/", category=PossibleUserWarning

@@ -30,12 +30,12 @@ CODE_VERSION_KEY = "yolo11_lightning"  # checkpoint["yolo11_lightning"], hparams
 
 
 def with_code_version(params: dict[str, Any] | Namespace) -> dict[str, Any]:
-    """``params`` plus ``{"yolo11_lightning": {"version", "git_revision"}}``."""
+    """Adds {"yolo11_lightning": {"version", "git_revision"}} to ``params``."""
     return {**_convert_params(params), CODE_VERSION_KEY: code_version()}
 
 
 class RunCSVLogger(CSVLogger):
-    """``CSVLogger`` whose ``hparams.yaml`` also names the code version, and that appends to the
+    """CSVLogger whose ``hparams.yaml`` also names the code version, and that appends to the
     ``metrics.csv`` of a resumed run (Lightning's writer deletes the file it finds in its folder)."""
 
     @property
@@ -63,7 +63,7 @@ class RunCSVLogger(CSVLogger):
 
 
 class RunTensorBoardLogger(TensorBoardLogger):
-    """``TensorBoardLogger`` that writes into the version folder of ``follow`` (a CSV logger with the same
+    """TensorBoardLogger that writes into the version folder of ``follow`` (a CSV logger with the same
     ``save_dir`` and ``name``) instead of picking its own next version; hparams name the code version."""
 
     def __init__(self, follow: CSVLogger, **kwargs: Any) -> None:
@@ -90,7 +90,7 @@ def tensorboard_available() -> bool:
 def default_loggers(
     save_dir: str | os.PathLike[str] | None = None, name: str = "lightning_logs", version: str | None = None
 ) -> list[Logger]:
-    """``[RunCSVLogger]`` plus a ``RunTensorBoardLogger`` into the same folder when TensorBoard is installed.
+    """Returns [RunCSVLogger], plus a RunTensorBoardLogger into the same folder when TensorBoard is installed.
 
     ``save_dir``: the trainer's ``default_root_dir`` (the working folder when ``None``, as Lightning);
     ``<save_dir>/<name>/<version>``, the next ``version_N`` when ``version`` is ``None``.
@@ -103,9 +103,12 @@ def default_loggers(
 
 
 def evaluation_folder(command: str, ckpt_path: Any) -> str | None:
-    """Where ``validate``/``test`` of a training run's checkpoint write: ``<run>/<command>`` for a checkpoint at
-    ``<run>/checkpoints/x.ckpt``, beside the run's own files instead of a new ``version_N`` that reads as another
-    training run. ``None`` for any other command or checkpoint (the default place)."""
+    """Returns where validate or test of a training run's checkpoint write, beside the run's own files.
+
+    For a checkpoint at ``<run>/checkpoints/x.ckpt`` that is ``<run>/<command>``, instead of a new
+    ``version_N`` that reads as another training run. None for any other command or checkpoint: the default
+    place.
+    """
     if command not in ("validate", "test") or not ckpt_path or not os.path.isfile(str(ckpt_path)):
         return None
     folder = os.path.dirname(os.path.abspath(str(ckpt_path)))

@@ -17,7 +17,7 @@ from yolo11_lightning.training.pretrained import load_pretrained, weights_task_c
 
 
 def module_task(weights: str | None, num_classes: int, task: str | None) -> tuple[str, OnnxDetector | None]:
-    """The module's task, and the ONNX Runtime detector when ``weights`` is an exported ``.onnx`` file."""
+    """Returns the module's task, and the ONNX Runtime detector when ``weights`` is an exported .onnx file."""
     if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
         onnx = OnnxDetector(weights, num_classes, task=task)  # task None: the file's
         return onnx.task, onnx
@@ -28,7 +28,7 @@ def module_task(weights: str | None, num_classes: int, task: str | None) -> tupl
 
 
 def check_model_options(scale: str, num_classes: int, class_names: list[str] | None) -> None:
-    """Refuse class names that do not match the class count, and a scale YOLO11 does not have (one line)."""
+    """Refuses class names that do not match the class count and a scale YOLO11 does not have, in one line."""
     if class_names is not None and len(class_names) != num_classes:
         raise UserInputError(f"class_names has {len(class_names)} names but num_classes is {num_classes}")
     if scale not in SCALES:
@@ -45,8 +45,11 @@ def starting_model(
     weights_strict: bool,
     channels_last: bool,
 ) -> torch.nn.Module:
-    """The model a module starts from: the fresh ``network`` with ``weights`` loaded (what fits unless
-    ``weights_strict``), or ``onnx`` when given; in the NHWC layout with ``channels_last``."""
+    """Returns the model a module starts from: the fresh network with its weights, or ``onnx`` when given.
+
+    The weights load what fits unless ``weights_strict``; with ``channels_last`` the model is in the NHWC
+    layout.
+    """
     network.names = list(class_names) if class_names is not None else None
     model = network
     if onnx is not None:

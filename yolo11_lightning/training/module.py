@@ -180,7 +180,7 @@ class YOLO11Module(L.LightningModule):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> YOLO11Module:
-        """Lightning's ``load_from_checkpoint``, after the file passed the guarded reader.
+        """Loads a module with Lightning's load_from_checkpoint after the file passed the guarded reader.
 
         Lightning reads the file with its own loader, not the strategy's checkpoint IO; the guard
         (``model_files.torch_file.load``: archive layout, claimed sizes, restricted unpickler) refuses a crafted file
@@ -214,22 +214,24 @@ class YOLO11Module(L.LightningModule):
             keep_freed_host_memory()
 
     def log(self, name: str, value: Any, *args: Any, **kwargs: Any) -> None:
-        """``LightningModule.log``, which does nothing under ``Trainer(barebones=True)`` (Lightning refuses every
-        call there); our callbacks log through it too."""
+        """Logs like LightningModule.log, but does nothing under Trainer(barebones=True).
+
+        Lightning refuses every call there; our callbacks log through it too.
+        """
         if self._trainer is not None and self._trainer.barebones:
             return
         super().log(name, value, *args, **kwargs)
 
     def global_batch_size(self) -> int:
-        """Images per training batch over all devices (the DataModule's ``batch_size``)."""
+        """Returns the images per training batch over all devices, the DataModule's batch_size."""
         return global_batch_size(self.trainer)
 
     def accumulation(self) -> int:
-        """Batches per optimiser step under the nominal-batch rule."""
+        """Returns the batches per optimiser step under the nominal-batch rule."""
         return nominal_accumulation(self.global_batch_size(), self.recipe.nominal_batch)
 
     def num_train_samples(self) -> int | None:
-        """Images in the training set, when the DataModule tells (needed by ``optimizer: auto``)."""
+        """Returns the training set's image count if the DataModule tells; ``optimizer: auto`` needs it."""
         return getattr(getattr(self.trainer, "datamodule", None), "num_train_samples", None)
 
     def configure_callbacks(self) -> list[Callback]:
@@ -265,17 +267,17 @@ class YOLO11Module(L.LightningModule):
 
     # --------------------------------------------------------------------------------------- training
     def forward(self, images: Tensor) -> Any:
-        """Run the detector on float images in [0, 1] (B, 3, H, W)."""
+        """Runs the detector on float (B, 3, H, W) images in [0, 1]."""
         return self.model(images)
 
     @staticmethod
     def to_float(images: Tensor) -> Tensor:
-        """uint8 (B, 3, H, W) batch -> float in [0, 1], on the device it already is."""
+        """Converts a uint8 (B, 3, H, W) batch to float in [0, 1] on the device it already is on."""
         # One kernel (the uint8 -> float cast happens inside the division): no float copy to divide again.
         return images / 255 if images.dtype == torch.uint8 else images
 
     def model_input(self, images: Tensor) -> Tensor:
-        """The batch's uint8 images as the detector's float input, in its memory layout.
+        """Converts the batch's uint8 images to the detector's float input, in its memory layout.
 
         Loader batches are channels-last already (``structures.batch.stack_images``): no copy then. Any reorder
         happens while still uint8, 4x fewer bytes to shuffle than in float.
@@ -300,8 +302,9 @@ class YOLO11Module(L.LightningModule):
     def optimizer_step(
         self, epoch: int, batch_idx: int, optimizer: Any, optimizer_closure: Any = None
     ) -> None:
-        """Step, unless a loss of this step's batches was NaN/inf on any rank: then every rank skips it
-        (``training.nonfinite_steps``); ``train/skipped_steps`` counts the skipped steps.
+        """Steps, unless a loss of this step's batches was NaN or inf on any rank: then every rank skips it.
+
+        The guard lives in training.nonfinite_steps; ``train/skipped_steps`` counts the skipped steps.
 
         The closure (training_step + backward; DDP's gradient all-reduce runs there on every rank) is run
         first, so the decision comes between backward and the update.
@@ -320,17 +323,23 @@ class YOLO11Module(L.LightningModule):
         self.step_log.publish(step)
 
     def settle_step_exchange(self) -> None:
-        """Read what the last optimiser step published (flags summed over ranks, the guard's counters):
-        warns about a skipped step, raises ``NonFiniteLossError`` at the limit. Called at every step and before
-        checkpoints and epoch ends (``training.callbacks.checkpoints``); reading a step twice does nothing more."""
+        """Reads what the last optimiser step published: warns about a skipped step, raises at the limit.
+
+        The step published the flags summed over ranks and the guard's counters; at the limit it raises
+        ``NonFiniteLossError``. Called at every step and before checkpoints and epoch ends
+        (training.callbacks.checkpoints); reading a step twice does nothing more.
+        """
         self.step_log.settle(self.trainer.is_global_zero)
 
     def on_train_epoch_start(self) -> None:
         self.step_log.start_epoch()
 
     def epoch_loss_means(self) -> dict[str, float]:
-        """This epoch's training loss items (``train/<name>_loss``), averaged over the steps they were logged at
-        (every ``log_every_n_steps`` and the epoch's last; they are read back on those steps only)."""
+        """Returns this epoch's training loss items, averaged over the steps they were logged at.
+
+        The items are ``train/<name>_loss``, logged every ``log_every_n_steps`` and on the epoch's last step;
+        they are read back on those steps only.
+        """
         return self.step_log.epoch_loss_means(self.task.loss_items)
 
     def on_train_start(self) -> None:
@@ -348,21 +357,25 @@ class YOLO11Module(L.LightningModule):
 
     # ------------------------------------------------------------------------------------- evaluation
     def forward_with_nms(self, images: Tensor) -> list[Tensor]:
-        """uint8 (B, 3, H, W) images -> per image (n, 6 + extra) detections in input pixels (the task's NMS)."""
+        """Detects on uint8 (B, 3, H, W) images by the task's NMS: (n, 6 + extra) per image, input pixels."""
         return self.task.nms(self, self.model(self.model_input(images)))
 
     def _evaluate(self, batch: DetectionBatch, metric: DetectionMAP) -> dict[str, Any]:
         return self.task.evaluate(self, batch, metric)  # {"detections": ...}: ValidationImages draws these
 
     def keep_evaluations(self) -> None:
-        """Make validation and test keep what they scored, for ``class_results`` (the result pictures and the
-        closing summary ask for it on rank 0; other ranks keep nothing)."""
+        """Makes validation and test keep what they scored, for class_results.
+
+        The result pictures and the closing summary ask for it on rank 0; other ranks keep nothing.
+        """
         for metric in (self.val_map, self.test_map):
             metric.keep_evaluation = True
 
     def class_results(self, split: str) -> ClassResults | None:
-        """Per-class results of the newest ``val`` or ``test`` evaluation (``metrics.class_results``); None when
-        none finished since ``keep_evaluations``. Computed once per evaluation."""
+        """Returns the per-class results of the newest val or test evaluation, computed once per evaluation.
+
+        They come from metrics.class_results; None when no evaluation finished since keep_evaluations.
+        """
         evaluation = (self.val_map if split == "val" else self.test_map).evaluation
         if evaluation is None:
             return None
@@ -397,6 +410,9 @@ class YOLO11Module(L.LightningModule):
         metric.reset()
 
     def predict_step(self, batch: ImageBatch, batch_idx: int) -> list[Any]:
-        """Per image, in original image pixels: detection, an (n, 6) tensor ``[x1, y1, x2, y2, score, class]``;
-        segmentation, ``{"detections": (n, 6), "masks": (n, h0, w0) bool}`` (``tasks.SegmentTask.predict``)."""
+        """Predicts one batch: per image, the task's predictions in original image pixels.
+
+        For detection an (n, 6) tensor ``[x1, y1, x2, y2, score, class]``; for segmentation
+        ``{"detections": (n, 6), "masks": (n, h0, w0) bool}`` (``tasks.SegmentTask.predict``).
+        """
         return self.task.predict(self, batch)

@@ -50,7 +50,7 @@ class NonFiniteStepGuard:
         self._counters: Tensor | None = None  # device (3,): [last step skipped, skipped, in a row]
 
     def observe(self, loss_terms: Tensor) -> None:
-        """Record one micro-batch's loss terms (any shape); stays on the device, no host sync."""
+        """Records one micro-batch's loss terms of any shape; stays on the device, without a host sync."""
         bad = ~torch.isfinite(loss_terms.detach()).all()
         if self._restored_window:
             bad = torch.ones_like(bad)
@@ -58,7 +58,7 @@ class NonFiniteStepGuard:
         self._window = bad if self._window is None else self._window | bad
 
     def close_window(self) -> Tensor | None:
-        """The flag of the optimiser step now due (float 0/1 on the device); None if nothing was observed.
+        """Returns the due optimiser step's flag, a float 0/1 on the device; None if nothing was observed.
 
         Advances the device counters as if the step were skipped when the flag is 1.
         """
@@ -76,7 +76,7 @@ class NonFiniteStepGuard:
         return flag
 
     def counters(self) -> Tensor | None:
-        """Device (3,) ``[last step skipped, skipped, skipped in a row]`` after the last ``close_window``."""
+        """Returns the (3,) device counters [last skipped, skipped, skipped in a row] as of close_window."""
         return self._counters
 
     def read(self, counters: list[float]) -> bool:
@@ -91,7 +91,7 @@ class NonFiniteStepGuard:
         return last
 
     def should_skip(self) -> bool:
-        """Close the window and decide at once: one host read (optimisers that cannot take ``found_inf``)."""
+        """Closes the window and decides at once by a host read, for optimisers that cannot take found_inf."""
         if self.close_window() is None:
             return False
         return self.read(self._counters.tolist())
@@ -114,9 +114,11 @@ class NonFiniteStepGuard:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Counters, and whether the open accumulation window (one carried over an epoch end) saw a
-        non-finite loss: a resume then skips that window's step as the uninterrupted run would.
-        (Reads the device: for checkpoints, not for every step.)"""
+        """Returns the counters, and whether the open accumulation window saw a non-finite loss.
+
+        The open window may be one carried over an epoch end; a resume then skips that window's step as the
+        uninterrupted run would. It reads the device: for checkpoints, not for every step.
+        """
         if self._counters is not None:
             _, skipped, consecutive = self._counters.tolist()
             self.skipped, self.consecutive = int(skipped), int(consecutive)
@@ -137,8 +139,9 @@ class NonFiniteStepGuard:
 def step_unless_nonfinite(
     guard: NonFiniteStepGuard, optimizer: Any, scaler: Any, closure: Callable[[], Any]
 ) -> bool:
-    """Step ``optimizer`` unless a loss of this step's batches was NaN/inf on any rank; True when the step was
-    skipped by a host decision (the caller warns then).
+    """Steps the optimiser unless a loss of this step's batches was NaN or inf on any rank.
+
+    Returns True when the step was skipped by a host decision; the caller warns then.
 
     The flag stays on the device: the optimiser gets it as ``found_inf`` (PyTorch's fused SGD/AdamW skip the
     update on it, as under a GradScaler), and under a GradScaler (``scaler``) a skipped step's gradients are
@@ -166,8 +169,11 @@ def step_unless_nonfinite(
 
 
 def poison_gradients(optimizer: torch.optim.Optimizer, flag: Tensor) -> None:
-    """Add inf to every gradient when ``flag`` is 1 (0 otherwise): a GradScaler then skips the step by its own
-    check, on the device. One fused add over the gradients per step (a few microseconds on a GPU)."""
+    """Adds inf to every gradient when ``flag`` is 1, so a GradScaler skips the step by its own check.
+
+    Nothing is added when it is 0. The check stays on the device: one fused add over the gradients per step, a
+    few microseconds on a GPU.
+    """
     grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
     if grads:
         torch._foreach_add_(grads, torch.where(flag > 0, float("inf"), 0.0))

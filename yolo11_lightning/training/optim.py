@@ -26,7 +26,7 @@ _NORM_TYPES = tuple(
 
 
 def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """Split trainable parameters into (biases, norm weights, other weights).
+    """Splits trainable parameters into biases, norm weights and other weights.
 
     Biases and norm weights get no weight decay; only the third group (conv/linear weights) decays.
     """
@@ -45,7 +45,7 @@ def parameter_groups(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Para
 
 
 def nominal_accumulation(global_batch: int, nominal_batch: int = 64) -> int:
-    """Batches accumulated per optimiser step so that each step sees about ``nominal_batch`` images."""
+    """Returns the batches accumulated per optimiser step so each step sees about ``nominal_batch`` images."""
     return max(round(nominal_batch / global_batch), 1)
 
 
@@ -73,7 +73,7 @@ class OptimizerRecipe:
     warmup_target_momentum: float | None = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Plain values for a checkpoint (``from_state_dict`` reads them back)."""
+        """Returns plain values for a checkpoint; from_state_dict reads them back."""
         return dict(self.__dict__)
 
     @classmethod
@@ -82,11 +82,11 @@ class OptimizerRecipe:
         return cls(**{k: v for k, v in state.items() if k in known})
 
     def describe(self) -> str:
-        """One line for logs: ``SGD(lr0=0.01, momentum=0.937, warmup_bias_lr=0.1)``."""
+        """Describes the recipe in one line for logs: SGD(lr0=0.01, momentum=0.937, warmup_bias_lr=0.1)."""
         return f"{self.name}(lr0={self.lr0:g}, momentum={self.momentum:g}, warmup_bias_lr={self.warmup_bias_lr:g})"
 
     def resolve(self, global_batch: int, num_classes: int, total_iterations: int) -> OptimizerRecipe:
-        """Concrete optimiser for this run: ``auto`` chosen, LR scaled by the batch rule.
+        """Returns the concrete optimiser for this run: auto chosen, the LR scaled by the batch rule.
 
         ``auto`` follows the reference trainer: with ``total_iterations = ceil(train images / max(global
         batch, nominal batch)) * epochs``, SGD(lr0 0.01, momentum 0.9) when it exceeds 10,000, else
@@ -111,8 +111,11 @@ class OptimizerRecipe:
 def choose_recipe(
     recipe: OptimizerRecipe, global_batch: int, num_classes: int, num_samples: int | None, max_epochs: int
 ) -> tuple[OptimizerRecipe, str]:
-    """The concrete recipe of a run (``auto`` decided from the training-set size, batch and epochs) and the log
-    line that says what was chosen. ``num_samples`` None (not told) is refused for ``auto`` (one line)."""
+    """Chooses a run's concrete recipe and the log line that says what was chosen.
+
+    ``auto`` is decided from the training-set size, batch and epochs; with ``num_samples`` None (not told) it
+    is refused in one line.
+    """
     if recipe.name != "auto":
         resolved = recipe.resolve(global_batch, num_classes, total_iterations=0)
         return resolved, f"optimizer: {resolved.describe()}"
@@ -134,7 +137,7 @@ def choose_recipe(
 
 
 def build_optimizer(model: nn.Module, recipe: OptimizerRecipe, global_batch: int) -> torch.optim.Optimizer:
-    """Optimiser with the three reference groups, in the order biases, decayed weights, norm weights.
+    """Builds the optimiser with the three reference groups: biases, decayed weights, norm weights.
 
     Group 0 must be the biases: the warmup ramps its LR from ``warmup_bias_lr`` down to lr0.
     Weight decay is scaled by the images per optimiser step over the nominal batch.
@@ -174,8 +177,10 @@ _FUSED_DEVICES = ("cuda", "cpu", "xpu", "mps")
 
 
 def _fused_kernels_for(params: list[nn.Parameter]) -> bool | None:
-    """True when every parameter is a float tensor on a device with fused kernels (else None: PyTorch's
-    default, foreach)."""
+    """Tells whether every parameter is a float tensor on a device with fused kernels: True, else None.
+
+    None keeps PyTorch's default, foreach.
+    """
     devices = {*_FUSED_DEVICES, torch._C._get_privateuse1_backend_name()}
     ok = all(
         p.device.type in devices and p.dtype in (torch.float32, torch.float16, torch.bfloat16) for p in params
@@ -202,7 +207,7 @@ class WarmupSchedule:
             self.warmup_iters = -1
 
     def lr_factor(self, epoch: int) -> float:
-        """Multiplier of lr0 for a (0-based) epoch."""
+        """Returns the multiplier of lr0 for a 0-based epoch."""
         x, lrf, epochs = epoch, self.recipe.lrf, self.max_epochs
         if self.recipe.cos_lr:
             return ((1 - math.cos(x * math.pi / epochs)) / 2) * (lrf - 1) + 1
@@ -215,7 +220,7 @@ class WarmupSchedule:
         return self.recipe.momentum if target is None else target
 
     def values(self, batch_index: int, epoch: int, num_groups: int) -> tuple[list[float], float | None]:
-        """(LR of each group, SGD momentum) for global batch ``batch_index`` (counted from the run's start).
+        """Returns each group's LR and the SGD momentum at the run's global batch ``batch_index``.
 
         Momentum is None when the optimiser keeps its own (no warmup): the reference sets it only while
         warming up, so afterwards it stays at the warmup's last value (``target_momentum``).
@@ -232,7 +237,7 @@ class WarmupSchedule:
         return lrs, momentum
 
     def accumulation(self, batch_index: int, global_batch: int) -> int:
-        """Batches per optimiser step at global batch ``batch_index``.
+        """Returns the batches per optimiser step at global batch ``batch_index``.
 
         As the reference: 1 at the start, rising to nominal_batch / global_batch over the warmup (more,
         smaller steps while the LR ramps up), then the nominal-batch count.

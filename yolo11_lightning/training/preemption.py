@@ -60,7 +60,7 @@ class TrainingPreempted(SystemExit):
 
 
 def signal_name(signum: int) -> str:
-    """``SIGTERM``, ``SIGUSR1``; ``Ctrl-C (SIGINT)`` for the one a user sends from the terminal."""
+    """Names a signal: SIGTERM, SIGUSR1; "Ctrl-C (SIGINT)" for the one a user sends from the terminal."""
     name = signal.Signals(signum).name
     return f"Ctrl-C ({name})" if signum == signal.SIGINT else name
 
@@ -91,7 +91,7 @@ class StopRequest:
                 os._exit(128 + signum)
 
     def install(self) -> None:
-        """Take over the stop signals (main thread only; elsewhere a no-op). Idempotent."""
+        """Takes over the stop signals on the main thread, idempotently; elsewhere it does nothing."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum in self.signals:
@@ -101,7 +101,7 @@ class StopRequest:
                 signal.signal(signum, self._handle)
 
     def uninstall(self) -> None:
-        """Give the signals back to the handlers found at the first ``install``."""
+        """Gives the signals back to the handlers found at the first install."""
         if threading.current_thread() is not threading.main_thread():
             return
         for signum, handler in self._previous.items():
@@ -110,7 +110,9 @@ class StopRequest:
 
 
 def agree(local: list[float], device: torch.device) -> list[float]:
-    """Element-wise maximum of ``local`` over all ranks (itself when not distributed); one small all-reduce.
+    """Returns the element-wise maximum of ``local`` over all ranks by one small all-reduce.
+
+    Without distribution it returns ``local`` itself.
 
     Every rank must call it at the same point of the loop: callers use optimiser-step boundaries and the end
     of validation, which every rank reaches in the same order.
@@ -125,7 +127,7 @@ def agree(local: list[float], device: torch.device) -> list[float]:
 
 
 def requeue_slurm_job() -> None:
-    """``scontrol requeue <job>`` as Lightning's SLURM auto-requeue does (global rank 0 only)."""
+    """Requeues the job by scontrol requeue as Lightning's SLURM auto-requeue does, on global rank 0 only."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job_id = (
         f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ.get("SLURM_JOB_ID")

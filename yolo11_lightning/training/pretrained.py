@@ -20,13 +20,19 @@ __all__ = ["WeightsMismatchError", "load_pretrained", "weights_task_claim"]
 
 
 def load_pretrained(model: YOLO11, path: str | Path, strict: bool = True) -> tuple[int, list[str]]:
-    """``model_files.weights.load_pretrained`` with rank-zero messages; returns (tensors loaded, names not loaded)."""
+    """Loads pretrained weights with rank-zero messages; returns the tensors loaded and the names not loaded.
+
+    The loading is model_files.weights.load_pretrained.
+    """
     return _weights.load_pretrained(model, path, strict, info=rank_zero_info, warn=rank_zero_warn)
 
 
 def weights_task_claim(weights: str | Path) -> TaskClaim | None:
-    """What a weights file (our weights or checkpoint file, a reference ``.pt``) says the task is, read from its
-    header without loading its tensors (``file_task``); None when it says nothing (its loader reports why)."""
+    """Reads the task a weights file claims from its header, without loading its tensors.
+
+    The file is our weights or checkpoint file or a reference ``.pt``; the header is read by ``file_task``.
+    None when it says nothing; its loader reports why.
+    """
     task = file_task(weights)
     return (
         None

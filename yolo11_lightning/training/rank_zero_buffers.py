@@ -12,7 +12,7 @@ from lightning.pytorch.strategies import Strategy
 
 
 def use_rank_zero_buffers(model: torch.nn.Module, strategy: Strategy) -> None:
-    """Copy rank 0's buffers (BatchNorm statistics; the EMA's, when its callback swapped them in) into ``model``."""
+    """Copies rank 0's buffers into ``model``: BatchNorm statistics, or the EMA's if swapped in."""
     buffers = dict(model.named_buffers())
     rank_zero = strategy.broadcast({k: v.detach().cpu() for k, v in buffers.items()}, src=0)
     with torch.no_grad():

@@ -31,7 +31,7 @@ RESUMABLE_KEYS = frozenset(
 
 
 def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], seed: Any) -> dict[str, Any]:
-    """Flat ``{"model.x": v, "data.x": v, "seed_everything": s}`` without the resumable keys."""
+    """Flattens the run identity to {"model.x": v, "data.x": v, "seed_everything": s}, less resumable keys."""
     flat = {f"model.{k}": v for k, v in model_hparams.items()}
     flat.update({f"data.{k}": v for k, v in data_hparams.items()})
     flat["seed_everything"] = None if seed is None else int(seed)
@@ -39,7 +39,7 @@ def identity(model_hparams: Mapping[str, Any], data_hparams: Mapping[str, Any], 
 
 
 def differences(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``key: checkpoint value -> current value`` for every key that differs (missing counts as None)."""
+    """Lists "key: checkpoint value -> current value" for every key that differs; missing counts as None."""
     rows = []
     for key in sorted(set(saved) | set(current)):
         before, now = saved.get(key), current.get(key)
@@ -79,7 +79,7 @@ class CheckpointSummary:
         )
 
     def finished(self, max_epochs: int | None, max_steps: int) -> bool:
-        """Whether a run with these limits would have nothing left to train from this checkpoint."""
+        """Tells whether a run with these limits would have nothing left to train from this checkpoint."""
         if max_steps is not None and max_steps > 0 and self.global_step >= max_steps:
             return True
         return max_epochs is not None and max_epochs >= 0 and self.epochs_completed >= max_epochs

@@ -33,7 +33,7 @@ __all__ = ["RANK_FLAGS", "DeferredHostCopy", "StepExchange", "signal_flag"]
 
 
 def signal_flag(signum: int) -> str:
-    """The flag raised by a stop signal (``"signal_SIGTERM"``)."""
+    """Returns the flag a stop signal raises, such as "signal_SIGTERM"."""
     return f"signal_{signal.Signals(signum).name}"
 
 
@@ -73,7 +73,7 @@ class DeferredHostCopy:
 
 
 class StepExchange:
-    """One all-reduce per training micro-batch for the loss's summary and the ranks' flags (module docstring).
+    """One all-reduce per training micro-batch for the loss's summary and the ranks' flags; see the module.
 
     Args:
         flags: names of the host values summed over ranks (``RANK_FLAGS``).
@@ -94,14 +94,14 @@ class StepExchange:
 
     # ------------------------------------------------------------------------------------ set-up
     def connect(self) -> None:
-        """Use the default process group when one with more than one rank exists (call in ``setup``)."""
+        """Uses the default process group when one with more than one rank exists; call it in setup."""
         distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
         self.world_size = torch.distributed.get_world_size() if distributed else 1
         self.all_reduce = torch.distributed.all_reduce if self.world_size > 1 else None
 
     # ------------------------------------------------------------------------------------ host values
     def set(self, name: str, value: float) -> None:
-        """This rank's value of flag ``name`` (kept until changed; sent with the next exchange)."""
+        """Sets this rank's value of flag ``name``, kept until changed and sent with the next exchange."""
         value = float(value)
         if self._local[name] != value:
             self._local[name] = value
@@ -112,7 +112,7 @@ class StepExchange:
 
     # ------------------------------------------------------------------------------------ the exchange
     def sum_over_ranks(self, summary: Tensor) -> Tensor:
-        """The loss's ``sum_over_ranks``: ``summary`` summed over ranks; the flags travel with it."""
+        """Sums ``summary`` over ranks for the loss's sum_over_ranks; the flags travel with it."""
         if self.all_reduce is None:
             self._summed = None
             return summary
@@ -127,8 +127,9 @@ class StepExchange:
         return packed[: summary.numel()]
 
     def publish(self, extra: Tensor | None = None) -> None:
-        """At an optimiser-step boundary: start the copy of the newest sums (and ``extra``, device values such
-        as the non-finite guard's counters) to the host; ``advance`` reads them at the next boundary.
+        """Starts copying the newest sums to the host after an optimiser step; advance reads them one step on.
+
+        ``extra`` travels with them: device values such as the non-finite guard's counters.
 
         In one process the flags are this rank's host values, read as they are now: no device copy at all.
         """
@@ -150,7 +151,7 @@ class StepExchange:
         return [self.agreed[n] for n in self.names]
 
     def advance(self) -> bool:
-        """Make the values published at the previous boundary the ``agreed`` ones; False if none was."""
+        """Makes the values published at the previous boundary the agreed ones; False if none was."""
         if self._pending is None:
             return False
         flags, copy = self._pending
@@ -163,12 +164,12 @@ class StepExchange:
         return True
 
     def flush(self, extra: Tensor | None = None) -> None:
-        """Publish and read at once (a host read: for epoch ends, not the steady step)."""
+        """Publishes and reads at once, a host read for epoch ends, not the steady step."""
         self.publish(extra)
         self.advance()
 
     def reset(self) -> None:
-        """Forget what was exchanged (a new fit); this rank's host values are kept."""
+        """Forgets what was exchanged, for a new fit; this rank's host values are kept."""
         self._summed = None
         self._pending = None
         self._on_device = None

@@ -22,10 +22,13 @@ log = logging.getLogger(__name__)
 
 
 def logs_this_batch(trainer: L.Trainer) -> bool:
-    """Whether the loss items are read back and logged after this batch: on the optimiser steps Lightning's
-    loggers write (every ``log_every_n_steps``, Lightning's own rule ``should_update_logs``; every step under
-    ``fast_dev_run``), and on an epoch's last batch and the run's last step, so that the callbacks
-    (``EarlyStopping``, ``ModelCheckpoint`` on a training loss) always find the newest values there."""
+    """Tells whether the loss items are read back and logged after this batch.
+
+    They are on the optimiser steps Lightning's loggers write (every ``log_every_n_steps``, Lightning's own
+    rule ``should_update_logs``; every step under ``fast_dev_run``), and on an epoch's last batch and the
+    run's last step, so that the callbacks (``EarlyStopping``, ``ModelCheckpoint`` on a training loss) always
+    find the newest values there.
+    """
     if trainer.fast_dev_run:
         return True
     epoch_loop = trainer.fit_loop.epoch_loop
@@ -57,7 +60,7 @@ class StepLog:
         self.epoch_loss_reads = 0
 
     def start_fit(self) -> None:
-        """Nothing exchanged or warned about yet in this fit."""
+        """Starts a fit with nothing exchanged or warned about yet."""
         self.exchange.reset()
         self.published_step = self.warned_step = -1
 
@@ -65,13 +68,16 @@ class StepLog:
         self.epoch_loss_sums, self.epoch_loss_reads = [], 0
 
     def keep(self, items: Tensor, batch_images: int) -> None:
-        """This batch's loss items (device), logged after the optimiser step on log steps."""
+        """Keeps this batch's device loss items, logged after the optimiser step on log steps."""
         self.items, self.batch_images = items, batch_images
 
     def log_step(self, log_value: Callable[..., None], step: int, names: Sequence[str], warn: bool) -> None:
-        """Log the loss items (``train/<name>_loss``) and the skipped-step count of optimiser step ``step``: its
-        one host read, on the steps the loggers write. The progress bar and the loggers then hold host values (a
-        device value logged every step would be read back every step). ``warn``: this rank warns (rank 0)."""
+        """Logs the loss items and the skipped-step count of optimiser step ``step``, its one host read.
+
+        The items are ``train/<name>_loss``, logged on the steps the loggers write. The progress bar and the
+        loggers then hold host values (a device value logged every step would be read back every step). With
+        ``warn`` this rank, rank 0, warns.
+        """
         counters = self.guard.counters()
         parts = [self.items.detach().float().flatten(), *([counters.float()] if counters is not None else [])]
         host = torch.cat([p.to(parts[0].device) for p in parts]).cpu()
@@ -86,23 +92,25 @@ class StepLog:
             log_value("train/skipped_steps", torch.tensor(float(self.guard.skipped)), rank_zero_only=True)
 
     def publish(self, step: int) -> None:
-        """Start the exchange of optimiser step ``step``'s values (the guard's counters beside the flags)."""
+        """Starts the exchange of optimiser step ``step``'s values, the guard's counters beside the flags."""
         self.exchange.publish(self.guard.counters())
         self.published_step = step
 
     def settle(self, warn: bool) -> None:
-        """Read what the last optimiser step published: warn about a skipped step, raise ``NonFiniteLossError``
-        at the limit; reading a step twice does nothing more."""
+        """Reads what the last optimiser step published: warns about a skipped step, raises at the limit.
+
+        At the limit it raises ``NonFiniteLossError``; reading a step twice does nothing more.
+        """
         if self.exchange.advance() and self.exchange.extra:
             self.read_guard(self.exchange.extra, self.published_step, warn)
 
     def read_guard(self, counters: list[float], step: int, warn: bool) -> None:
-        """The guard's counters as of optimiser step ``step``, read on the host: warn once if it was skipped."""
+        """Reads the guard's counters of optimiser step ``step`` on the host; warns once if it was skipped."""
         if self.guard.read(counters) and step != self.warned_step:
             self.skipped(step, warn)
 
     def skipped(self, step: int, warn: bool) -> None:
-        """Optimiser step ``step`` was skipped: warn about it (on the warning rank)."""
+        """Warns, on the warning rank, that optimiser step ``step`` was skipped."""
         self.warned_step = step
         if warn:
             guard = self.guard
@@ -112,7 +120,7 @@ class StepLog:
             )  # fmt: skip
 
     def epoch_loss_means(self, names: Sequence[str]) -> dict[str, float]:
-        """This epoch's training loss items (``train/<name>_loss``), averaged over the steps they were read at."""
+        """Returns this epoch's loss items, train/<name>_loss, averaged over the steps they were read at."""
         if not self.epoch_loss_reads:
             return {}
         reads = self.epoch_loss_reads

@@ -9,7 +9,9 @@ from yolo11_lightning.errors import UserInputError
 
 
 def refuse_tuners(trainer: L.Trainer) -> None:
-    """Refuse Lightning's tuners (``LearningRateFinder``, ``BatchSizeFinder``, ``Tuner``), naming what to set.
+    """Refuses Lightning's tuners, naming what to set.
+
+    The tuners are ``LearningRateFinder``, ``BatchSizeFinder`` and ``Tuner``.
 
     Both change a setting while training runs, under assumptions this module does not meet: the learning rate
     follows the reference recipe step by step (warmup from ``warmup_bias_lr``, then ``lr0`` to ``lr0 * lrf``),

@@ -1,4 +1,4 @@
-"""The task contract: what every layer asks of a YOLO11 task, split by who asks (one facet per module).
+"""The task contract: what every layer asks of a YOLO11 task, split by who asks, one facet per module.
 
 A task (``tasks/detect.py``, ``tasks/<task>/``) is one ``Task`` made of its facets, registered by one line in
 ``tasks/__init__.py``; each facet's hooks and detection's answers are in the facet's module:

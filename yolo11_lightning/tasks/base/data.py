@@ -14,7 +14,7 @@ __all__ = ["TaskData"]
 
 
 class TaskData(TaskSamples):
-    """The data pipeline beyond the Dataset's samples: the task's hooks (module docstring)."""
+    """The data pipeline beyond the Dataset's samples: the task's hooks, listed in the module docstring."""
 
     # one label per image: the DataModule's samples are ``image_transform``'s, not the box pipeline's
     whole_image: ClassVar[bool] = False
@@ -25,23 +25,29 @@ class TaskData(TaskSamples):
     outline_labels: ClassVar[bool] = False
 
     def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> Any:
-        """A ``whole_image`` task's sample pipeline (``data.image_dataset.ImageDataset``): an object with
-        ``load_shape(h, w)``, ``fit(image)`` (what the loader keeps) and ``__call__(image, seed)`` (the sample,
-        (size, size, 3) uint8); ``options``: the data module's augmentation settings."""
+        """Returns a whole_image task's sample pipeline for data.image_dataset.ImageDataset.
+
+        The pipeline is an object with ``load_shape(h, w)``, ``fit(image)`` (what the loader keeps) and
+        ``__call__(image, seed)`` (the sample, (size, size, 3) uint8); ``options`` holds the data module's
+        augmentation settings.
+        """
         raise NotImplementedError(f"the {self.name} task augments boxes, not whole images")
 
     def collate(self, samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return collate_detection(samples)
 
     def check_records(self, records: PackedRecords, where: str) -> None:
-        """Report what this task needs and a split's records lack (``where`` names the split); ``records``: a
-        ``PackedRecords`` (read its arrays' counts, not record by record)."""
+        """Reports what this task needs and a split's records lack; ``where`` names the split.
+
+        ``records`` is a ``PackedRecords``: read its arrays' counts, not record by record.
+        """
 
     def check_split(self, records: PackedRecords, names: Sequence[str], evaluated: bool) -> str | None:
-        """Why the task cannot use a split's records, in words that follow ``<dataset>: split `<split>` (<its
-        entries>): ``, or None; ``records``: a ``PackedRecords``, ``names``: the dataset's classes, ``evaluated``:
-        validation or test (else training or prediction). Every rank asks with the same records, so every rank
-        refuses alike.
+        """Tells why the task cannot use a split's records, or returns None.
+
+        The words follow ``<dataset>: split `<split>` (<its entries>): ``. ``records`` is a ``PackedRecords``,
+        ``names`` the dataset's classes, ``evaluated`` validation or test (else training or prediction). Every
+        rank asks with the same records, so every rank refuses alike.
 
         Detection's answer: an evaluated split without any label is refused (every mAP would be COCO's -1, "no
         data"). A training split without labels trains on background, as the reference's (its load says so)."""
@@ -53,6 +59,8 @@ class TaskData(TaskSamples):
         return None
 
     def label_problems(self, records: Sequence[ImageRecord]) -> list[str]:
-        """``check-data``'s lines ``<file>:<line>: <reason>`` for label rows the split's parse kept but this task
-        cannot use (``records``: the split's ``ImageRecord``s)."""
+        """Lists check-data's lines for label rows the split's parse kept but this task cannot use.
+
+        Each line reads ``<file>:<line>: <reason>``; ``records`` are the split's ``ImageRecord``s.
+        """
         return []

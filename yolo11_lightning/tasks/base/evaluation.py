@@ -17,7 +17,7 @@ __all__ = ["TaskEvaluation"]
 
 
 class TaskEvaluation:
-    """Validation, the checkpoints and ``export --check-data``: the task's hooks (module docstring)."""
+    """The task's hooks for validation, the checkpoints and export --check-data; see the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/mAP50-95"  # what ``best.ckpt`` follows (``BestCheckpoint``)
     monitor_meaning: ClassVar[str] = (
@@ -35,15 +35,20 @@ class TaskEvaluation:
         return DetectionMAP(class_names, reference_style=reference_style)
 
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
-        """Per-class results of an evaluation the metric kept (``metric.evaluation``): the closing summary's table
-        and the result pictures (``metrics.class_results``)."""
+        """Returns the per-class results of an evaluation the metric kept, for the summary table and pictures.
+
+        The evaluation is ``metric.evaluation``; the results come from ``metrics.class_results`` and feed the
+        closing summary's table and the result pictures.
+        """
         from yolo11_lightning.metrics.class_results import class_results
 
         return class_results(evaluation, names)
 
     def nms(self, module: ModuleView, predictions: Tensor) -> list[Tensor]:
-        """(B, 4 + nc + extra, A) -> per image (n, 6 + extra) in input pixels, the module's thresholds
-        (``extra = extra_channels(module.model)``)."""
+        """Runs NMS at the module's thresholds, (B, 4 + nc + extra, A) to (n, 6 + extra) per image.
+
+        The detections are in input pixels; ``extra = extra_channels(module.model)``.
+        """
         hp = module.hparams
         extra = self.extra_channels(module.model)
         kwargs = {"extra": extra} if extra else {}
@@ -53,7 +58,7 @@ class TaskEvaluation:
         )  # fmt: skip
 
     def evaluate(self, module: ModuleView, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
-        """Detect, score into ``metric``; returns ``{"detections": [(n, 6)]}`` (what ValidationImages draws)."""
+        """Detects and scores into ``metric``; returns {"detections": [(n, 6)]} for ValidationImages."""
         detections = module.forward_with_nms(batch["images"])
         metric.update(detections, batch)
         return {"detections": detections}

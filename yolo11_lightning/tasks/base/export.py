@@ -13,7 +13,7 @@ OUTPUT_DOC = "(B, 4 + nc, A): cx, cy, w, h in input pixels, then class scores; n
 
 
 class TaskExport:
-    """ONNX export and reading an ONNX file back: the task's hooks (module docstring)."""
+    """ONNX export and reading an ONNX file back: the task's hooks, listed in the module docstring."""
 
     onnx_outputs: ClassVar[tuple[str, ...]] = ("output0",)
     onnx_output_doc: ClassVar[str] = OUTPUT_DOC
@@ -22,24 +22,28 @@ class TaskExport:
     onnx_tolerance_gain: ClassVar[float] = 1.0
 
     def onnx_output_axes(self, dynamic: bool) -> list[dict[int, str]]:
-        """Per ONNX output (``onnx_outputs`` order), its free axes by name: the batch, and the anchors when the
-        image height and width are free (``dynamic``)."""
+        """Names each ONNX output's free axes, in onnx_outputs order.
+
+        The free axes are the batch, and the anchors when the image height and width are free (``dynamic``).
+        """
         return [{0: "batch", 2: "anchors"} if dynamic else {0: "batch"}]
 
     def onnx_output_dims(self, model: YOLO11, size: tuple[int, int], dynamic: bool) -> list[dict[int, int]]:
-        """Per ONNX output, the axes whose length is known (shape inference leaves them symbolic)."""
+        """Returns per ONNX output the axes whose length is known; shape inference leaves them symbolic."""
         known = {1: 4 + model.num_classes + self.extra_channels(model)}
         if not dynamic:
             known[2] = sum((size[0] // s) * (size[1] // s) for s in model.strides)
         return [known]
 
     def onnx_output_order(self, shapes: Sequence[Sequence[Any]]) -> list[int]:
-        """Where each of ``onnx_outputs`` is among an ONNX file's outputs of ``shapes`` (the file's order)."""
+        """Finds where each of onnx_outputs is among an ONNX file's outputs, given their shapes."""
         return list(range(len(shapes)))
 
     def onnx_num_classes(self, shape: Sequence[Any], extra: int) -> int | None:
-        """The class count an ONNX file's first output of ``shape`` implies (None: its axis is symbolic); raises
-        ValueError when the shape is not this task's (B, 4 + nc + extra, A)."""
+        """Returns the class count an ONNX file's first output shape implies; None if its axis is symbolic.
+
+        Raises ValueError when the shape is not this task's (B, 4 + nc + extra, A).
+        """
         if len(shape) != 3:
             raise ValueError(
                 f"output {list(shape)} is not (B, 4 + nc, A); an export with NMS inside the graph (end-to-end) "
@@ -48,13 +52,15 @@ class TaskExport:
         return shape[1] - 4 - extra if isinstance(shape[1], int) else None
 
     def onnx_metadata(self, model: YOLO11) -> dict[str, str]:
-        """What an ONNX file of ``model`` says beyond every task's metadata (pose: ``kpt_shape``)."""
+        """Returns what an ONNX file of ``model`` says beyond every task's metadata; for pose, kpt_shape."""
         return {}
 
     def onnx_extra_channels(
         self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
     ) -> int:
-        """The prediction channels after the class scores in an ONNX file whose outputs have ``shapes``
-        (in ``onnx_outputs`` order) and whose metadata says ``kpt_shape`` (or not: None); raises ValueError when
-        they are not this task's."""
+        """Returns the prediction channels after the class scores in an ONNX file.
+
+        The file's outputs have ``shapes`` (in ``onnx_outputs`` order) and its metadata says ``kpt_shape`` (or
+        not: None). Raises ValueError when they are not this task's.
+        """
         return 0

@@ -16,7 +16,7 @@ __all__ = ["TaskModel"]
 
 
 class TaskModel:
-    """The network, the model files and the loss: the task's hooks (module docstring)."""
+    """The network, the model files and the loss: the task's hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str]  # the reference's file names: yolo11n<suffix>.pt
     reference_class: ClassVar[str]  # the reference's model class of the task
@@ -37,8 +37,10 @@ class TaskModel:
         return 23 if self.has_neck else 10
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int] | None:
-        """The model's keypoint shape (K, D) from what was given: None for a task without keypoints (a given one
-        is a ValueError)."""
+        """Checks the given keypoint shape and returns the model's (K, D): None for a task without keypoints.
+
+        A shape given to a task without keypoints is a ValueError.
+        """
         if kpt_shape is not None:
             raise ValueError(
                 f"kpt_shape is for pose models; a {self.words} model has none (got {kpt_shape!r})"
@@ -49,23 +51,25 @@ class TaskModel:
         self, num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str,
         kpt_shape: tuple[int, int] | None = None,
     ) -> nn.Module:  # fmt: skip
-        """The head on the maps of ``channels`` (P3/P4/P5; ``scale`` for heads whose width follows it)."""
+        """Builds the head on the P3/P4/P5 maps of ``channels``; some heads' width follows ``scale``."""
         return detect_head(num_classes, channels, strides, reg_max, scale)
 
     def head_spec(self, kpt_shape: Sequence[int] | None = None) -> HeadSpec:
-        """What ``nn.yolo11.YOLO11`` needs to build this task's network (``kpt_shape`` checked here)."""
+        """Returns what nn.yolo11.YOLO11 needs to build this task's network, checking kpt_shape."""
         checked = self.check_kpt_shape(kpt_shape)
         return HeadSpec(
             self.name, self.has_neck, partial(self.build_head, kpt_shape=checked), self.batch_norm
         )
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
-        """Whether a reference state dict (keys ``model.<i>...``) is this task's: it has ``reference_key``.
-        ``model_files.reference`` asks the tasks in registry order; the first that says yes has it."""
+        """Tells whether a reference state dict, keys model.<i>..., is this task's: it has reference_key.
+
+        ``model_files.reference`` asks the tasks in registry order; the first that says yes has it.
+        """
         return self.reference_key is not None and self.reference_key in state
 
     def kpt_shape_from_state(self, state: Mapping[str, Tensor]) -> tuple[int, int] | None:
-        """The keypoint shape a state dict of ours implies when its file does not say (pose only)."""
+        """Returns the keypoint shape a state dict of ours implies when its file does not say; pose only."""
         return None
 
     # ------------------------------------------------------------------------------------ options
@@ -73,33 +77,42 @@ class TaskModel:
     option_keys: ClassVar[tuple[str, ...]] = ()
 
     def model_options(self, model: YOLO11) -> dict[str, Any]:
-        """The options ``model`` (a ``YOLO11`` of this task) was built with, under ``option_keys``: what a model
-        file keeps and ``create_model`` takes back (none for most tasks)."""
+        """Returns the options a YOLO11 of this task was built with, under option_keys; none for most tasks.
+
+        They are what a model file keeps and ``create_model`` takes back.
+        """
         return {}
 
     def options_from(
         self, values: Mapping[str, Any], where: str, state: Mapping[str, Tensor] | None = None
     ) -> dict[str, Any]:
-        """The options among a model file's ``values`` (a weights payload, a checkpoint's hyper-parameters, the
-        attributes of a reference model's modules, parsed ONNX metadata), checked (ValueError naming ``where``), as
-        ``create_model``'s keywords. One the file lacks is the task's default, or with ``state`` (our keys) what
-        its tensors imply."""
+        """Reads and checks the options among a model file's ``values`` as create_model's keywords.
+
+        The values are a weights payload, a checkpoint's hyper-parameters, the attributes of a reference
+        model's modules or parsed ONNX metadata; a bad one is a ValueError naming ``where``. One the file
+        lacks is the task's default, or with ``state`` (our keys) what its tensors imply.
+        """
         return {}
 
     def build_loss(self, model: YOLO11, box: float, cls: float, dfl: float) -> nn.Module:
-        """The criterion of ``model`` (a ``YOLO11`` of this task: class count, strides, keypoint shape)."""
+        """Builds the criterion of a YOLO11 of this task from its class count, strides and keypoint shape."""
         return DetectionLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)
 
     def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """``(loss, items)`` of the train-mode ``outputs`` against the batch."""
+        """Returns (loss, items) of the train-mode ``outputs`` against the batch."""
         return criterion(outputs, batch["targets"])
 
     def reference_loss_factor(self, global_batch: int) -> int:
-        """What the reference multiplies the (globally normalised) loss by before backward: the global batch for
-        the detection tasks (``LoopRecipe.loss_scale`` turns it into gradients on any world size)."""
+        """Returns what the reference multiplies the globally normalised loss by before backward.
+
+        That is the global batch for the detection tasks; ``LoopRecipe.loss_scale`` turns it into gradients on
+        any world size.
+        """
         return global_batch
 
     def extra_channels(self, model: YOLO11) -> int:
-        """Prediction channels of ``model`` (a ``YOLO11`` of this task) after the class scores, carried through
-        NMS (segmentation: 32 mask coefficients; pose: K·D keypoint values); detection: none."""
+        """Counts a YOLO11's prediction channels after the class scores, which NMS carries through.
+
+        Segmentation has 32 mask coefficients, pose K·D keypoint values, detection none.
+        """
         return 0

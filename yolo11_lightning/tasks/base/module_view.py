@@ -20,9 +20,9 @@ class ModuleView(Protocol):
     hparams: Mapping[str, Any]  # conf_threshold, iou_threshold, max_detections, ...
 
     def model_input(self, images: Tensor) -> Tensor:
-        """uint8 (B, 3, H, W) batch images -> the float input of ``model`` (scaled, dtype and memory format)."""
+        """Converts uint8 (B, 3, H, W) images to the model's float input, scaled, in its dtype and layout."""
         ...
 
     def forward_with_nms(self, images: Tensor) -> list[Tensor]:
-        """uint8 (B, 3, H, W) -> per image (n, 6 + extra) detections in input pixels, after the task's NMS."""
+        """Detects on uint8 (B, 3, H, W) images by the task's NMS: (n, 6 + extra) per image, input pixels."""
         ...

@@ -17,8 +17,7 @@ __all__ = ["TaskPrediction"]
 
 
 def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image ``index``'s rows of the batch's ``targets`` as ((n, 4) xyxy boxes in ``image``'s pixels, (n,)
-    classes)."""
+    """Returns image ``index``'s target rows as (n, 4) xyxy boxes in the image's pixels and (n,) classes."""
     targets = batch["targets"].detach().float().cpu()
     rows = targets[targets[:, 0] == index]
     height, width = image.shape[:2]
@@ -28,59 +27,69 @@ def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple
 
 
 class TaskPrediction:
-    """Prediction and the pictures: the task's hooks (module docstring)."""
+    """Prediction and the pictures: the task's hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
         names: Sequence[str] | None,
     ) -> np.ndarray:  # fmt: skip
-        """Image ``index`` of an ``evaluate`` result drawn on ``image`` (detections where ``keep``)."""
+        """Draws image ``index`` of an evaluate result on ``image``, the detections where ``keep``."""
         det = outputs["detections"][index].detach().float().cpu()[keep]
         return draw_boxes(image, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), names)
 
     def draw_targets(
         self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
     ) -> np.ndarray:
-        """The labels of image ``index`` of a training batch drawn on ``image`` ((H, W, 3) uint8 RGB, the
-        batch's pixels): boxes in their class colours."""
+        """Draws the labels of image ``index`` of a training batch on ``image``: boxes in their class colours.
+
+        ``image`` is (H, W, 3) uint8 RGB in the batch's pixels.
+        """
         boxes, classes = _target_boxes(image, batch, index)
         return draw_boxes(image, boxes, classes, names=names)
 
     def draw_ground_truth(self, image: np.ndarray, batch: dict[str, Any], index: int) -> np.ndarray:
-        """The labels of image ``index`` of an evaluation batch drawn in white on ``image`` ((H, W, 3) uint8 RGB,
-        the batch's pixels), under the predictions of the validation images: boxes with their class ids."""
+        """Draws the labels of image ``index`` of an evaluation batch in white: boxes with their class ids.
+
+        ``image`` is (H, W, 3) uint8 RGB in the batch's pixels; the labels go under the predictions of the
+        validation images.
+        """
         boxes, classes = _target_boxes(image, batch, index)
         return draw_boxes(image, boxes, classes, color=(255, 255, 255))
 
     def predict(self, module: ModuleView, batch: dict[str, Any]) -> list[Any]:
-        """Per image an (n, 6) tensor ``[x1, y1, x2, y2, score, class]`` in original image pixels."""
+        """Predicts per image an (n, 6) tensor [x1, y1, x2, y2, score, class] in original image pixels."""
         return detections_to_original(
             module.forward_with_nms(batch["images"]), batch["scales"], batch["pads"], batch["orig_sizes"]
         )
 
     def split_result(self, result: Any) -> tuple[Tensor, dict[str, Any]]:
-        """One image's ``predict`` result as ((n, 6) detections, per-detection extras as host arrays)."""
+        """Splits one image's predict result into (n, 6) detections and per-detection host-array extras."""
         return result, {}
 
     def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
-        """The json fields of detection ``k`` beyond its box, score and class."""
+        """Returns the json fields of detection ``k`` beyond its box, score and class."""
         return {}
 
     def image_fields(self, extras: dict[str, Any]) -> dict[str, Any]:
-        """The json row of the image as a whole (a classifier's top 5), from ``split_result``'s extras; empty (no
-        row) for a task whose answers are its detections."""
+        """Returns the json row of the whole image from split_result's extras, such as a classifier's top 5.
+
+        Empty, so no row, for a task whose answers are its detections.
+        """
         return {}
 
     def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:
-        """What an annotated copy shows under the boxes (``draw_prediction`` draws the boxes over it)."""
+        """Draws what an annotated copy shows under the boxes; draw_prediction draws the boxes over it."""
         return image
 
     def draw_prediction(
         self, image: np.ndarray, detections: np.ndarray, extras: dict[str, Any], names: Sequence[str] | None,
         thickness: int,
     ) -> np.ndarray:  # fmt: skip
-        """The annotated copy of one predicted image: ``draw_under_boxes``'s picture under the (n, 6) ``detections``' boxes
-        ``[x1, y1, x2, y2, score, class]``, labelled with their names and scores."""
+        """Draws the annotated copy of one predicted image, the boxes labelled with their names and scores.
+
+        ``draw_under_boxes``'s picture lies under the boxes of the (n, 6) ``detections`` ``[x1, y1, x2, y2,
+        score, class]``.
+        """
         image = self.draw_under_boxes(image, detections[:, 5], extras)
         boxes, classes, scores = detections[:, :4], detections[:, 5], detections[:, 4]
         return draw_boxes(image, boxes, classes, scores, names, thickness=thickness)

@@ -1,4 +1,4 @@
-"""Image classification (YOLO11-cls): the task (``task.py``) and its own files.
+"""Image classification, YOLO11-cls: the task in task.py and its own files.
 
 task.py     ClassifyTask: what every layer asks of the task
 head.py     Classify: 1×1 conv to 1280, global average pool, dropout, linear; softmax in eval

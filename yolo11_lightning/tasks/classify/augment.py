@@ -67,8 +67,10 @@ class ClassifyAugment:
 
 
 def short_side_shape(height: int, width: int, size: int) -> tuple[int, int]:
-    """(h', w') of an image whose shortest side is resized to ``size`` (torchvision's ``Resize(size)`` rule:
-    the long side ``int(size * long / short)``)."""
+    """Returns the (h', w') of an image whose shortest side is resized to ``size``.
+
+    torchvision's ``Resize(size)`` rule: the long side becomes ``int(size * long / short)``.
+    """
     if height <= width:
         return size, int(size * width / height)
     return int(size * height / width), size
@@ -118,21 +120,24 @@ class ClassifyTransform:
         return math.ceil(self.size / math.sqrt((1.0 - self.augment.scale_jitter) * 3 / 4))
 
     def load_shape(self, height: int, width: int) -> tuple[int, int]:
-        """(h', w') of ``fit`` for an image of (height, width)."""
+        """Returns the (h', w') of fit's output for an image of (height, width)."""
         if self.augment is not None and min(height, width) <= self.load_side:
             return height, width
         return short_side_shape(height, width, self.load_side)
 
     def fit(self, image: np.ndarray) -> np.ndarray:
-        """Evaluation: the shortest side resized to ``size``; training: shrunk to ``load_side`` when longer (both
-        bilinear, PIL's antialiased resize as the reference's ``Resize``)."""
+        """Resizes an image for the loader: shortest side to ``size``, or in training to ``load_side``.
+
+        In training only a longer side is shrunk. Both are bilinear, PIL's antialiased resize as the
+        reference's ``Resize``.
+        """
         h, w = self.load_shape(image.shape[0], image.shape[1])
         if (h, w) == image.shape[:2]:
             return image
         return np.array(Image.fromarray(image).resize((w, h), Image.Resampling.BILINEAR))
 
     def __call__(self, image: np.ndarray, seed: int = 0) -> np.ndarray:
-        """The sample of ``image`` (a ``fit`` output, or any (H, W, 3) uint8 RGB image): (size, size, 3) uint8.
+        """Returns the (size, size, 3) uint8 sample of a fit output or of any (H, W, 3) uint8 RGB image.
 
         Evaluation resizes an image that is not ``fit`` yet, then centre-crops; training draws from torch's
         generator seeded by ``seed``."""

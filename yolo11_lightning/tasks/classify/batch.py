@@ -17,7 +17,7 @@ __all__ = ["ClassificationBatch", "collate_classification"]
 
 
 class ClassificationBatch(DetectionBatch):
-    """``DetectionBatch`` plus ``labels``: int64 (B,) the class of each image (what ``ClassificationLoss`` reads)."""
+    """DetectionBatch plus labels, the int64 (B,) class of each image that ClassificationLoss reads."""
 
     labels: torch.Tensor
 

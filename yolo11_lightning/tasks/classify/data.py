@@ -1,4 +1,4 @@
-"""Classification's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Classification's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ __all__ = ["ClassifyData"]
 
 
 class ClassifyData(TaskData):
-    """Classification's data hooks (module docstring)."""
+    """Classification's data hooks, listed in the module docstring."""
 
     whole_image: ClassVar[bool] = True
     label_noun: ClassVar[str] = "class labels"
 
     def image_transform(self, augment: bool, size: int, options: dict[str, Any]) -> ClassifyTransform:
-        """The reference's classification pipeline (``augment.ClassifyTransform``); ``options``: ``aug`` (the data
-        module's ``AugmentConfig``: ``scale``, flips, HSV gains), ``auto_augment``, ``erasing``."""
+        """Returns the reference's classification pipeline, augment.ClassifyTransform.
+
+        ``options`` holds ``aug`` (the data module's ``AugmentConfig``: ``scale``, flips, HSV gains),
+        ``auto_augment`` and ``erasing``.
+        """
         if not augment:
             return ClassifyTransform(size)
         aug = options.get("aug")
@@ -41,9 +44,12 @@ class ClassifyData(TaskData):
         return collate_classification(samples)
 
     def check_split(self, records: Any, names: Sequence[str], evaluated: bool) -> str | None:
-        """Every image needs exactly one label (what ImageFolder records have: a box dataset named for the classify
-        task is refused, naming its first such image), and the classes must be two at least, two with images in
-        training: a classifier of one class learns nothing and scores top-1 1.0 whatever it predicts."""
+        """Refuses a split unless every image has exactly one label and there are at least two classes.
+
+        One label per image is what ImageFolder records have: a box dataset named for the classify task is
+        refused, naming its first such image. The classes must be two at least, two with images in training: a
+        classifier of one class learns nothing and scores top-1 1.0 whatever it predicts.
+        """
         arrays = records.arrays()
         counts = np.diff(arrays["label_ends"], prepend=0)
         wrong = np.flatnonzero(counts != 1)

@@ -17,8 +17,10 @@ __all__ = ["draw_top_classes"]
 def draw_top_classes(
     image: np.ndarray, probabilities: Tensor | None, names: Sequence[str] | None, label: int | None = None
 ) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with one line per class at its top left: the top 5 of
-    ``probabilities`` (nc,) with their values, or the class ``label`` alone."""
+    """Writes one line per class at the top left of a copy of an (H, W, 3) uint8 RGB image.
+
+    The lines are the top 5 of ``probabilities`` (nc,) with their values, or the class ``label`` alone.
+    """
 
     def name(c: int) -> str:
         return names[c] if names is not None and c < len(names) else str(c)

@@ -1,4 +1,4 @@
-"""Classification's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Classification's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ __all__ = ["ClassifyEvaluation"]
 
 
 class ClassifyEvaluation(TaskEvaluation):
-    """Classification's evaluation hooks (module docstring)."""
+    """Classification's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # (top1 + top5) / 2, the reference's classify fitness
     monitor_meaning: ClassVar[str] = "(top-1 + top-5 accuracy) / 2, the reference's"
@@ -25,12 +25,14 @@ class ClassifyEvaluation(TaskEvaluation):
         return ClassificationAccuracy(class_names)
 
     def class_results(self, evaluation: Any, names: list[str]) -> ClassResults:
-        """Images per class and the top-1 confusion matrix (``metric.classification_results``)."""
+        """Returns the images per class and the top-1 confusion matrix, by metric.classification_results."""
         return classification_results(evaluation, names)
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: Any) -> dict[str, Any]:
-        """Class probabilities (B, nc) into ``metric``; returns them and, for the box-drawing callbacks, no
-        detections (one empty (0, 6) tensor per image)."""
+        """Scores the (B, nc) class probabilities into ``metric`` and returns them.
+
+        For the box-drawing callbacks it returns no detections: one empty (0, 6) tensor per image.
+        """
         probabilities = module.model(module.model_input(batch["images"]))
         metric.update(probabilities, batch["labels"], batch["indices"])
         empty = probabilities.new_zeros(0, 6)

@@ -1,4 +1,4 @@
-"""Classification's export hooks (``tasks.base.export``): ONNX outputs, their shapes and metadata."""
+"""Classification's export hooks for tasks.base.export: ONNX outputs, their shapes and metadata."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["ClassifyExport"]
 
 
 class ClassifyExport(TaskExport):
-    """Classification's export hooks (module docstring)."""
+    """Classification's export hooks, listed in the module docstring."""
 
     onnx_output_doc: ClassVar[str] = "(B, nc): class probabilities (softmax)"
 

@@ -30,7 +30,7 @@ class Classify(nn.Module):
         self.linear = nn.Linear(hidden, nc)
 
     def outputs(self, xs: Sequence[Tensor]) -> Tensor:
-        """Logits (B, nc) from the head's input maps (concatenated along channels when several)."""
+        """Returns (B, nc) logits from the head's input maps, concatenated along channels when several."""
         x = torch.cat(list(xs), 1) if len(xs) > 1 else xs[0]
         return self.linear(self.drop(self.pool(self.conv(x)).flatten(1)))
 
@@ -39,12 +39,12 @@ class Classify(nn.Module):
         return logits if self.training else self.decode_outputs(logits)
 
     def decode_outputs(self, logits: Tensor) -> Tensor:
-        """Logits (B, nc) -> probabilities (B, nc) float32."""
+        """Converts (B, nc) logits to (B, nc) float32 probabilities."""
         with autocast_off(logits.device.type):
             return logits.float().softmax(1)
 
     def reset_classes(self, nc: int) -> None:
-        """A new ``linear`` for ``nc`` classes (PyTorch's default initialisation, as the reference's)."""
+        """Builds a new linear layer for ``nc`` classes, initialised as PyTorch and the reference do."""
         ref = self.linear.weight
         self.linear = nn.Linear(self.linear.in_features, nc, device=ref.device, dtype=ref.dtype)
         self.nc = nc

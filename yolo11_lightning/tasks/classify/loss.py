@@ -21,7 +21,7 @@ __all__ = ["ClassificationLoss"]
 
 
 class ClassificationLoss(nn.Module):
-    """Mean cross-entropy over the (global) batch (module docstring)."""
+    """Mean cross-entropy over the (global) batch; see the module docstring."""
 
     def __init__(self, sum_over_ranks: Callable[[Tensor], Tensor] | None = None) -> None:
         super().__init__()

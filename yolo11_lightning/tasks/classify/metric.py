@@ -29,7 +29,7 @@ TINY = torch.finfo(torch.float32).tiny
 
 
 def top_classes(probabilities: Tensor, k: int = TOP_K) -> Tensor:
-    """(B, nc) -> (B, min(k, nc)) int64 classes in descending probability (the reference's argsort)."""
+    """Returns the (B, min(k, nc)) int64 top classes of (B, nc) probabilities, by the reference's argsort."""
     return probabilities.argsort(1, descending=True)[:, : min(k, probabilities.shape[1])]
 
 
@@ -89,10 +89,12 @@ class ClassificationAccuracy(Metric):
 
 
 def classification_results(evaluation: tuple[Tensor, Tensor, Tensor], names: list[str]) -> ClassResults:
-    """What the closing summary and the result pictures show of a kept evaluation: images per class, top-1 and
-    top-5 accuracy per class and overall, and the confusion matrix ``[predicted, true]`` of the top-1 classes (the
-    reference's classification confusion matrix; the background row and column, a detector's, stay empty); no
-    per-kind curves."""
+    """Returns what the closing summary and the result pictures show of a kept evaluation.
+
+    That is images per class, top-1 and top-5 accuracy per class and overall, and the confusion matrix
+    ``[predicted, true]`` of the top-1 classes (the reference's classification confusion matrix; the
+    background row and column, a detector's, stay empty); no per-kind curves.
+    """
     labels, predicted, top5 = (t.numpy() for t in evaluation)
     labels, predicted = labels.astype(np.int64), predicted.astype(np.int64)
     k = len(names)

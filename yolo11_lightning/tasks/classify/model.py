@@ -1,4 +1,4 @@
-"""Classification's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Classification's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["ClassifyModel"]
 
 
 class ClassifyModel(TaskModel):
-    """Classification's model hooks (module docstring)."""
+    """Classification's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-cls"
     reference_class: ClassVar[str] = "ClassificationModel"
@@ -36,11 +36,11 @@ class ClassifyModel(TaskModel):
         return Classify(channels[-1], num_classes)
 
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> ClassificationLoss:
-        """Cross-entropy; the box/cls/dfl gains are the detection tasks' and do not apply."""
+        """Builds the cross-entropy criterion; the box, cls and dfl gains are the detection tasks' only."""
         return ClassificationLoss()
 
     def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """``criterion(logits, labels)``: the batch's ``labels`` (B,), one class per image."""
+        """Returns criterion(logits, labels) with the batch's (B,) labels, one class per image."""
         if "labels" not in batch:
             raise ValueError(
                 f"the classify task needs batches with `labels` (B,), but the batch has only {sorted(batch)}"
@@ -48,5 +48,5 @@ class ClassifyModel(TaskModel):
         return criterion(outputs, batch["labels"])
 
     def reference_loss_factor(self, global_batch: int) -> int:
-        """1: the reference trains its classifier on the mean cross-entropy, not multiplied by the batch."""
+        """Returns 1: the reference trains its classifier on the mean cross-entropy, not times the batch."""
         return 1

@@ -1,4 +1,4 @@
-"""``ClassifyTask``: image classification (YOLO11-cls), what every layer asks of it (``tasks.base``).
+"""ClassifyTask: image classification, YOLO11-cls, and what every layer asks of it by tasks.base.
 
 Another network: the detection backbone's layers 0-8, then C2PSA at layer 9 (no SPPF, no neck; ``has_neck = False``)
 and the ``Classify`` head at layer 10; one label per image, the mean cross-entropy (``loss.ClassificationLoss``;

@@ -1,4 +1,4 @@
-"""Oriented boxes (YOLO11-obb): the task (``task.py``) and its own files.
+"""Oriented boxes, YOLO11-obb: the task in task.py and its own files.
 
 task.py      ObbTask: what every layer asks of the task
 head.py      OBB (Detect plus one angle per anchor) and the rotated decode

@@ -12,7 +12,7 @@ __all__ = ["RotatedTaskAlignedAssigner"]
 
 
 class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
-    """``TaskAlignedAssigner`` for (N, 5) xywhr ground truths and (B, A, 5) xywhr predictions (pixels).
+    """TaskAlignedAssigner for (N, 5) xywhr ground truths and (B, A, 5) xywhr predictions (pixels).
 
     Alignment = score^alpha · probiou(box, predicted box).clamp(0)^beta; an anchor is a candidate of a box when its
     centre lies in the rotated rectangle, edges included (the reference's test, without a margin). The assignment's
@@ -21,7 +21,7 @@ class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
 
     @staticmethod
     def inside(anchor_points: Tensor, boxes: Tensor) -> Tensor:
-        """(c, A) bool: anchor centres (A, 2) inside each rotated box of (c, 5), edges included.
+        """Tells which anchor centres (A, 2) lie in each rotated box of (c, 5), edges included: (c, A) bool.
 
         With corners p1, p2, p4 of a box, a point p is inside when its projections on p1→p2 and p1→p4 lie within
         those sides: 0 <= (p − p1)·(p2 − p1) <= |p2 − p1|², and alike for p4.
@@ -36,5 +36,5 @@ class RotatedTaskAlignedAssigner(TaskAlignedAssigner):
 
     @staticmethod
     def overlap(gt_boxes: Tensor, pd_boxes: Tensor) -> Tensor:
-        """Elementwise probiou of broadcastable xywhr boxes."""
+        """Returns the elementwise probiou of broadcastable xywhr boxes."""
         return probiou(gt_boxes, pd_boxes)

@@ -20,12 +20,14 @@ __all__ = ["ObbBatch", "collate_obb"]
 
 
 class ObbBatch(DetectionBatch):
-    """A detection batch whose ``targets`` are (N, 7) rotated-box rows (module docstring)."""
+    """A detection batch whose ``targets`` are (N, 7) rotated-box rows; see the module docstring."""
 
 
 def collate_obb(samples: Sequence[dict[str, Any]]) -> ObbBatch:
-    """``collate_detection``, then each row's box replaced by the sample's rotated box (``rboxes``); samples left
-    out of the detection batch (unreadable evaluation images) are left out here too."""
+    """Collates like collate_detection, then replaces each row's box by the sample's rotated box, rboxes.
+
+    Samples left out of the detection batch (unreadable evaluation images) are left out here too.
+    """
     batch = collate_detection(samples)
     kept = [
         torch.as_tensor(s["rboxes"], dtype=torch.float32).reshape(-1, 5)

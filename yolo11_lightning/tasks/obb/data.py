@@ -1,4 +1,4 @@
-"""Oriented-box detection's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Oriented-box detection's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -22,8 +22,10 @@ __all__ = ["ObbData"]
 
 
 def _dropped(coords: np.ndarray) -> bool:
-    """Whether the split's reading drops an OBB row of these coordinates (``outline_labels``: a polygon row whose
-    outline fails ``checks.check_outline``)."""
+    """Tells whether the split's reading drops an OBB row of these coordinates.
+
+    ``outline_labels`` drops a polygon row whose outline fails ``checks.check_outline``.
+    """
     return len(coords) >= 6 and len(coords) % 2 == 0 and check_outline(coords)[1] is not None
 
 
@@ -31,7 +33,7 @@ log = logging.getLogger(__name__)
 
 
 class ObbData(TaskData):
-    """Oriented-box detection's data hooks (module docstring)."""
+    """Oriented-box detection's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (ObbCorners,)
     outline_labels: ClassVar[bool] = True  # rows of repeated or collinear corners: dropped, not kept as boxes
@@ -39,8 +41,11 @@ class ObbData(TaskData):
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
     ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The rotated box around each instance's moved corners (``rboxes`` (n, 5): centre and size normalised
-        to the image, angle in radians), as the reference's ``Format`` turns its segments into boxes."""
+        """Returns the rotated box around each instance's moved corners, as the reference's Format does.
+
+        ``rboxes`` (n, 5) hold the centre and size normalised to the image and the angle in radians; the
+        reference's ``Format`` turns its segments into boxes the same way.
+        """
         height, width = image_shape
         boxes = rotated_boxes(instances.fields[ObbCorners.name].points)  # type: ignore[attr-defined]
         boxes[:, :4] /= np.array([width, height, width, height], np.float32)
@@ -53,9 +58,11 @@ class ObbData(TaskData):
         return collate_obb(samples)  # type: ignore[return-value]
 
     def check_records(self, records: Any, where: str) -> None:
-        """Log how many instances are not labelled by four corners (box rows: axis-aligned boxes; other polygons:
-        the smallest rotated rectangle around them); ``check-data --task obb`` names their rows. Rows of degenerate
-        corners are not among them: the split's reading dropped them (``outline_labels``)."""
+        """Logs how many instances are not labelled by four corners; check-data --task obb names their rows.
+
+        Box rows become axis-aligned boxes, other polygons the smallest rotated rectangle around them. Rows of
+        degenerate corners are not among them: the split's reading dropped them (``outline_labels``).
+        """
         sizes = records.arrays()["segment_sizes"]
         other = int(np.count_nonzero(sizes != 4))
         if other:
@@ -66,9 +73,11 @@ class ObbData(TaskData):
             )  # fmt: skip
 
     def label_problems(self, records: Sequence[Any]) -> list[str]:
-        """Every row of the split's YOLO label files that is kept but not an oriented box: its value count or
-        crossing sides (``labels.corner_problem``; rows of repeated or collinear corners were dropped and named by
-        the split's reading). COCO json has no oriented-box field."""
+        """Lists every row of the split's YOLO label files that is kept but is not an oriented box.
+
+        Each names its value count or crossing sides (``labels.corner_problem``); rows of repeated or
+        collinear corners were dropped and named by the split's reading. COCO json has no oriented-box field.
+        """
         lines = []
         for record in records:
             label = label_path_for(record.path)

@@ -1,4 +1,4 @@
-"""Oriented-box detection's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Oriented-box evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["ObbEvaluation"]
 
 
 class ObbEvaluation(TaskEvaluation):
-    """Oriented-box detection's evaluation hooks (module docstring)."""
+    """Oriented-box detection's evaluation hooks, listed in the module docstring."""
 
     monitor_meaning: ClassVar[str] = (
         "oriented-box mAP at IoU 0.50:0.95 by probiou (the reference validator's rules)"
@@ -29,7 +29,10 @@ class ObbEvaluation(TaskEvaluation):
         return ObbMAP(class_names)
 
     def nms(self, module: Any, predictions: Tensor) -> list[Tensor]:
-        """(B, 4 + nc + 1, A) -> per image (n, 7) ``[cx, cy, w, h, score, class, r]`` in input pixels."""
+        """Runs rotated NMS, (B, 4 + nc + 1, A) to (n, 7) [cx, cy, w, h, score, class, r] per image.
+
+        The detections are in input pixels.
+        """
         hp = module.hparams
         return rotated_nms(
             predictions, conf_threshold=hp.conf_threshold, iou_threshold=hp.iou_threshold,

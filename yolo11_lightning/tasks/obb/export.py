@@ -1,4 +1,4 @@
-"""Oriented-box detection's export hooks (``tasks.base.export``): ONNX outputs, their shapes and metadata."""
+"""Oriented-box detection's export hooks for tasks.base.export: ONNX outputs, their shapes and metadata."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ OBB_OUTPUT_DOC = (
 
 
 class ObbExport(TaskExport):
-    """Oriented-box detection's export hooks (module docstring)."""
+    """Oriented-box detection's export hooks, listed in the module docstring."""
 
     onnx_output_doc: ClassVar[str] = OBB_OUTPUT_DOC
 
     def onnx_extra_channels(
         self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
     ) -> int:
-        """One channel after the class scores: the angle."""
+        """Returns one channel after the class scores: the angle."""
         return 1

@@ -48,7 +48,7 @@ class OBB(Detect):
         )
 
     def outputs(self, xs: Sequence[Tensor]) -> ObbOutput:
-        """The raw outputs, whatever the mode (the train-mode result); the angles in radians."""
+        """Returns the raw train-mode outputs whatever the mode, the angles in radians."""
         bs = xs[0].shape[0]
         logits = torch.cat([output_branch(self.cv4[i], x).view(bs, self.ne, -1) for i, x in enumerate(xs)], 2)
         return ObbOutput(self.level_maps(xs), (logits.sigmoid() - 0.25) * math.pi)
@@ -58,8 +58,10 @@ class OBB(Detect):
         return out if self.training else self.decode_outputs(out)
 
     def decode_outputs(self, out: ObbOutput) -> Tensor:  # type: ignore[override]
-        """``ObbOutput`` -> (B, 4 + nc + 1, A) float32: xywh of the rotated boxes in input pixels, class scores,
-        angle (radians). Computed in float32 as ``Detect.decode``."""
+        """Decodes an ObbOutput to (B, 4 + nc + 1, A) float32: rotated xywh in input pixels, scores, angle.
+
+        The angle is in radians. Computed in float32 as ``Detect.decode``.
+        """
         maps = out.maps
         with autocast_off(maps[0].device.type):
             flat = torch.cat([m.flatten(2) for m in maps], 2).float()

@@ -39,8 +39,10 @@ class ObbCorners(Polygons):
 
 
 def rotated_boxes(points: np.ndarray) -> np.ndarray:
-    """(n, M, 2) outlines in pixels -> (n, 5) float32 ``cx, cy, w, h, r``: each outline's minimum-area rotated
-    rectangle (``cv2.minAreaRect``), r in radians in OpenCV's range (module docstring), as the reference's."""
+    """Fits each (n, M, 2) pixel outline's minimum-area rotated rectangle, as (n, 5) float32 cx, cy, w, h, r.
+
+    As the reference's, by ``cv2.minAreaRect``: r in radians in OpenCV's range (see the module docstring).
+    """
     out = np.zeros((len(points), 5), np.float32)
     for i, outline in enumerate(np.asarray(points, np.float32)):
         (cx, cy), (w, h), degrees = cv2.minAreaRect(outline)
@@ -49,7 +51,7 @@ def rotated_boxes(points: np.ndarray) -> np.ndarray:
 
 
 def _segments_cross(p1: np.ndarray, p2: np.ndarray, q1: np.ndarray, q2: np.ndarray) -> bool:
-    """Whether segments p1p2 and q1q2 meet (touching counts)."""
+    """Tells whether segments p1p2 and q1q2 meet; touching counts."""
     d1, d2 = _cross(q1, q2, p1), _cross(q1, q2, p2)
     d3, d4 = _cross(p1, p2, q1), _cross(p1, p2, q2)
     if ((d1 > 0) != (d2 > 0)) and ((d3 > 0) != (d4 > 0)) and 0 not in (d1, d2, d3, d4):
@@ -70,7 +72,7 @@ def _cross(o: np.ndarray, a: np.ndarray, b: np.ndarray) -> float:
 
 
 def corner_problem(coords: np.ndarray) -> str | None:
-    """Why one OBB row's coordinates (the values after the class) are not a usable box, or None.
+    """Tells why one OBB row's coordinates, the values after the class, are not a usable box, or None.
 
     Four corners (8 values) in order around the box, no two equal and not on one line (``checks.degenerate_corners``:
     such a row is dropped when the split is read), opposite sides not crossing (a bow tie: two corners swapped)."""

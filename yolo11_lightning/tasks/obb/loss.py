@@ -40,7 +40,7 @@ MIN_SIZE = 2.0  # pixels: rotated boxes narrower or lower than this are left out
 
 
 class ObbLoss(DetectionLoss):
-    """Loss of the YOLO11-obb train-mode output against rotated-box targets (module docstring).
+    """Loss of the YOLO11-obb train-mode output against rotated-box targets; see the module docstring.
 
     Args: as ``DetectionLoss``; the default assigner is ``RotatedTaskAlignedAssigner`` (top 10, alpha 0.5, beta 6).
     """
@@ -61,7 +61,7 @@ class ObbLoss(DetectionLoss):
             return self._normalise(sums, prep.assign.target_scores.sum()[None], (0, 0, 0))
 
     def _assign_rotated(self, feats: Sequence[Tensor], angles: Tensor, targets: Tensor) -> Prepared:
-        """Decode the maps into rotated boxes (B, A, 5) xywhr in grid units and assign the targets to anchors."""
+        """Decodes the maps to (B, A, 5) xywhr boxes in grid units and assigns the targets to anchors."""
         dtype = torch.promote_types(feats[0].dtype, torch.float32)
         device, nd = feats[0].device, 4 * self.reg_max
         shapes = [tuple(f.shape[-2:]) for f in feats]
@@ -95,8 +95,11 @@ class ObbLoss(DetectionLoss):
     def _box_term(
         self, prep: Prepared, rows: Tensor, row_valid: Tensor, weight: Tensor
     ) -> tuple[Tensor, Tensor]:
-        """1 − probiou with the assigned rotated box, summed over the foreground ``rows``, and the DFL's boxes:
-        the assigned boxes' axis-aligned rectangles of the same centre and size (R, 4) xyxy in grid units."""
+        """Returns 1 − probiou with the assigned box summed over the foreground rows, and the DFL's boxes.
+
+        The DFL's boxes are the assigned boxes' axis-aligned rectangles of the same centre and size, (R, 4)
+        xyxy in grid units.
+        """
         target = prep.assign.target_boxes.flatten(0, 1)[rows]  # (R, 5) xywhr pixels
         scale = prep.stride[rows % prep.assign.fg_mask.shape[1]]
         target = torch.cat((target[:, :4] / scale, target[:, 4:]), 1)  # grid units, radians

@@ -23,8 +23,10 @@ __all__ = ["ObbMAP", "targets_in_input"]
 
 
 def targets_in_input(batch: dict[str, Any]) -> Tensor:
-    """The batch's ground truth, image by image, as (m, 7) ``[image, cx, cy, w, h, r, class]`` in
-    letterboxed-input pixels."""
+    """Returns the batch's ground truth image by image as (m, 7) [image, cx, cy, w, h, r, class].
+
+    The pixels are the letterboxed input's.
+    """
     targets, images = image_ordered(batch["targets"]), batch["images"]
     height, width = images.shape[-2:]
     scale = targets.new_tensor([width, height, width, height])

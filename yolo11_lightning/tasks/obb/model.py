@@ -1,4 +1,4 @@
-"""Oriented-box detection's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Oriented-box detection's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ __all__ = ["ObbModel"]
 
 
 class ObbModel(TaskModel):
-    """Oriented-box detection's model hooks (module docstring)."""
+    """Oriented-box detection's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-obb"
     reference_class: ClassVar[str] = "OBBModel"
     reference_key: ClassVar[str | None] = "model.23.cv4.0.2.weight"  # also pose's: told apart by its width
 
     def extra_channels(self, model: Any) -> int:
-        """One channel after the class scores: the angle (radians)."""
+        """Returns one channel after the class scores: the angle in radians."""
         return 1
 
     def build_head(
@@ -32,7 +32,7 @@ class ObbModel(TaskModel):
         return OBB(num_classes, channels, strides, reg_max)
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
-        """An extra branch of one channel: the angle (a pose head's is K·D keypoint values wide)."""
+        """Tells whether the head's extra branch is one channel wide, the angle; a pose head's is K·D wide."""
         key = self.reference_key
         return key in state and isinstance(state[key], Tensor) and state[key].shape[0] == 1  # type: ignore[operator]
 
@@ -40,5 +40,5 @@ class ObbModel(TaskModel):
         return ObbLoss(model.num_classes, strides=model.strides, box=box, cls=cls, dfl=dfl)
 
     def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """``criterion(outputs, targets)``, targets (N, 7) ``[image, class, cx, cy, w, h, r]``."""
+        """Returns criterion(outputs, targets), the targets (N, 7) [image, class, cx, cy, w, h, r]."""
         return criterion(outputs, batch["targets"])

@@ -20,7 +20,7 @@ __all__ = ["pairwise_probiou", "rotated_nms"]
 
 
 def pairwise_probiou(boxes1: Tensor, boxes2: Tensor) -> Tensor:
-    """(n, 5) and (m, 5) xywhr -> (n, m) probiou."""
+    """Returns the (n, m) probiou of (n, 5) and (m, 5) xywhr boxes."""
     return probiou(boxes1[:, None, :], boxes2[None, :, :])
 
 
@@ -34,8 +34,11 @@ def rotated_nms(
     max_candidates: int = 30000,
     class_offset: float = 7680.0,
 ) -> list[Tensor]:
-    """(B, 4 + nc + 1, A) OBB eval output (xywh in input pixels, class scores, angle) -> per image (n, 7)
-    ``[cx, cy, w, h, score, class, r]`` in input pixels, score-sorted (module docstring)."""
+    """Runs rotated NMS on the (B, 4 + nc + 1, A) OBB eval output; see the module docstring.
+
+    The output holds xywh in input pixels, class scores and the angle. Returns per image (n, 7) ``[cx, cy, w,
+    h, score, class, r]`` in input pixels, sorted by score.
+    """
     num_classes = predictions.shape[1] - 5
     if num_classes < 1:
         raise ValueError(f"OBB predictions need 4 + nc + 1 channels with nc >= 1, got {predictions.shape[1]}")

@@ -1,4 +1,4 @@
-"""Oriented-box detection's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Oriented-box prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ __all__ = ["ObbPrediction"]
 
 
 def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple[np.ndarray, np.ndarray]:
-    """Image ``index``'s rows of the batch's (N, 7) ``targets`` as ((n, 5) xywhr in ``image``'s pixels, (n,)
-    classes)."""
+    """Returns image ``index``'s (N, 7) target rows as (n, 5) xywhr in the image's pixels and (n,) classes."""
     targets = batch["targets"].detach().float().cpu()
     rows = targets[targets[:, 0] == index]
     height, width = image.shape[:2]
@@ -29,7 +28,7 @@ def _target_boxes(image: np.ndarray, batch: dict[str, Any], index: int) -> tuple
 
 
 def regularize(rboxes: Tensor) -> Tensor:
-    """(n, 5) xywhr -> the same boxes with r in [0, π/2): a box turned by a further quarter swaps w and h."""
+    """Turns (n, 5) xywhr boxes to r in [0, π/2): a box turned by a further quarter swaps w and h."""
     swap = rboxes[:, 4] % math.pi >= math.pi / 2
     out = rboxes.clone()
     out[:, 2] = torch.where(swap, rboxes[:, 3], rboxes[:, 2])
@@ -48,9 +47,11 @@ def draw_rotated(
     color: tuple[int, int, int] | None = None,
     labels: bool = False,
 ) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, 5) xywhr pixel boxes outlined in ``color`` (None: their
-    class colours); with ``labels``, each box's label (``visualize.write_label``: name or id, score) above its
-    topmost corner."""
+    """Outlines (n, 5) xywhr pixel boxes on a copy of an (H, W, 3) uint8 RGB image.
+
+    The outlines are in ``color``, or their class colours when it is None. With ``labels`` each box's label
+    (``visualize.write_label``: name or id, score) goes above its topmost corner.
+    """
     out = np.ascontiguousarray(image.copy())
     pts = corners(torch.as_tensor(np.asarray(rboxes, np.float32)).reshape(-1, 5)).numpy()
     for i, (outline, cls) in enumerate(zip(pts, np.asarray(classes).reshape(-1))):
@@ -65,7 +66,7 @@ def draw_rotated(
 
 
 class ObbPrediction(TaskPrediction):
-    """Oriented-box detection's prediction and drawing hooks (module docstring)."""
+    """Oriented-box detection's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
@@ -81,15 +82,17 @@ class ObbPrediction(TaskPrediction):
         return draw_rotated(image, boxes, classes)
 
     def draw_ground_truth(self, image: np.ndarray, batch: dict[str, Any], index: int) -> np.ndarray:
-        """The rotated boxes of image ``index`` outlined in white, labelled with their class ids."""
+        """Outlines the rotated boxes of image ``index`` in white, labelled with their class ids."""
         boxes, classes = _target_boxes(image, batch, index)
         return draw_rotated(image, boxes, classes, color=(255, 255, 255), labels=True)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
-        """Per image ``{"detections": (n, 6), "rboxes": (n, 5)}`` in original image pixels: the rotated boxes
-        ``cx, cy, w, h, r`` (r in [0, π/2), w and h swapped where the angle is turned by a quarter, as the
-        reference's predictor regularises them), and ``[x1, y1, x2, y2, score, class]`` with each box's
-        axis-aligned extent clipped to the image."""
+        """Predicts per image {"detections": (n, 6), "rboxes": (n, 5)} in original image pixels.
+
+        The rotated boxes are ``cx, cy, w, h, r`` (r in [0, π/2), w and h swapped where the angle is turned by
+        a quarter, as the reference's predictor regularises them); the detections are ``[x1, y1, x2, y2,
+        score, class]`` with each box's axis-aligned extent clipped to the image.
+        """
         out = []
         for i, det in enumerate(module.forward_with_nms(batch["images"])):
             rboxes = regularize(torch.cat((det[:, :4], det[:, 6:7]), 1).float())
@@ -109,7 +112,7 @@ class ObbPrediction(TaskPrediction):
         return result["detections"], {"rboxes": result["rboxes"].detach().float().cpu()}
 
     def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
-        """The rotated box ``xywhr`` (original pixels, r in radians) and its four corners ``[[x, y], ...]``."""
+        """Returns the rotated box xywhr in original pixels, r in radians, and its corners [[x, y], ...]."""
         box = extras["rboxes"][k]
         return {
             "xywhr": [round(float(v), 6 if j == 4 else 3) for j, v in enumerate(box)],
@@ -120,7 +123,9 @@ class ObbPrediction(TaskPrediction):
         self, image: np.ndarray, detections: np.ndarray, extras: dict[str, Any], names: Sequence[str] | None,
         thickness: int,
     ) -> np.ndarray:  # fmt: skip
-        """The rotated boxes in their class colours, each labelled at its topmost corner (not their axis-aligned
-        extents, which only the json's ``bbox`` holds)."""
+        """Draws the rotated boxes in their class colours, each labelled at its topmost corner.
+
+        Not their axis-aligned extents, which only the json's ``bbox`` holds.
+        """
         rboxes, classes, scores = extras["rboxes"].numpy(), detections[:, 5], detections[:, 4]
         return draw_rotated(image, rboxes, classes, thickness, scores, names, labels=True)

@@ -15,7 +15,7 @@ __all__ = ["box_covariance", "corners", "dist_to_rotated_box", "probiou"]
 
 
 def box_covariance(boxes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(..., 5) xywhr -> the covariance [[a, c], [c, b]] of each box's Gaussian, as (a, b, c) each (..., 1).
+    """Returns the covariance [[a, c], [c, b]] of each (..., 5) xywhr box's Gaussian as (..., 1) a, b, c.
 
     A uniform distribution over a w × h rectangle has variances w²/12 and h²/12 along its sides; rotating by r
     gives a = w²/12·cos²r + h²/12·sin²r, b = w²/12·sin²r + h²/12·cos²r, c = (w²/12 − h²/12)·cos r·sin r.
@@ -28,7 +28,7 @@ def box_covariance(boxes: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 
 
 def probiou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
-    """Elementwise probabilistic IoU of broadcastable (..., 5) xywhr boxes -> (...) in [0, 1) (about).
+    """Returns the elementwise probabilistic IoU of broadcastable (..., 5) xywhr boxes, about [0, 1).
 
     With Σ = Σ1 + Σ2 and Δ the centre difference, the Bhattacharyya distance is
     B = Δᵀ Σ⁻¹ Δ / 8 + ln(det Σ / (4·sqrt(det Σ1 · det Σ2))) / 2 (the determinants of Σ1, Σ2 clamped at 0),
@@ -52,8 +52,10 @@ def probiou(boxes1: Tensor, boxes2: Tensor, eps: float = 1e-7) -> Tensor:
 
 
 def corners(boxes: Tensor) -> Tensor:
-    """(..., 5) xywhr -> (..., 4, 2) corner points: centre ± half width along r ± half height across it, in the
-    order (+w, +h), (+w, −h), (−w, −h), (−w, +h)."""
+    """Returns the (..., 4, 2) corner points of (..., 5) xywhr boxes.
+
+    Centre ± half width along r ± half height across it, in the order (+w, +h), (+w, −h), (−w, −h), (−w, +h).
+    """
     centre, w, h, angle = boxes[..., :2], boxes[..., 2:3], boxes[..., 3:4], boxes[..., 4:5]
     cos, sin = angle.cos(), angle.sin()
     along = torch.cat((w / 2 * cos, w / 2 * sin), -1)
@@ -65,8 +67,10 @@ def corners(boxes: Tensor) -> Tensor:
 
 
 def dist_to_rotated_box(distance: Tensor, angle: Tensor, anchor_points: Tensor, dim: int = -1) -> Tensor:
-    """Distances (left, top, right, bottom) measured in a box's own rotated frame from an anchor point -> the
-    box's centre (x, y) and size (w, h), in the inputs' units.
+    """Turns distances measured in a box's own rotated frame from an anchor point into its centre and size.
+
+    The distances are left, top, right, bottom; the result is the centre (x, y) and size (w, h), in the
+    inputs' units.
 
     ``distance`` (..., 4, ...) along ``dim``; ``angle`` the same shape with 1 there; ``anchor_points`` broadcast
     (2 along ``dim``). The centre is the anchor plus the frame offset ((r − l)/2, (b − t)/2) rotated by the angle.

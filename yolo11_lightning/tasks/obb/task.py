@@ -1,4 +1,4 @@
-"""``ObbTask``: oriented boxes (YOLO11-obb), what every layer asks of it (``tasks.base``).
+"""ObbTask: oriented boxes, YOLO11-obb, and what every layer asks of it by tasks.base.
 
 Detection with a rotation per box: the labels carry each box's four corners (``labels.ObbCorners``, moved by every
 augmentation step), a sample its rotated boxes (``labels.rotated_boxes``, the batch's (N, 7) ``targets``:

@@ -1,4 +1,4 @@
-"""Keypoints (YOLO11-pose): the task (``task.py``) and its own files.
+"""Keypoints, YOLO11-pose: the task in task.py and its own files.
 
 task.py     PoseTask: what every layer asks of the task
 head.py     Pose (Detect plus K·D keypoint channels per anchor) and the keypoint decode

@@ -21,13 +21,13 @@ __all__ = ["PoseBatch", "collate_pose"]
 
 
 class PoseBatch(DetectionBatch):
-    """A detection batch plus the keypoints of its targets (module docstring)."""
+    """A detection batch plus the keypoints of its targets; see the module docstring."""
 
     keypoints: torch.Tensor
 
 
 def collate_pose(samples: Sequence[dict[str, Any]]) -> PoseBatch:
-    """Stack pose samples: ``collate_detection`` plus ``keypoints`` (N, K, 3) of the samples it keeps."""
+    """Stacks pose samples like collate_detection, adding the (N, K, 3) keypoints of the samples it keeps."""
     batch = collate_detection(samples)
     kept = [torch.as_tensor(s["keypoints"]) for s in samples if not s.get("missing", False)]
     # Samples without instances may not know K (a blank substitute's (0, 0, 3)): the widest stands for them.

@@ -1,4 +1,4 @@
-"""Pose estimation's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Pose estimation's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -19,14 +19,14 @@ __all__ = ["PoseData"]
 
 
 class PoseData(TaskData):
-    """Pose estimation's data hooks (module docstring)."""
+    """Pose estimation's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Keypoints,)
 
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
     ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The sample's ``keypoints`` (n, K, 3): x, y normalised to the (h, w) image, and the visibility."""
+        """Returns the sample's (n, K, 3) keypoints: x, y normalised to the (h, w) image, and visibility."""
         points = instances.fields[Keypoints.name].points.copy()  # type: ignore[attr-defined]
         points[..., 0] /= image_shape[1]
         points[..., 1] /= image_shape[0]

@@ -27,15 +27,17 @@ COCO_SKELETON = (
 
 
 def skeleton(num_keypoints: int) -> tuple[tuple[int, int], ...]:
-    """The limbs drawn for K keypoints: COCO's for 17, else a chain 0-1, 1-2, ..."""
+    """Returns the limbs drawn for K keypoints: COCO's for 17, else a chain 0-1, 1-2, ..."""
     if num_keypoints == 17:
         return COCO_SKELETON
     return tuple((k, k + 1) for k in range(num_keypoints - 1))
 
 
 def keypoints_to_original(points: Tensor, scale: Tensor | float, pad: Tensor, orig_size: Tensor) -> Tensor:
-    """(n, K, D) keypoints in letterboxed-input pixels -> original pixels, clipped to the image (any values after
-    x, y kept)."""
+    """Maps (n, K, D) keypoints from letterboxed-input to original pixels, clipped to the image.
+
+    Any values after x, y are kept.
+    """
     n, k = points.shape[:2]
     xy = points[..., :2].reshape(-1, 2)
     out = letterbox_to_original(torch.cat((xy, xy), 1), scale, pad, orig_size)[:, :2]
@@ -45,8 +47,10 @@ def keypoints_to_original(points: Tensor, scale: Tensor | float, pad: Tensor, or
 def draw_keypoints(
     image: np.ndarray, keypoints: np.ndarray, classes: np.ndarray, radius: int = 2
 ) -> np.ndarray:
-    """A copy of ``image`` ((H, W, 3) uint8 RGB) with (n, K, D) pixel keypoints and their skeleton drawn; no
-    instance (n = 0, an image with nothing detected or labelled) or no keypoint (K = 0) draws nothing."""
+    """Draws (n, K, D) pixel keypoints and their skeleton on a copy of an (H, W, 3) uint8 RGB image.
+
+    No instance (n = 0, an image with nothing detected or labelled) or no keypoint (K = 0) draws nothing.
+    """
     out = np.ascontiguousarray(image.copy())
     points = np.asarray(keypoints, np.float64)
     if points.size == 0:

@@ -1,4 +1,4 @@
-"""Pose estimation's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Pose estimation's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ __all__ = ["PoseEvaluation"]
 
 
 class PoseEvaluation(TaskEvaluation):
-    """Pose estimation's evaluation hooks (module docstring)."""
+    """Pose estimation's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + pose, as the reference's best.pt
     monitor_meaning: ClassVar[str] = (
@@ -30,11 +30,14 @@ class PoseEvaluation(TaskEvaluation):
         return PoseMAP(class_names, reference_style=reference_style)
 
     def pose(self, module: Any, images: Tensor) -> list[Tensor]:
-        """Eval forward + NMS: per image (n, 6 + K·D) rows in input pixels: box, score, class, keypoints."""
+        """Runs the eval forward and NMS: per image (n, 6 + K·D) rows of box, score, class and keypoints.
+
+        The rows are in input pixels.
+        """
         return self.nms(module, module.model(module.model_input(images)))
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
-        """Box and keypoint scoring (``metric.PoseMAP``); returns the detections and their (n, K, D) keypoints."""
+        """Scores boxes and keypoints into metric.PoseMAP; returns detections and (n, K, D) keypoints."""
         rows = self.pose(module, batch["images"])
         k, d = module.model.kpt_shape
         detections = [r[:, :6] for r in rows]

@@ -1,4 +1,4 @@
-"""Pose estimation's export hooks (``tasks.base.export``): ONNX outputs, their shapes and metadata."""
+"""Pose estimation's export hooks for tasks.base.export: ONNX outputs, their shapes and metadata."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ POSE_OUTPUT_DOC = (
 
 
 class PoseExport(TaskExport):
-    """Pose estimation's export hooks (module docstring)."""
+    """Pose estimation's export hooks, listed in the module docstring."""
 
     onnx_output_doc: ClassVar[str] = POSE_OUTPUT_DOC
     # A keypoint is its raw offset times 2·stride (64 px per unit at P5), twice a box side's DFL gain: measured
@@ -27,13 +27,13 @@ class PoseExport(TaskExport):
     onnx_tolerance_gain: ClassVar[float] = 4.0
 
     def onnx_metadata(self, model: Any) -> dict[str, str]:
-        """``kpt_shape`` as the reference's ONNX client reads it (a Python literal)."""
+        """Returns kpt_shape as a Python literal, as the reference's ONNX client reads it."""
         return {"kpt_shape": repr([int(v) for v in model.kpt_shape])}
 
     def onnx_extra_channels(
         self, shapes: Sequence[Sequence[Any]], kpt_shape: Sequence[int] | None = None
     ) -> int:
-        """K·D from the file's ``kpt_shape`` metadata (required: the output's width alone cannot tell)."""
+        """Returns K·D from the file's required kpt_shape metadata; the output's width alone cannot tell."""
         if kpt_shape is None:
             raise ValueError("a pose model's file must say its kpt_shape (metadata `kpt_shape`)")
         return int(kpt_shape[0]) * int(kpt_shape[1])

@@ -49,7 +49,7 @@ class Pose(Detect):
         )
 
     def outputs(self, xs: Sequence[Tensor]) -> PoseOutput:
-        """The raw outputs, whatever the mode (the train-mode result)."""
+        """Returns the raw train-mode outputs, whatever the mode."""
         bs = xs[0].shape[0]
         keypoints = torch.cat(
             [output_branch(self.cv4[i], x).view(bs, self.nk, -1) for i, x in enumerate(xs)], 2
@@ -61,11 +61,14 @@ class Pose(Detect):
         return out if self.training else self.decode_outputs(out)
 
     def decode_outputs(self, out: PoseOutput) -> Tensor:  # type: ignore[override]
-        """``PoseOutput`` -> (B, 4 + nc + K·D, A) float32: boxes and scores, then keypoints in input pixels."""
+        """Decodes a PoseOutput to (B, 4 + nc + K·D, A) float32: boxes, scores, then input-pixel keypoints."""
         return torch.cat((self.decode(out.maps), self.decode_keypoints(out.keypoints, out.maps)), 1)
 
     def decode_keypoints(self, keypoints: Tensor, maps: Sequence[Tensor]) -> Tensor:
-        """(B, K·D, A) raw -> (B, K·D, A) float32: per keypoint x, y in input pixels[, visibility in (0, 1)]."""
+        """Decodes (B, K·D, A) raw keypoints to float32: per keypoint x, y in input pixels and any visibility.
+
+        The visibility, when D = 3, is in (0, 1); the shape stays (B, K·D, A).
+        """
         k, d = self.kpt_shape
         with autocast_off(keypoints.device.type):
             points, strides = self.anchors(maps, torch.float32)  # (2, A) cell centres in grid units, (1, A)

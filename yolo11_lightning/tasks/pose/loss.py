@@ -50,13 +50,13 @@ COCO_SIGMAS = (
 
 
 def keypoint_sigmas(kpt_shape: tuple[int, int]) -> tuple[float, ...]:
-    """Per-keypoint sigmas: COCO's for (17, 3), else 1/K each (the reference's rule)."""
+    """Returns per-keypoint sigmas: COCO's for (17, 3), else 1/K each, the reference's rule."""
     k, d = kpt_shape
     return COCO_SIGMAS if (k, d) == (17, 3) else (1.0 / k,) * k
 
 
 class PoseLoss(DetectionLoss):
-    """Loss of the YOLO11-pose train-mode output against targets and keypoints (module docstring).
+    """Loss of the YOLO11-pose train-mode output against targets and keypoints; see the module docstring.
 
     Args:
         num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner: as ``DetectionLoss``.
@@ -113,8 +113,10 @@ class PoseLoss(DetectionLoss):
             return self._normalise(sums, normalisers, (0, 1, 1, 0, 0))
 
     def _keypoint_sums(self, prep: Prepared, raw: Tensor, keypoints: Tensor) -> tuple[Tensor, Tensor]:
-        """(Σ keypoint term, Σ visibility BCE) over the foreground anchors, each divided by K (not yet by the
-        foreground count)."""
+        """Sums the keypoint term and the visibility BCE over the foreground anchors, each divided by K.
+
+        Not yet divided by the foreground count.
+        """
         k, d = self.kpt_shape
         assign = prep.assign
         bs, na = assign.fg_mask.shape

@@ -34,8 +34,11 @@ AREA_FACTOR = 0.53  # the reference's keypoint area: 0.53 × the box area
 
 
 def keypoint_oks(truths: Tensor, detections: Tensor, area: Tensor, sigmas: Sequence[float]) -> Tensor:
-    """Broadcastable (..., K, 3) truth keypoints, (..., K, ≥2) detected ones (pixels) and (...) truth areas ->
-    (...) OKS: pairs give one value each, ``truths[:, None]`` against ``detections[None]`` an (m, n) matrix."""
+    """Returns the OKS of broadcastable truth and detected keypoints in pixels.
+
+    Takes (..., K, 3) truth keypoints, (..., K, ≥2) detected ones and (...) truth areas; returns (...) OKS:
+    pairs give one value each, ``truths[:, None]`` against ``detections[None]`` an (m, n) matrix.
+    """
     d = (truths[..., 0] - detections[..., 0]).square() + (truths[..., 1] - detections[..., 1]).square()
     sigma = torch.as_tensor(sigmas, dtype=d.dtype)
     labelled = truths[..., 2] != 0
@@ -44,7 +47,7 @@ def keypoint_oks(truths: Tensor, detections: Tensor, area: Tensor, sigmas: Seque
 
 
 class PoseMAP(DetectionMAP):
-    """Box mAP (``DetectionMAP``, COCO, original pixels) and keypoint mAP by OKS (module docstring).
+    """Box mAP (``DetectionMAP``, COCO, original pixels) and keypoint mAP by OKS; see the module docstring.
 
     ``update(detections, batch, keypoints)``: ``keypoints`` per image the (n, K, D) keypoints of its
     detections, in letterboxed-input pixels; the truths' are the batch's ``keypoints`` (N, K, 3) normalised.
@@ -85,9 +88,11 @@ class PoseMAP(DetectionMAP):
         self._add(batch, scored)
 
     def _evaluate(self) -> dict[str, Tensor]:
-        """``DetectionMAP``'s keys for boxes and keypoints (``pose_mAP50-95``, ``pose_AP/<class>``, ...) and
-        ``fitness``, the reference's pose model-selection score: ``fitness(box) + fitness(pose)`` with
-        ``fitness = 0.1 · mAP50 + 0.9 · mAP50-95``."""
+        """Returns DetectionMAP's keys for boxes and keypoints, and the reference's selection score fitness.
+
+        The keys are ``pose_mAP50-95``, ``pose_AP/<class>`` and the like; ``fitness`` is ``fitness(box) +
+        fitness(pose)`` with ``fitness = 0.1 · mAP50 + 0.9 · mAP50-95``.
+        """
         out = super()._evaluate()
         out["fitness"] = sum(0.1 * out[f"{p}mAP50"] + 0.9 * out[f"{p}mAP50-95"] for p in ("", "pose_"))
         return out

@@ -1,4 +1,4 @@
-"""Pose estimation's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Pose estimation's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ _KEYPOINT_OUTPUT = "head.cv4.0.2.weight"  # our key of the first level's keypoin
 
 
 class PoseModel(TaskModel):
-    """Pose estimation's model hooks (module docstring)."""
+    """Pose estimation's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-pose"
     reference_class: ClassVar[str] = "PoseModel"
@@ -33,7 +33,10 @@ class PoseModel(TaskModel):
     option_keys: ClassVar[tuple[str, ...]] = ("kpt_shape",)
 
     def check_kpt_shape(self, kpt_shape: Sequence[int] | None) -> tuple[int, int]:
-        """(K, D): the given shape, (17, 3) when None; K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility)."""
+        """Returns the (K, D) keypoint shape: the given one, (17, 3) when None.
+
+        K >= 1 keypoints of D = 2 (x, y) or 3 (x, y, visibility).
+        """
         if kpt_shape is None:
             return DEFAULT_KPT_SHAPE
         shape = tuple(kpt_shape)
@@ -56,18 +59,20 @@ class PoseModel(TaskModel):
         return Pose(num_classes, channels, strides, reg_max, kpt_shape or DEFAULT_KPT_SHAPE)
 
     def extra_channels(self, model: Any) -> int:
-        """K·D keypoint values per anchor (the model's ``kpt_shape``)."""
+        """Returns K·D keypoint values per anchor, from the model's kpt_shape."""
         k, d = model.kpt_shape
         return k * d
 
     def matches_reference(self, state: Mapping[str, Any]) -> bool:
-        """A keypoint branch more than one channel wide (an OBB head's is one angle)."""
+        """Tells whether the head's keypoint branch is over one channel wide; an OBB head's is one angle."""
         key = self.reference_key
         return key in state and isinstance(state[key], Tensor) and state[key].shape[0] > 1  # type: ignore[operator]
 
     def kpt_shape_from_state(self, state: Mapping[str, Tensor]) -> tuple[int, int] | None:
-        """From the keypoint outputs' count K·D alone: D = 3 when it divides by 3, else D = 2 (a file that says
-        its ``kpt_shape`` is read from it instead)."""
+        """Infers the keypoint shape from the outputs' count K·D: D = 3 when it divides by 3, else D = 2.
+
+        A file that says its ``kpt_shape`` is read from it instead.
+        """
         weight = state.get(_KEYPOINT_OUTPUT)
         if weight is None:
             return None
@@ -75,14 +80,17 @@ class PoseModel(TaskModel):
         return (nk // 3, 3) if nk % 3 == 0 else (nk // 2, 2) if nk % 2 == 0 else None
 
     def model_options(self, model: Any) -> dict[str, Any]:
-        """``kpt_shape`` [K, D], the model's keypoint shape."""
+        """Returns kpt_shape [K, D], the model's keypoint shape."""
         return {"kpt_shape": [int(v) for v in model.kpt_shape]}
 
     def options_from(
         self, values: Mapping[str, Any], where: str, state: Mapping[str, Tensor] | None = None
     ) -> dict[str, Any]:
-        """``kpt_shape`` checked as ``check_kpt_shape`` does; without one, the one ``state``'s keypoint outputs
-        imply (``kpt_shape_from_state``), else none: (17, 3)."""
+        """Reads kpt_shape, checked as check_kpt_shape does.
+
+        Without one, it is the one ``state``'s keypoint outputs imply (``kpt_shape_from_state``), else the
+        default (17, 3).
+        """
         shape = values.get("kpt_shape")
         if shape is None:
             implied = None if state is None else self.kpt_shape_from_state(state)
@@ -96,7 +104,7 @@ class PoseModel(TaskModel):
         return PoseLoss(model.num_classes, model.kpt_shape, strides=model.strides, box=box, cls=cls, dfl=dfl)
 
     def loss(self, criterion: Any, outputs: Any, batch: dict[str, Any]) -> tuple[Tensor, Tensor]:
-        """``criterion(outputs, targets, keypoints)``: the batch's ``keypoints`` (N, K, D), normalised."""
+        """Returns criterion(outputs, targets, keypoints) with the batch's normalised (N, K, D) keypoints."""
         if "keypoints" not in batch:
             raise ValueError(
                 f"the pose task needs batches with `keypoints` (N, K, D), but the batch has only {sorted(batch)}"

@@ -1,4 +1,4 @@
-"""Pose estimation's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Pose prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ __all__ = ["PosePrediction"]
 
 
 class PosePrediction(TaskPrediction):
-    """Pose estimation's prediction and drawing hooks (module docstring)."""
+    """Pose estimation's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
         names: Sequence[str] | None,
     ) -> np.ndarray:  # fmt: skip
-        """The predicted keypoints and skeleton under the boxes."""
+        """Draws the predicted keypoints and skeleton under the boxes."""
         det = outputs["detections"][index].detach().float().cpu()[keep]
         points = outputs["keypoints"][index].detach().float().cpu()[keep]
         image = draw_keypoints(image, points.numpy(), det[:, 5].numpy())
@@ -34,7 +34,7 @@ class PosePrediction(TaskPrediction):
     def draw_targets(
         self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
     ) -> np.ndarray:
-        """The labelled keypoints (visibility 1 or 2) and skeleton under the boxes."""
+        """Draws the labelled keypoints, visibility 1 or 2, and skeleton under the boxes."""
         targets = batch["targets"].detach().cpu()
         own = targets[:, 0] == index
         points = batch["keypoints"].detach().float().cpu()[own].clone()
@@ -44,7 +44,7 @@ class PosePrediction(TaskPrediction):
         return super().draw_targets(image, batch, index, names)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
-        """Per image ``{"detections": (n, 6), "keypoints": (n, K, D)}`` in original image pixels (clipped)."""
+        """Predicts per image {"detections": (n, 6), "keypoints": (n, K, D)}, clipped, in original pixels."""
         rows = self.pose(module, batch["images"])
         k, d = module.model.kpt_shape
         detections = detections_to_original(
@@ -62,8 +62,10 @@ class PosePrediction(TaskPrediction):
         return result["detections"], {"keypoints": result["keypoints"].detach().float().cpu().numpy()}
 
     def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
-        """COCO keypoints ``[x1, y1, v1, x2, y2, v2, ...]`` in original pixels; v is the predicted visibility
-        score in (0, 1) (D = 3, as the reference's json) or 1 (D = 2)."""
+        """Returns COCO keypoints [x1, y1, v1, x2, y2, v2, ...] in original pixels.
+
+        v is the predicted visibility score in (0, 1) (D = 3, as the reference's json) or 1 (D = 2).
+        """
         points = extras["keypoints"][k]
         if points.shape[-1] == 2:
             points = np.concatenate([points, np.ones_like(points[:, :1])], 1)

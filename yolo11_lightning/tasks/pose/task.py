@@ -1,4 +1,4 @@
-"""``PoseTask``: keypoints (YOLO11-pose), what every layer asks of it (``tasks.base``).
+"""PoseTask: keypoints, YOLO11-pose, and what every layer asks of it by tasks.base.
 
 Detection plus K keypoints of D values per instance (``kpt_shape``, COCO persons: (17, 3); a dataset yaml's
 ``kpt_shape`` with its ``flip_idx``, or a COCO keypoints json's categories' keypoint names): the labels carry them (``structures.keypoints.Keypoints``, moved by every

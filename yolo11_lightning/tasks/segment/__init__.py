@@ -1,4 +1,4 @@
-"""Instance segmentation (YOLO11-seg): the task (``task.py``) and its own files.
+"""Instance segmentation, YOLO11-seg: the task in task.py and its own files.
 
 task.py      SegmentTask: what every layer asks of the task
 head.py      Segment (Detect plus mask coefficients) and Proto (the prototype masks)

@@ -26,14 +26,14 @@ __all__ = ["SegmentationBatch", "collate_segmentation"]
 
 
 class SegmentationBatch(DetectionBatch):
-    """A detection batch plus instance masks at 1/4 resolution and their encoding (module docstring)."""
+    """A detection batch plus instance masks at 1/4 resolution and their encoding, as the module tells."""
 
     masks: torch.Tensor
     mask_overlap: bool
 
 
 def collate_segmentation(samples: Sequence[dict[str, Any]]) -> SegmentationBatch:
-    """Stack segmentation samples into a ``SegmentationBatch``: ``collate_detection`` plus ``masks``.
+    """Stacks segmentation samples into a SegmentationBatch: collate_detection plus the masks.
 
     Every sample's ``masks`` is 2-D (overlap index map) or every one 3-D (one mask per label row); the
     samples left out of the detection batch (unreadable evaluation images) are left out here too. A batch

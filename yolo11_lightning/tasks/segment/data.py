@@ -1,4 +1,4 @@
-"""Segmentation's data hooks (``tasks.base.data``): label fields, samples, collate, split checks."""
+"""Segmentation's data hooks for tasks.base.data: label fields, samples, collate, split checks."""
 
 from __future__ import annotations
 
@@ -23,14 +23,17 @@ log = logging.getLogger(__name__)
 
 
 class SegmentData(TaskData):
-    """Segmentation's data hooks (module docstring)."""
+    """Segmentation's data hooks, listed in the module docstring."""
 
     label_fields: ClassVar[tuple[type[InstanceField], ...]] = (Polygons,)
 
     def sample_targets(
         self, image_shape: tuple[int, int], instances: Instances, options: dict[str, Any]
     ) -> tuple[np.ndarray | None, dict[str, Any]]:
-        """The sample's masks from its outlines, and the row order they imply (overlap: larger first)."""
+        """Returns the sample's masks from its outlines and the row order they imply.
+
+        With overlap, larger instances come first.
+        """
         outlines = instances.fields[Polygons.name].points  # type: ignore[attr-defined]
         masks, order = rasterize(
             outlines, image_shape[0], image_shape[1], overlap=options.get("mask_overlap", True)
@@ -44,7 +47,7 @@ class SegmentData(TaskData):
         return collate_segmentation(samples)
 
     def check_records(self, records: Any, where: str) -> None:
-        """Log how many instances have no polygon (their masks are their boxes' rectangles)."""
+        """Logs how many instances have no polygon; their masks are their boxes' rectangles."""
         instances, missing = records.num_labels(), records.num_labels() - records.num_polygons()
         if missing:
             log.warning(

@@ -1,4 +1,4 @@
-"""Segmentation's evaluation hooks (``tasks.base.evaluation``): the metric, scoring a batch, the monitor."""
+"""Segmentation's evaluation hooks for tasks.base.evaluation: the metric, scoring a batch, the monitor."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ __all__ = ["SegmentEvaluation"]
 
 
 class SegmentEvaluation(TaskEvaluation):
-    """Segmentation's evaluation hooks (module docstring)."""
+    """Segmentation's evaluation hooks, listed in the module docstring."""
 
     checkpoint_monitor: ClassVar[str] = "val/fitness"  # box + mask, as the reference's best.pt
     monitor_meaning: ClassVar[str] = (
@@ -31,13 +31,19 @@ class SegmentEvaluation(TaskEvaluation):
         return SegmentationMAP(class_names, reference_style=reference_style)
 
     def segment(self, module: Any, images: Tensor) -> tuple[list[Tensor], Tensor]:
-        """Eval forward + NMS: per image (n, 6 + 32) rows in input pixels, and the (B, 32, H/4, W/4) protos."""
+        """Runs the eval forward and NMS: per image (n, 6 + 32) rows in input pixels, and the protos.
+
+        The protos are (B, 32, H/4, W/4).
+        """
         predictions, protos = module.model(module.model_input(images))
         return self.nms(module, predictions), protos
 
     def evaluate(self, module: Any, batch: dict[str, Any], metric: DetectionMAP) -> dict[str, Any]:
-        """Box and mask scoring as the reference validator: masks at proto resolution (``masks_at_protos``)
-        against the ground truth at the same 1/4 resolution (``image_target_masks``)."""
+        """Scores boxes and masks as the reference validator does, masks at proto resolution.
+
+        The predicted masks (``masks_at_protos``) are scored against the ground truth at the same 1/4
+        resolution (``image_target_masks``).
+        """
         masks, overlap = self._masks(batch)
         rows, protos = self.segment(module, batch["images"])
         size = batch["images"].shape[-2:]

@@ -72,7 +72,7 @@ class Segment(Detect):
         )
 
     def outputs(self, xs: Sequence[Tensor]) -> SegmentOutput:
-        """The raw outputs, whatever the mode (the train-mode result)."""
+        """Returns the raw train-mode outputs, whatever the mode."""
         bs = xs[0].shape[0]
         coefficients = torch.cat(
             [output_branch(self.cv4[i], x).view(bs, self.nm, -1) for i, x in enumerate(xs)], 2
@@ -84,6 +84,8 @@ class Segment(Detect):
         return out if self.training else self.decode_outputs(out)
 
     def decode_outputs(self, out: SegmentOutput) -> tuple[Tensor, Tensor]:
-        """``SegmentOutput`` -> (predictions (B, 4 + nc + nm, A), protos (B, nm, H/4, W/4)), float32 as
-        ``decode``: the masks assembled from them (coefficients · protos) keep their precision too."""
+        """Decodes a SegmentOutput to float32 predictions (B, 4 + nc + nm, A) and protos (B, nm, H/4, W/4).
+
+        Float32 as ``decode``: the masks assembled from them (coefficients · protos) keep their precision too.
+        """
         return torch.cat((self.decode(out.maps), out.coefficients.float()), 1), out.protos.float()

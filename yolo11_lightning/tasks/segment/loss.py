@@ -64,7 +64,7 @@ __all__ = ["SegmentationLoss"]
 
 
 class SegmentationLoss(DetectionLoss):
-    """Loss of the YOLO11-seg train-mode output against targets and instance masks (module docstring).
+    """Loss of the YOLO11-seg train-mode output against targets and instance masks; see the module docstring.
 
     Args:
         num_classes, strides, reg_max, box, cls, dfl, sum_over_ranks, assigner: as ``DetectionLoss``.
@@ -121,8 +121,11 @@ class SegmentationLoss(DetectionLoss):
         return self._normalise(sums, normalisers, (0, 1, 0, 0))
 
     def _row_bounds(self, prep: Prepared, targets_per_image: Sequence[int] | None) -> list[int]:
-        """Per image, how many foreground anchors to take: the exact count on the CPU (reading it is free),
-        else the bound ``min(topk · rows, anchors)`` from host-side counts (no wait for the device)."""
+        """Returns per image how many foreground anchors to take.
+
+        The exact count on the CPU (reading it is free), else the bound ``min(topk · rows, anchors)`` from
+        host-side counts (no wait for the device).
+        """
         fg_mask = prep.assign.fg_mask
         bs, na = fg_mask.shape
         if fg_mask.device.type == "cpu":
@@ -135,7 +138,7 @@ class SegmentationLoss(DetectionLoss):
         self, prep: Prepared, coefficients: Tensor, protos: Tensor, masks: Tensor,
         targets_per_image: Sequence[int] | None,
     ) -> Tensor:  # fmt: skip
-        """Σ over foreground anchors of the cropped, area-normalised mask BCE (not yet divided by the count).
+        """Sums the cropped, area-normalised mask BCE over foreground anchors, not yet divided by their count.
 
         Image by image, as the reference: the (r_i, H/4, W/4) tensors of one image's r_i anchors are the largest
         ones, not the whole batch's (R, H/4, W/4) (lower peak memory, and on a CPU blocks small enough for the
@@ -238,7 +241,7 @@ class SegmentationLoss(DetectionLoss):
 
 
 def _rank_in_image(image: Tensor, bs: int) -> Tensor:
-    """(N,) position (0-based) of each targets row among the rows of its image, in order of appearance."""
+    """Returns the 0-based (N,) position of each target row among its image's rows, in order."""
     if image.numel() == 0:
         return image
     onehot = F.one_hot(image.clamp(0, bs - 1), bs)

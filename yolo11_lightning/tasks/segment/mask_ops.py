@@ -49,7 +49,7 @@ __all__ = [
 
 
 def mask_logits(protos: Tensor, coefficients: Tensor) -> Tensor:
-    """(32, h, w) prototypes and (n, 32) coefficients -> (n, h, w) float32 mask logits."""
+    """Combines (32, h, w) prototypes and (n, 32) coefficients into (n, h, w) float32 mask logits."""
     c, h, w = protos.shape
     if coefficients.ndim != 2 or coefficients.shape[1] != c:
         raise ValueError(
@@ -59,7 +59,7 @@ def mask_logits(protos: Tensor, coefficients: Tensor) -> Tensor:
 
 
 def crop_masks(masks: Tensor, boxes: Tensor) -> Tensor:
-    """Zero ``masks`` (n, h, w) outside ``boxes`` (n, 4) xyxy in mask pixels.
+    """Zeroes (n, h, w) masks outside their (n, 4) xyxy boxes in mask pixels.
 
     Pixel (row r, column c) is kept when ``x1 <= c < x2`` and ``y1 <= r < y2`` (pixel indices against the
     box edges, no rounding: the reference's rule on the GPU and for 50 masks or more; on the CPU, for fewer
@@ -73,7 +73,7 @@ def crop_masks(masks: Tensor, boxes: Tensor) -> Tensor:
 
 
 def masks_at_protos(protos: Tensor, coefficients: Tensor, boxes: Tensor, input_size: Sequence[int]) -> Tensor:
-    """Binary masks at proto resolution, cropped to the boxes (the reference validator's ``process_mask``).
+    """Returns binary masks at proto resolution cropped to the boxes, as the reference's process_mask.
 
     Args:
         protos: (32, h, w) prototypes of one image (h = H/4, w = W/4).
@@ -89,18 +89,21 @@ def masks_at_protos(protos: Tensor, coefficients: Tensor, boxes: Tensor, input_s
 
 
 def masks_at_input(protos: Tensor, coefficients: Tensor, boxes: Tensor, input_size: Sequence[int]) -> Tensor:
-    """Binary masks at the input size: cropped at proto resolution, then bilinear to (H, W) (the reference
-    predictor's default, ``process_mask(..., upsample=True)``). Arguments as ``masks_at_protos``;
-    returns (n, H, W) bool."""
+    """Returns (n, H, W) bool masks at the input size: cropped at proto resolution, then resized bilinearly.
+
+    The reference predictor's default, ``process_mask(..., upsample=True)``. Arguments as ``masks_at_protos``.
+    """
     logits = _crop_at_protos(mask_logits(protos, coefficients), boxes, input_size)
     return _resize(logits, (int(input_size[0]), int(input_size[1]))).gt(0)
 
 
 def masks_native(protos: Tensor, coefficients: Tensor, boxes: Tensor, shape: Sequence[int]) -> Tensor:
-    """Binary masks in the frame ``shape`` (h0, w0): logits resized there (``scale_masks``, letterbox padding
-    inferred from the aspect ratios), then cropped by ``boxes`` (n, 4) xyxy in that frame (the reference's
-    ``process_mask_native``). ``shape`` is the input size (boxes in input pixels) or the original image size
-    (boxes in original pixels: the retina-masks path). Returns (n, h0, w0) bool."""
+    """Returns (n, h0, w0) bool masks in the frame ``shape``, as the reference's process_mask_native.
+
+    The logits are resized there (``scale_masks``, letterbox padding inferred from the aspect ratios), then
+    cropped by ``boxes`` (n, 4) xyxy in that frame. ``shape`` (h0, w0) is the input size (boxes in input
+    pixels) or the original image size (boxes in original pixels: the retina-masks path).
+    """
     logits = scale_masks(mask_logits(protos, coefficients), shape)
     return crop_masks(logits, boxes).gt(0)
 
@@ -114,7 +117,7 @@ def _crop_at_protos(logits: Tensor, boxes: Tensor, input_size: Sequence[int]) ->
 
 
 def scale_masks(masks: Tensor, shape: Sequence[int], pad: Sequence[float] | Tensor | None = None) -> Tensor:
-    """Masks (n, H, W) in a letterboxed frame -> (n, h0, w0) float in the frame ``shape`` = (h0, w0).
+    """Maps (n, H, W) masks in a letterboxed frame to (n, h0, w0) float in the frame shape = (h0, w0).
 
     The letterbox padding is cut off, then the rest is resized bilinearly (``align_corners=False``); values
     are interpolated, not thresholded. ``pad``: the letterbox (left, top) padding in the masks' pixels (the
@@ -136,7 +139,7 @@ def scale_masks(masks: Tensor, shape: Sequence[int], pad: Sequence[float] | Tens
 
 
 def _resize(masks: Tensor, size: tuple[int, int]) -> Tensor:
-    """Bilinear (n, h, w) -> (n, *size), ``align_corners=False``; no masks give an empty result."""
+    """Resizes (n, h, w) masks bilinearly to (n, *size), align_corners=False; no masks, an empty result."""
     if not len(masks):
         return masks.new_zeros((0, *size))
     return F.interpolate(masks[None], size, mode="bilinear", align_corners=False)[0]
@@ -145,8 +148,10 @@ def _resize(masks: Tensor, size: tuple[int, int]) -> Tensor:
 def masks_to_original(
     masks: Tensor, original_size: Sequence[int], pad: Sequence[float] | Tensor | None = None
 ) -> Tensor:
-    """Binary masks (n, H, W) at the letterboxed input -> (n, h0, w0) bool in the original image:
-    ``scale_masks`` > 0.5 (how the reference draws predicted masks on the original image)."""
+    """Maps binary (n, H, W) masks at the letterboxed input to (n, h0, w0) bool in the original image.
+
+    The masks are ``scale_masks`` > 0.5, how the reference draws predicted masks on the original image.
+    """
     return scale_masks(masks, original_size, pad).gt(0.5)
 
 
@@ -159,7 +164,7 @@ def segment_image(
     pad: Tensor,
     retina_masks: bool = False,
 ) -> tuple[Tensor, Tensor]:
-    """One image's NMS output to detections and masks in original pixels (the reference predictor's path).
+    """Turns one image's NMS output into detections and masks in original pixels, as the reference predicts.
 
     Args:
         detections: (n, 6 + 32) ``non_max_suppression(..., extra=32)`` rows of one image, input pixels.
@@ -194,9 +199,10 @@ def segment_image(
 
 
 def image_target_masks(masks: Tensor, overlap: bool, targets: Tensor, image: int) -> Tensor:
-    """Ground-truth masks of image ``image`` of a ``SegmentationBatch`` as (n, H/4, W/4) bool, one per row of
-    ``targets`` (N, 6) whose image index is ``image``, in their order (the reference validator's
-    ``_prepare_batch``).
+    """Returns the (n, H/4, W/4) bool ground-truth masks of image ``image`` of a SegmentationBatch.
+
+    One per row of ``targets`` (N, 6) whose image index is ``image``, in their order (the reference
+    validator's ``_prepare_batch``).
 
     ``masks``: the batch's ``masks``, (B, H/4, W/4) index maps when ``overlap`` (k >= 1: the k-th row of the
     image), else (N, H/4, W/4) one 0/1 mask per row of ``targets``.
@@ -210,7 +216,7 @@ def image_target_masks(masks: Tensor, overlap: bool, targets: Tensor, image: int
 
 
 def encode_rle(mask: Tensor | np.ndarray) -> dict[str, object]:
-    """A binary (h, w) mask as COCO compressed RLE: ``{"size": [h, w], "counts": str}``.
+    """Encodes a binary (h, w) mask as COCO compressed RLE: {"size": [h, w], "counts": str}.
 
     Runs go down the columns (column-major), starting with a run of zeros (possibly empty); ``counts`` is
     COCO's string form (each run after the second as the difference to the run two before, in 5-bit groups

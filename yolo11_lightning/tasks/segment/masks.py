@@ -32,14 +32,14 @@ MASK_RATIO = 4  # masks are 1/4 of the image side: the Proto output's resolution
 
 
 def _fill_shrunk(points: np.ndarray, height: int, width: int, ratio: int) -> np.ndarray:
-    """Full-resolution whole-image fill of one outline, then the bilinear shrink (the reference's path)."""
+    """Fills one outline over the whole image at full size, then shrinks it bilinearly, as the reference."""
     full = np.zeros((height, width), np.uint8)
     cv2.fillPoly(full, [points], color=1)
     return cv2.resize(full, (width // ratio, height // ratio))
 
 
 def polygon_mask(polygon: np.ndarray, height: int, width: int, ratio: int = MASK_RATIO) -> np.ndarray:
-    """One outline (k, 2) in image pixels -> (height // ratio, width // ratio) uint8 0/1 mask."""
+    """Rasterises one (k, 2) pixel outline into a (height // ratio, width // ratio) uint8 0/1 mask."""
     points = np.asarray(polygon, np.float32).reshape(-1, 2).astype(np.int32)  # truncated, as the reference
     out_h, out_w = height // ratio, width // ratio
     if len(points) == 0:
@@ -62,7 +62,7 @@ def polygon_mask(polygon: np.ndarray, height: int, width: int, ratio: int = MASK
 def instance_masks(
     polygons: Sequence[np.ndarray], height: int, width: int, ratio: int = MASK_RATIO
 ) -> np.ndarray:
-    """Outlines in image pixels -> (N, height // ratio, width // ratio) uint8 0/1, one mask each."""
+    """Rasterises pixel outlines into (N, height // ratio, width // ratio) uint8 0/1 masks, one each."""
     out = np.zeros((len(polygons), height // ratio, width // ratio), np.uint8)
     for i, polygon in enumerate(polygons):
         out[i] = polygon_mask(polygon, height, width, ratio)
@@ -72,7 +72,10 @@ def instance_masks(
 def overlap_mask(
     polygons: Sequence[np.ndarray], height: int, width: int, ratio: int = MASK_RATIO
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Outlines in image pixels -> (index map (height // ratio, width // ratio), order (N,)) (module doc)."""
+    """Rasterises outlines in image pixels into one index map and the (N,) order; see the module docstring.
+
+    The index map is (height // ratio, width // ratio).
+    """
     masks = instance_masks(polygons, height, width, ratio)
     areas = masks.reshape(len(masks), masks.shape[1] * masks.shape[2]).sum(
         1, dtype=np.int64
@@ -87,7 +90,10 @@ def overlap_mask(
 def rasterize(
     polygons: Sequence[np.ndarray], height: int, width: int, overlap: bool = True, ratio: int = MASK_RATIO
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Masks of one image in either encoding (module docstring) and the instance order they imply."""
+    """Rasterises one image's masks in either encoding and returns the instance order they imply.
+
+    The module docstring describes the two encodings.
+    """
     if overlap:
         return overlap_mask(polygons, height, width, ratio)
     return instance_masks(polygons, height, width, ratio), np.arange(len(polygons), dtype=np.int64)

@@ -14,9 +14,11 @@ __all__ = ["SegmentationMAP", "mask_iou"]
 
 
 def mask_iou(truths: Tensor, detections: Tensor) -> np.ndarray:
-    """(m, h, w) and (n, h, w) bool masks -> (m, n) float64 IoU, COCO's (``maskApi.c`` ``rleIou``): intersection
-    over union of the pixel counts, 0 where the union is empty. The counts are exact (float32 sums of 0 and 1 up
-    to 2**24 pixels, autocast off), the division float64."""
+    """Returns the (m, n) float64 IoU of (m, h, w) and (n, h, w) bool masks, COCO's rleIou.
+
+    As ``maskApi.c``: intersection over union of the pixel counts, 0 where the union is empty. The counts are
+    exact (float32 sums of 0 and 1 up to 2**24 pixels, autocast off), the division float64.
+    """
     if not len(truths) or not len(detections):  # an image without truths or detections: no (h, w) to rely on
         return np.zeros((len(truths), len(detections)))
     with torch.autocast(truths.device.type, enabled=False):
@@ -31,8 +33,10 @@ def mask_iou(truths: Tensor, detections: Tensor) -> np.ndarray:
 def _same_class_mask_iou(
     detections: Tensor, masks: Tensor, truth_masks: Tensor, batch: dict[str, Any], image: int
 ) -> np.ndarray:
-    """Image ``image``'s (m, n) mask IoU, computed for the detections of a class among its truths' only (the
-    others are never paired: 0)."""
+    """Returns image ``image``'s (m, n) mask IoU, computed only between detections and truths of one class.
+
+    The others are never paired: 0.
+    """
     targets = batch["targets"]
     truth_classes = targets[targets[:, 0] == image, 1].to(detections.device)
     wanted = torch.isin(detections[:, 5], truth_classes)
@@ -57,8 +61,11 @@ class SegmentationMAP(DetectionMAP):
     def update(  # type: ignore[override]
         self, detections: list[Tensor], batch: dict[str, Any], masks: list[Tensor], truth_masks: list[Tensor]
     ) -> None:
-        """Match one batch: per image (n, 6) detections in letterboxed-input pixels, their (n, h, w) bool masks,
-        and the (m, h, w) bool ground-truth masks (one per target row of the image, in order)."""
+        """Matches one batch: per image (n, 6) detections in letterboxed-input pixels and their masks.
+
+        The detections' masks are (n, h, w) bool, the ground-truth masks (m, h, w) bool, one per target row of
+        the image, in order.
+        """
         truth_counts = torch.bincount(batch["targets"][:, 0].long(), minlength=len(detections)).tolist()
         for i, (det, mask, truth) in enumerate(zip(detections, masks, truth_masks)):
             if len(mask) != len(det) or len(truth) != truth_counts[i]:
@@ -76,9 +83,12 @@ class SegmentationMAP(DetectionMAP):
         self._add(batch, scored)
 
     def _evaluate(self) -> dict[str, Tensor]:
-        """``DetectionMAP``'s keys for boxes and masks (``mask_mAP50-95``, ``mask_AP/<class>``, ...), and
-        ``fitness``: the reference's model-selection score, ``fitness(box) + fitness(mask)`` with
-        ``fitness = 0.1 * mAP50 + 0.9 * mAP50-95`` (what ``best.ckpt`` follows for this task)."""
+        """Returns DetectionMAP's keys for boxes and masks, and the reference's selection score fitness.
+
+        The keys are ``mask_mAP50-95``, ``mask_AP/<class>`` and the like; ``fitness`` is ``fitness(box) +
+        fitness(mask)`` with ``fitness = 0.1 * mAP50 + 0.9 * mAP50-95``, what ``best.ckpt`` follows for this
+        task.
+        """
         out = super()._evaluate()
         out["fitness"] = sum(0.1 * out[f"{p}mAP50"] + 0.9 * out[f"{p}mAP50-95"] for p in ("", "mask_"))
         return out

@@ -1,4 +1,4 @@
-"""Segmentation's model hooks (``tasks.base.model``): its head, reference files and loss."""
+"""Segmentation's model hooks for tasks.base.model: its head, reference files and loss."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ PROTO_CHANNELS = 256  # hidden width of Proto at width 1, scaled like any layer
 
 
 class SegmentModel(TaskModel):
-    """Segmentation's model hooks (module docstring)."""
+    """Segmentation's model hooks, listed in the module docstring."""
 
     model_suffix: ClassVar[str] = "-seg"
     reference_class: ClassVar[str] = "SegmentationModel"
@@ -38,7 +38,7 @@ class SegmentModel(TaskModel):
         )
 
     def extra_channels(self, model: Any) -> int:
-        """The 32 mask coefficients per anchor."""
+        """Returns the 32 mask coefficients per anchor."""
         return NUM_MASKS
 
     def build_loss(self, model: Any, box: float, cls: float, dfl: float) -> DetectionLoss:

@@ -1,4 +1,4 @@
-"""Segmentation's prediction and drawing hooks (``tasks.base.prediction``): results, json fields, pictures."""
+"""Segmentation's prediction and drawing hooks for tasks.base.prediction: results, json fields, pictures."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ __all__ = ["SegmentPrediction"]
 
 
 class SegmentPrediction(TaskPrediction):
-    """Segmentation's prediction and drawing hooks (module docstring)."""
+    """Segmentation's prediction and drawing hooks, listed in the module docstring."""
 
     def draw_evaluated(
         self, image: np.ndarray, outputs: dict[str, Any], index: int, keep: Tensor,
         names: Sequence[str] | None,
     ) -> np.ndarray:  # fmt: skip
-        """The predicted masks (a light colour overlay) under the boxes."""
+        """Draws the predicted masks as a light colour overlay under the boxes."""
         det = outputs["detections"][index].detach().float().cpu()[keep]
         masks = outputs["masks"][index].detach().cpu()[keep]
         image = draw_masks(image, masks.numpy(), det[:, 5].numpy())
@@ -31,15 +31,17 @@ class SegmentPrediction(TaskPrediction):
     def draw_targets(
         self, image: np.ndarray, batch: dict[str, Any], index: int, names: Sequence[str] | None
     ) -> np.ndarray:
-        """The ground-truth masks under the boxes."""
+        """Draws the ground-truth masks under the boxes."""
         targets = batch["targets"].detach().cpu()
         masks = image_target_masks(batch["masks"].detach().cpu(), batch["mask_overlap"], targets, index)
         image = draw_masks(image, masks.numpy(), targets[targets[:, 0] == index, 1].numpy())
         return super().draw_targets(image, batch, index, names)
 
     def predict(self, module: Any, batch: dict[str, Any]) -> list[dict[str, Tensor]]:
-        """Per image ``{"detections": (m, 6), "masks": (m, h0, w0) bool}`` in original image pixels
-        (``mask_ops.segment_image``: the reference predictor's masks; empty masks dropped)."""
+        """Predicts per image {"detections": (m, 6), "masks": (m, h0, w0) bool} in original image pixels.
+
+        The masks are the reference predictor's (``mask_ops.segment_image``); empty masks are dropped.
+        """
         rows, protos = self.segment(module, batch["images"])
         size = batch["images"].shape[-2:]
         out = []
@@ -54,7 +56,7 @@ class SegmentPrediction(TaskPrediction):
         return result["detections"], {"masks": result["masks"].detach().cpu().numpy()}
 
     def result_fields(self, extras: dict[str, Any], k: int) -> dict[str, Any]:
-        """The instance mask as COCO compressed RLE (``{"size": [h, w], "counts"}``)."""
+        """Returns the instance mask as COCO compressed RLE, {"size": [h, w], "counts"}."""
         return {"segmentation": encode_rle(extras["masks"][k])}
 
     def draw_under_boxes(self, image: np.ndarray, classes: np.ndarray, extras: dict[str, Any]) -> np.ndarray:

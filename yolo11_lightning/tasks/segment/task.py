@@ -1,4 +1,4 @@
-"""``SegmentTask``: instance segmentation (YOLO11-seg), what every layer asks of it (``tasks.base``).
+"""SegmentTask: instance segmentation, YOLO11-seg, and what every layer asks of it by tasks.base.
 
 Detection plus one mask per instance: the labels carry a polygon per box (``structures``), a sample carries its
 masks at 1/4 of the image side (``masks.rasterize``), the head adds 32 mask coefficients per anchor and 32

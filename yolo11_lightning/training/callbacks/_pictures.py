@@ -11,14 +11,16 @@ from yolo11_lightning.plots.drawing import save_rgb
 
 
 def save(path: Path, image: np.ndarray) -> None:
-    """Write ``image`` ((H, W, 3) uint8 RGB) to ``path``, making its folder."""
+    """Writes an (H, W, 3) uint8 RGB image to ``path``, making its folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     save_rgb(str(path), image)
 
 
 def save_and_log(trainer: L.Trainer, path: Path, image: np.ndarray, key: str) -> None:
-    """``save`` ``image`` to ``path`` and send it under ``key`` to every logger that takes images (TensorBoard
-    ``add_image``, W&B ``log_image``), at the current global step."""
+    """Saves an image to ``path`` and sends it under ``key`` to every logger that takes images.
+
+    Those are TensorBoard (add_image) and W&B (log_image), at the current global step.
+    """
     save(path, image)
     for logger in trainer.loggers:
         if hasattr(logger, "log_image"):  # W&B

@@ -55,21 +55,24 @@ log = logging.getLogger(__name__)
 
 
 def _slurm_auto_requeue(trainer: L.Trainer) -> bool:
-    """Whether this is a SLURM job whose environment plugin requeues it (Lightning's default there)."""
+    """Tells whether this is a SLURM job whose environment plugin requeues it, Lightning's default there."""
     environment = trainer._accelerator_connector.cluster_environment
     return isinstance(environment, SLURMEnvironment) and environment.auto_requeue
 
 
 def _at_epoch_end(trainer: L.Trainer) -> bool:
-    """Whether the epoch's last training batch is done (validation and the epoch-end hooks come next)."""
+    """Tells whether the epoch's last training batch is done; validation and the epoch-end hooks come next."""
     return bool(trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def _training_ends_here(trainer: L.Trainer) -> bool:
-    """Whether training ends after this optimiser step with batches of the epoch left: ``max_steps`` reached, or
-    a stop the loop will honour (``max_time``'s ``Timer``, ``EarlyStopping``, any callback's ``should_stop``).
-    The epoch-end save that follows would record the epoch as done, and a resume would skip its remaining
-    batches; ``LastCheckpoint`` keeps the moment itself instead, as for a stop signal."""
+    """Tells whether training ends after this optimiser step with batches of the epoch left.
+
+    That is when ``max_steps`` is reached, or on a stop the loop will honour (``max_time``'s ``Timer``,
+    ``EarlyStopping``, any callback's ``should_stop``). The epoch-end save that follows would record the epoch
+    as done, and a resume would skip its remaining batches; ``LastCheckpoint`` keeps the moment itself
+    instead, as for a stop signal.
+    """
     if _at_epoch_end(trainer) or trainer.state.fn != TrainerFn.FITTING:
         return False
     max_steps = trainer.max_steps
@@ -79,8 +82,11 @@ def _training_ends_here(trainer: L.Trainer) -> bool:
 
 
 def _settle_step_exchange(trainer: L.Trainer) -> None:
-    """Read what the last optimiser step exchanged before a checkpoint is written, so that the counts kept in
-    it (skipped steps, substituted images) include that step (a host read; checkpoints are rare)."""
+    """Reads what the last optimiser step exchanged before a checkpoint is written.
+
+    So the counts kept in it, skipped steps and substituted images, include that step. It is a host read;
+    checkpoints are rare.
+    """
     settle = getattr(trainer.lightning_module, "settle_step_exchange", None)
     if callable(settle) and trainer.state.fn == TrainerFn.FITTING:
         settle()
@@ -88,16 +94,19 @@ def _settle_step_exchange(trainer: L.Trainer) -> None:
 
 @contextlib.contextmanager
 def _dirpath_change_expected() -> Iterator[None]:
-    """Silence ``ModelCheckpoint``'s "The dirpath has changed ... won't be reloaded" while our callbacks load their
-    state: ``BestCheckpoint`` restores its best score in any folder, ``LastCheckpoint`` has no score to lose, and
-    ``validate``/``test`` of a training run's checkpoint write elsewhere on purpose."""
+    """Silences ModelCheckpoint's "The dirpath has changed" warning while our callbacks load their state.
+
+    The full warning ends "... won't be reloaded". ``BestCheckpoint`` restores its best score in any folder,
+    ``LastCheckpoint`` has no score to lose, and ``validate``/``test`` of a training run's checkpoint write
+    elsewhere on purpose.
+    """
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r"The dirpath has changed from")
         yield
 
 
 class BestCheckpoint(ModelCheckpoint):
-    """``ModelCheckpoint`` on the task's validation score (``best.ckpt``) whose best score survives any restart.
+    """ModelCheckpoint on the task's validation score (``best.ckpt``) whose best score survives any restart.
 
     ``monitor=None`` (the default) follows the module's task (``Task.checkpoint_monitor``): ``val/mAP50-95``
     for detection, ``val/fitness`` (box + mask, the reference's ``best.pt`` rule) for segmentation. It is
@@ -246,13 +255,18 @@ class LastCheckpoint(ModelCheckpoint):
         )
 
     def _agreed_now(self, trainer: L.Trainer, with_clock: bool) -> tuple[int, bool]:
-        """(stop signal or 0, time-based save due), the same on every rank: one all-reduce now."""
+        """Agrees now, by one all-reduce, on the stop signal or 0 and whether a time-based save is due.
+
+        Returns (stop signal or 0, time-based save due), the same on every rank.
+        """
         due = with_clock and self._clock_due()
         signum, due_any = agree([float(self.stop_request.signum), float(due)], trainer.strategy.root_device)
         return int(signum), bool(due_any)
 
     def _agreed_exchanged(self, trainer: L.Trainer, exchange: StepExchange) -> tuple[int, bool]:
-        """(stop signal or 0, time-based save due) as the step exchange agreed them, one optimiser step late.
+        """Returns the stop signal or 0 and whether a time-based save is due, as the step exchange agreed.
+
+        The agreement comes one optimiser step late.
 
         This rank's values go out with the next training step's all-reduce. The clock is rank 0's: it asks
         for save number k + 1 once its clock is due and save k was done, so a save is asked for once however
@@ -297,9 +311,11 @@ class LastCheckpoint(ModelCheckpoint):
             self._stop(trainer, signum)
 
     def _hold_stop(self, trainer: L.Trainer) -> None:
-        """Inside an accumulation window, hold a stop asked by another callback (max_time's ``Timer``,
-        ``EarlyStopping`` on mid-epoch validation) until the window's optimiser step: stopping now would drop
-        half a gradient whose samples the checkpoint already counts as trained."""
+        """Holds another callback's stop inside an accumulation window until the window's optimiser step.
+
+        Such stops come from max_time's ``Timer`` or ``EarlyStopping`` on mid-epoch validation. Stopping now
+        would drop half a gradient whose samples the checkpoint already counts as trained.
+        """
         if trainer.should_stop and not _at_epoch_end(trainer) and trainer.state.fn == TrainerFn.FITTING:
             trainer.should_stop, self._stop_held = False, True
 
@@ -352,7 +368,7 @@ class LastCheckpoint(ModelCheckpoint):
 
 
 def _stop_note(trainer: L.Trainer, signum: int, path: str | None) -> str:
-    """What a stop kept, in one line: the position and the file (the CLI adds the command that resumes)."""
+    """Returns one line on what a stop kept, the position and the file; the CLI adds the resume command."""
     name = signal_name(signum)
     if path is None or trainer.sanity_checking:
         return f"{name}: stopped before any training step; nothing to save"

@@ -1,4 +1,4 @@
-"""``ClosingSummary``: what a run did, printed when fit, ``validate`` or ``test`` ends (rank 0).
+"""ClosingSummary: what a run did, printed when fit, ``validate`` or ``test`` ends (rank 0).
 
 It prints, and saves as ``<log_dir>/summary_<stage>.csv``, the per-class table of the newest evaluation (the
 last validation of a fit; the ``validate`` or ``test`` run itself), in the task's terms::
@@ -37,7 +37,7 @@ _LISTED_FILES = 12  # a folder with more files than this (one picture per epoch)
 
 
 class ClosingSummary(Callback):
-    """The closing summary of fit, validate and test (module docstring)."""
+    """The closing summary of fit, validate and test; see the module docstring."""
 
     def __init__(self) -> None:
         self.out_dir: Path | None = None
@@ -111,7 +111,7 @@ class ClosingSummary(Callback):
 
 
 def class_rows(results: ClassResults) -> list[dict[str, Any]]:
-    """The table's rows: ``all``, then every class; per kind P, R, mAP50, mAP50-95 (NaN: no truths)."""
+    """Returns the table's rows, all then each class; per kind P, R, mAP50, mAP50-95, NaN without truths."""
     rows = [{"class": "all", "images": results.num_images, "instances": int(results.instances.sum())}]
     for kind, r in results.kinds.items():
         rows[0].update({f"{kind}_P": r.mean(r.p), f"{kind}_R": r.mean(r.r), f"{kind}_mAP50": r.map50,
@@ -134,7 +134,7 @@ def class_rows(results: ClassResults) -> list[dict[str, Any]]:
 
 
 def _format_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The rows as aligned text; NaN shows as ``-``."""
+    """Formats the rows as aligned text, NaN shown as a dash."""
 
     def cell(value: Any) -> str:
         if isinstance(value, float):
@@ -158,8 +158,10 @@ def _progress(trainer: L.Trainer, stage: str) -> str:
 
 
 def _listing(out_dir: Path, trainer: L.Trainer) -> list[str]:
-    """Every file under ``out_dir`` (and the checkpoint folders outside it) with its size; a folder of more than
-    ``_LISTED_FILES`` files as one line."""
+    """Lists every file under ``out_dir`` and the checkpoint folders outside it, with its size.
+
+    A folder of more than ``_LISTED_FILES`` files is one line.
+    """
     folders = [out_dir]
     for callback in trainer.checkpoint_callbacks:
         dirpath = getattr(callback, "dirpath", None)

@@ -13,7 +13,7 @@ from torch import Tensor
 
 
 def ramped_decay(updates: int, decay: float = 0.9999, tau: float = 2000.0) -> float:
-    """EMA decay after ``updates`` optimiser steps: small at first so the average follows early training."""
+    """Returns the EMA decay after ``updates`` optimiser steps, small at first to follow early training."""
     return decay * (1 - math.exp(-updates / tau))
 
 
@@ -42,7 +42,7 @@ class ModelEMA(WeightAveraging):
         self._updates: int | None = None
 
     def _blend(self, averaged: list[Tensor], current: list[Tensor], num_averaged: Tensor | int) -> None:
-        """One (device, dtype) group: copy integer tensors, lerp float ones by ``1 - decay(num_averaged + 1)``.
+        """Blends one device and dtype group: copies integer tensors, lerps float ones by 1 - decay(n + 1).
 
         ``num_averaged`` may be a tensor (``AveragedModel.update_parameters``) or an int (the fast path).
         """
@@ -72,7 +72,7 @@ class ModelEMA(WeightAveraging):
             self._latest_update_step = trainer.global_step
 
     def _tensor_groups(self, pl_module: L.LightningModule) -> list[tuple[list[Tensor], list[Tensor], bool]]:
-        """(averaged, current, is_float) lists per (device, dtype), as ``AveragedModel`` pairs them."""
+        """Groups (averaged, current, is_float) lists per device and dtype, as AveragedModel pairs them."""
         average = self._average_model
         assert average is not None
         pairs = zip(

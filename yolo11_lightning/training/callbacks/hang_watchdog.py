@@ -60,7 +60,10 @@ def _describe(stage: str, epoch: int, batch: int, phase: str, step: int) -> str:
 
 
 def _is_distributed_error(error: BaseException) -> bool:
-    """A collective or store failure (timeout, lost connection), as opposed to an error in the user's code."""
+    """Tells whether an error is a collective or store failure, such as a timeout or a lost connection.
+
+    As opposed to an error in the user's code.
+    """
     import torch.distributed as dist
 
     text = str(error).lower()
@@ -99,7 +102,7 @@ class _BoundedStore:
             done.set()
 
     def call(self, fn: Any) -> Any:
-        """``fn(store)`` on the store thread; TimeoutError when it does not answer in time."""
+        """Runs fn(store) on the store thread; raises TimeoutError when it does not answer in time."""
         with self._lock:
             if self._pending is not None and not self._pending.is_set():
                 raise TimeoutError(
@@ -271,7 +274,7 @@ class HangWatchdog(Callback):
     def on_exception(
         self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException
     ) -> None:
-        """Name the rank(s) that fell behind, and the stack files, in the error that ends the run."""
+        """Names the ranks that fell behind, and the stack files, in the error that ends the run."""
         if not self._armed or not hasattr(exception, "add_note"):
             return
         if self.report is None and self.world > 1 and _is_distributed_error(exception):
@@ -345,7 +348,7 @@ class HangWatchdog(Callback):
             self._peers[rank] = (note["beat"], now if changed else old[1], note)
 
     def _stalled(self, stalled: float) -> None:
-        """Dump this rank's stacks, name the laggards, log and keep the report (errors are logged, not raised)."""
+        """Dumps this rank's stacks, names the laggards, logs and keeps the report; errors are only logged."""
         try:
             self._dump_stacks(stalled)
         except OSError as error:

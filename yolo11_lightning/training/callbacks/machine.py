@@ -26,13 +26,13 @@ FEW_IMAGES_PER_GPU = 8
 
 
 def compile_in_place(model: Any) -> None:
-    """``nn.Module.compile`` (state-dict keys unchanged), once: a second call does nothing."""
+    """Compiles the model in place by nn.Module.compile, state-dict keys unchanged; once only."""
     if not getattr(model, "_compiled_call_impl", None):
         model.compile()
 
 
 def _say_few_images_per_gpu(trainer: L.Trainer) -> None:
-    """One log line (rank 0) when the global batch gives a GPU fewer than ``FEW_IMAGES_PER_GPU`` images."""
+    """Logs one line on rank 0 when the global batch gives a GPU fewer than ``FEW_IMAGES_PER_GPU`` images."""
     batch = getattr(trainer.datamodule, "batch_size", None)
     world = trainer.num_nodes * trainer.num_devices
     if not isinstance(batch, int) or batch // world >= FEW_IMAGES_PER_GPU:

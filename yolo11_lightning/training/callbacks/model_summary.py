@@ -57,8 +57,11 @@ class _CountedSummary(Summary):
 
 
 def _layer_counts(counts: dict[str, dict[Any, int]], key: str) -> dict[Any, int]:
-    """The counter's op counts of module ``key``; a container that is never called itself (the
-    ``ModuleList`` of layers) sums those of its direct children."""
+    """Returns the counter's op counts of module ``key``.
+
+    A container that is never called itself, such as the ``ModuleList`` of layers, sums those of its direct
+    children.
+    """
     if key in counts or not key:
         return counts.get(key, {})
     total: dict[Any, int] = {}
@@ -70,7 +73,7 @@ def _layer_counts(counts: dict[str, dict[Any, int]], key: str) -> dict[Any, int]
 
 
 def _counter_key(layer_name: str) -> str:
-    """The summary's ``model.layers.3`` as the counter names it from the detector: ``YOLO11.layers.3``."""
+    """Names a summary layer as the counter does from the detector: model.layers.3 -> YOLO11.layers.3."""
     if layer_name == _DETECTOR:
         return YOLO11.__name__
     if layer_name.startswith(f"{_DETECTOR}."):
@@ -79,7 +82,7 @@ def _counter_key(layer_name: str) -> str:
 
 
 class FlopsSummary(ModelSummary):
-    """``ModelSummary`` whose FLOPs are those of one image at the datamodule's ``image_size`` (the detector's
+    """ModelSummary whose FLOPs are those of one image at the datamodule's ``image_size`` (the detector's
     layers; the loss and metrics count none). Without a detector or an image size, Lightning's own."""
 
     def _summary(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
@@ -90,8 +93,10 @@ class FlopsSummary(ModelSummary):
 
 
 def count_flops_in_summary(trainer: L.Trainer) -> None:
-    """Replace the Trainer's default ``ModelSummary`` (exactly that class, with its settings) by a
-    ``FlopsSummary``; any other summary callback, or none, stays as it is."""
+    """Replaces the Trainer's default ModelSummary by a FlopsSummary; any other summary, or none, stays.
+
+    Only exactly that class with its settings is replaced.
+    """
     trainer.callbacks = [
         FlopsSummary(c._max_depth, **c._summarize_kwargs) if type(c) is ModelSummary else c
         for c in trainer.callbacks

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 
 def global_batch_size(trainer: L.Trainer) -> int:
-    """Images per training batch over all devices: the DataModule's ``batch_size``, else loader x world."""
+    """Returns the images per batch over all devices: the DataModule's batch_size, else loader x world."""
     datamodule = getattr(trainer, "datamodule", None)
     if datamodule is not None and getattr(datamodule, "batch_size", None):
         return int(datamodule.batch_size)
@@ -90,7 +90,10 @@ class LoopRecipe(Callback):
         trainer.fit_loop.epoch_loop.__dict__.pop("_should_accumulate", None)
 
     def _should_accumulate(self, lightning_rule: Any) -> bool:
-        """Lightning's rule, except on an epoch's last batch that the reference would not step on."""
+        """Decides whether to accumulate, by Lightning's rule with one exception.
+
+        On an epoch's last batch that the reference would not step on, it accumulates.
+        """
         if self.schedule is not None and not self.step_due:
             return True
         return lightning_rule()
@@ -107,7 +110,7 @@ class LoopRecipe(Callback):
 
     # ------------------------------------------------------------------------------- per batch
     def global_batch_index(self, trainer: L.Trainer, batch_idx: int) -> int:
-        """Batches since the run's start (epochs x batches per epoch + this epoch's index)."""
+        """Counts the batches since the run's start: epochs x batches per epoch + this epoch's index."""
         return trainer.current_epoch * self.schedule.batches_per_epoch + batch_idx
 
     def on_train_batch_start(
@@ -135,7 +138,7 @@ class LoopRecipe(Callback):
         self.step_due = due
 
     def loss_scale(self, trainer: L.Trainer, local_batch: int, task: TaskModel | None = None) -> int:
-        """Factor on the (globally normalised) loss so that gradients are the reference's.
+        """Returns the factor on the globally normalised loss that makes the gradients the reference's.
 
         The reference's gradient is d(loss x ``task.reference_loss_factor(global batch)``): the global batch for
         detection (the default), 1 for classification (its mean cross-entropy). DDP averages gradients over the
@@ -148,7 +151,10 @@ class LoopRecipe(Callback):
         return factor * world * trainer.accumulate_grad_batches
 
     def zero_grad_before_batch(self, optimizer: torch.optim.Optimizer) -> None:
-        """Lightning's zero_grad point: only with a fixed accumulation (else zeroed after each step)."""
+        """Zeroes the gradients at Lightning's zero_grad point, only with a fixed accumulation.
+
+        Otherwise they are zeroed after each step.
+        """
         if self.fixed_accumulation is not None:
             optimizer.zero_grad(set_to_none=True)
 
@@ -159,7 +165,7 @@ class LoopRecipe(Callback):
         self.carried_is_global = False
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Average an open window's gradient over ranks (every rank carries one, or none, alike).
+        """Averages an open window's gradient over ranks; every rank carries one, or none, alike.
 
         Before the checkpoint callbacks' own epoch-end saves (Lightning runs those last).
         """
@@ -175,7 +181,7 @@ class LoopRecipe(Callback):
     def after_optimizer_step(
         self, trainer: L.Trainer, optimizer: torch.optim.Optimizer, batch_idx: int
     ) -> None:
-        """Close the accumulation window after the optimiser step of ``batch_idx`` (taken or skipped)."""
+        """Closes the accumulation window after the optimiser step of ``batch_idx``, taken or skipped."""
         if self.fixed_accumulation is None:
             optimizer.zero_grad(set_to_none=True)
         if self.schedule is not None:
@@ -209,7 +215,7 @@ class LoopRecipe(Callback):
     def _restore_gradients(
         self, trainer: L.Trainer, pl_module: L.LightningModule, gradients: dict[str, torch.Tensor]
     ) -> None:
-        """Put a checkpoint's (unscaled) carried gradients back, times this run's GradScaler scale if any."""
+        """Puts a checkpoint's unscaled carried gradients back, times this run's GradScaler scale if any."""
         parameters = dict(pl_module.named_parameters())
         scale = _gradient_scale(trainer)
         unknown = sorted(set(gradients) - set(parameters))
@@ -229,6 +235,9 @@ class LoopRecipe(Callback):
 
 
 def _gradient_scale(trainer: L.Trainer) -> float:
-    """The factor the parameters' gradients carry: the GradScaler's scale under 16-mixed, else 1 (a host read)."""
+    """Returns the factor the parameters' gradients carry: the GradScaler's scale under 16-mixed, else 1.
+
+    It is a host read.
+    """
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     return float(scaler.get_scale()) if scaler is not None and scaler.is_enabled() else 1.0

@@ -1,4 +1,4 @@
-"""``ResultPictures``: the pictures people look at first, in the run folder and in the loggers that take images.
+"""ResultPictures: the pictures people look at first, in the run folder and in the loggers that take images.
 
 Into ``<log_dir>/pictures/`` (rank 0 only; each group can be turned off):
 
@@ -47,7 +47,7 @@ _CURVE_METRICS = (
 
 
 class ResultPictures(Callback):
-    """Result pictures of a run (module docstring).
+    """Result pictures of a run; see the module docstring.
 
     Args:
         curves: draw ``results.png`` at epoch ends (at most 1/20 of the run's time) and at the end of fit.
@@ -126,8 +126,11 @@ class ResultPictures(Callback):
             self._guarded("curves", self._draw_curves, trainer, False)
 
     def _curves_due(self) -> bool:
-        """Redraw at an epoch end unless the last drawing was recent: drawing (~0.4 s) takes at most 1/20 of
-        the time between drawings, so short epochs are not slowed (the end of fit always draws)."""
+        """Tells whether to redraw at an epoch end: not when the last drawing was recent.
+
+        Drawing takes about 0.4 s and at most 1/20 of the time between drawings, so short epochs are not
+        slowed; the end of fit always draws.
+        """
         return time.monotonic() - self._curves_drawn_at >= _CURVES_SPACING * self._curves_seconds
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -144,8 +147,10 @@ class ResultPictures(Callback):
 
     # ------------------------------------------------------------------------------------ drawing
     def _guarded(self, what: str, draw: Any, *args: Any) -> None:
-        """Run ``draw``: optional output of rank 0 alone, which must never end the run nor keep the others
-        waiting in a collective."""
+        """Runs ``draw``, rank 0's optional output, which must never end the run nor keep the others waiting.
+
+        Waiting here means in a collective.
+        """
         try:
             draw(*args)
         except Exception as e:  # any failure of optional output is only reported
@@ -160,8 +165,10 @@ class ResultPictures(Callback):
         return (self.out_dir or Path(trainer.default_root_dir) / "pictures") / name
 
     def _draw_curves(self, trainer: L.Trainer, to_loggers: bool) -> None:
-        """``results.png`` from the history; sent to the loggers at the end of fit only (they plot the same
-        scalars per step themselves)."""
+        """Draws results.png from the history; sends it to the loggers at the end of fit only.
+
+        The loggers plot the same scalars per step themselves.
+        """
         from yolo11_lightning.plots.training_curves import training_curves
 
         start = time.monotonic()

@@ -44,7 +44,7 @@ FIXES = (
 
 
 def batch_images(batch: Any) -> int:
-    """Images in a batch (the leading size of ``batch["images"]``, a host-side attribute)."""
+    """Counts the images in a batch: the leading size of batch["images"], a host-side attribute."""
     images = (
         batch.get("images")
         if isinstance(batch, dict)
@@ -155,12 +155,12 @@ class Throughput(Callback):
 
     # ------------------------------------------------------------------------------------ figures
     def images_per_second(self) -> float:
-        """Per-device images/s over the window (nan before the first measured step)."""
+        """Returns the per-device images/s over the window, nan before the first measured step."""
         seconds = sum(s for _, s, _ in self.steps)
         return sum(n for n, _, _ in self.steps) / seconds if seconds > 0 else math.nan
 
     def data_wait_fraction(self) -> float:
-        """Data wait over step time over the window; on CUDA the smaller of host and GPU-idle shares."""
+        """Returns data wait over step time in the window; on CUDA the smaller of host and GPU-idle shares."""
         seconds = sum(s for _, s, _ in self.steps)
         host = sum(w for _, _, w in self.steps) / seconds if seconds > 0 else math.nan
         gpu = self._gpu.fraction() if self._gpu is not None else None

@@ -1,4 +1,4 @@
-"""``UnreadableImages``: the images the loaders could not read, counted, logged, named once and limited."""
+"""UnreadableImages: the images the loaders could not read, counted, logged, named once and limited."""
 
 from __future__ import annotations
 
@@ -52,13 +52,13 @@ class UnreadableImages(Callback):
         self._missing = 0
 
     def fraction(self, trainer: L.Trainer) -> float | None:
-        """The share of the training set that may be substituted per epoch (None or >= 1: no limit)."""
+        """Returns the share of the training set one epoch may substitute; None or >= 1 sets no limit."""
         if self.max_substituted_fraction is not None:
             return self.max_substituted_fraction
         return getattr(trainer.datamodule, "max_substituted_fraction", 0.01)
 
     def limit(self, trainer: L.Trainer) -> int | None:
-        """Most substituted samples one epoch may have; None: no limit."""
+        """Returns the most substituted samples one epoch may have; None sets no limit."""
         fraction = self.fraction(trainer)
         if fraction is None or fraction >= 1:
             return None
@@ -78,7 +78,7 @@ class UnreadableImages(Callback):
         self._exchange = exchange if trainer.world_size > 1 and isinstance(exchange, StepExchange) else None
 
     def _newly_agreed(self) -> int:
-        """Substitutions of every rank the step exchange agreed on since the last call."""
+        """Returns the substitutions of every rank the step exchange agreed on since the last call."""
         if self._exchange is None:
             return 0
         summed = int(self._exchange.agreed.get("substituted", 0.0))
@@ -137,7 +137,7 @@ class UnreadableImages(Callback):
             self._add(trainer, pl_module, count)
 
     def _add(self, trainer: L.Trainer, pl_module: L.LightningModule, count: int) -> None:
-        """Count ``count`` more substituted samples (summed over ranks); log a changed total; stop at the limit."""
+        """Counts more substituted samples, summed over ranks; logs a changed total and stops at the limit."""
         if trainer.current_epoch != self.epoch:
             self.epoch, self.epoch_count = trainer.current_epoch, 0
         self.total += count
@@ -176,7 +176,7 @@ class UnreadableImages(Callback):
             self._missing += int(batch.get("missing", 0))
 
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Log ``val/missing_images`` (summed over ranks) when an image could not be scored."""
+        """Logs val/missing_images, summed over ranks, when an image could not be scored."""
         if trainer.sanity_checking:
             return
         count = self._missing

@@ -1,4 +1,4 @@
-"""``ValidationImages``: predictions and ground truth drawn on the first validation images each epoch."""
+"""ValidationImages: predictions and ground truth drawn on the first validation images each epoch."""
 
 from __future__ import annotations
 
