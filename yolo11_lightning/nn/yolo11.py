@@ -28,7 +28,7 @@ HeadBuilder = Callable[[int, Sequence[int], Sequence[int], int, str], nn.Module]
 def detect_head(
     num_classes: int, channels: Sequence[int], strides: Sequence[int], reg_max: int, scale: str
 ) -> nn.Module:
-    """Detection's head on the maps of ``channels`` (P3/P4/P5)."""
+    """Builds detection's head on the P3/P4/P5 maps of ``channels``."""
     return Detect(num_classes, channels, strides, reg_max)
 
 
@@ -56,7 +56,7 @@ _STRIDES = (8, 16, 32)
 
 
 def _build_layers(scale: str, neck: bool = True) -> tuple[nn.ModuleList, list[int]]:
-    """The layers before the head, index i == reference ``model.i``; returns them and their out channels.
+    """Builds the layers before the head, index i == reference ``model.i``; returns them and their out channels.
 
     With the neck: 23 layers (backbone, SPPF, C2PSA, neck), the detection tasks'. Without: the 10 of
     classification, backbone layers 0-8 then C2PSA at 9 (no SPPF, no neck).
@@ -175,7 +175,7 @@ class YOLO11(nn.Module):
         return names
 
     def check_input(self, x: Tensor) -> None:
-        """Raise a ValueError naming the problem unless x is (B, 3, H, W) with H, W multiples of 32."""
+        """Raises a ValueError naming the problem unless x is (B, 3, H, W) with H, W multiples of 32."""
         if x.ndim != 4 or x.shape[1] != 3:
             raise ValueError(f"YOLO11 expects images shaped (B, 3, H, W), got {tuple(x.shape)}")
         h, w = x.shape[-2:]
@@ -187,8 +187,10 @@ class YOLO11(nn.Module):
             )
 
     def features(self, x: Tensor) -> list[Tensor]:
-        """The maps the head reads (after checking the input): P3/8, P4/16, P5/32, or P5/32 alone without the
-        neck."""
+        """Returns the maps the head reads after checking the input.
+
+        P3/8, P4/16, P5/32, or P5/32 alone without the neck.
+        """
         self.check_input(x)
         outs: list[Tensor] = []
         for i, layer in enumerate(self.layers):
@@ -197,11 +199,11 @@ class YOLO11(nn.Module):
         return [outs[i] for i in self._head_from]
 
     def level_maps(self, x: Tensor) -> list[Tensor]:
-        """The three raw detection maps (B, 4·reg_max + nc, H/s, W/s), whatever the mode (for val losses)."""
+        """Returns the three raw detection maps (B, 4·reg_max + nc, H/s, W/s) whatever the mode, for val losses."""
         return self.head.level_maps(self.features(x))
 
     def train_outputs(self, x: Tensor) -> Any:
-        """What train mode returns, whatever the mode (the loss input, for val losses)."""
+        """Returns what train mode returns whatever the mode: the loss input, for val losses."""
         return self.head.outputs(self.features(x))
 
     def forward(self, x: Tensor) -> Any:
@@ -209,7 +211,7 @@ class YOLO11(nn.Module):
         return out if self.training else self.head.decode_outputs(out)
 
     def reset_head(self, num_classes: int, names: list[str] | None = None) -> YOLO11:
-        """Re-create the class outputs for ``num_classes`` (reference bias init) for fine-tuning."""
+        """Re-creates the class outputs for ``num_classes`` with the reference bias init, for fine-tuning."""
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 1:
             raise ValueError(f"num_classes must be a positive int, got {num_classes!r}")
         self.head.reset_classes(num_classes)
@@ -218,7 +220,7 @@ class YOLO11(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> YOLO11:
-        """Fold every BatchNorm into its conv (in place) for inference; outputs are unchanged."""
+        """Folds every BatchNorm into its conv in place for inference; outputs are unchanged."""
         for m in [m for m in self.modules() if isinstance(m, Conv)]:  # listed first: fuse_bn swaps children
             m.fuse_bn()
         return self
