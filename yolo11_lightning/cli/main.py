@@ -69,11 +69,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     line (or ``YOLO11_TRACEBACK=1``) shows its traceback instead. Other errors keep their traceback.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    if "--traceback" in args:
-        args.remove("--traceback")
-        os.environ[TRACEBACK_ENV] = "1"  # DDP ranks started from this process inherit it
-        if argv is None:  # LightningCLI reads sys.argv itself
-            sys.argv = [sys.argv[0], *args]
+    if "--traceback" not in args:
+        return _dispatch(args, from_shell=argv is None)
+    args.remove("--traceback")
+    if argv is None:  # LightningCLI reads sys.argv itself
+        sys.argv = [sys.argv[0], *args]
+    before = os.environ.get(TRACEBACK_ENV)
+    os.environ[TRACEBACK_ENV] = "1"  # DDP ranks started from this process inherit it
+    try:
+        return _dispatch(args, from_shell=argv is None)
+    finally:  # a call from Python leaves its caller's environment as it found it
+        if before is None:
+            os.environ.pop(TRACEBACK_ENV, None)
+        else:
+            os.environ[TRACEBACK_ENV] = before
+
+
+def _dispatch(args: list[str], from_shell: bool) -> int:
+    """Runs the command ``args`` names; a user error becomes one ``error:`` line and exit code 2."""
     if not args or args[0] in ("-h", "--help"):
         sys.stdout.write(_usage())
         return 0 if args else 2
@@ -85,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command, rest = args[0], args[1:]
     spin_briefly()  # before torch is imported: OpenMP reads its wait policy once (training.cpu_threads)
     try:
-        return _run_command(command, rest, from_shell=argv is None)
+        return _run_command(command, rest, from_shell=from_shell)
     except (UserInputError, FileNotFoundError) as e:
         if wants_traceback():
             raise

@@ -3,6 +3,7 @@ traceback; ``--traceback`` shows it. A fresh CPU start prints no warning the use
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -79,14 +80,14 @@ def test_traceback_on_request_and_a_quiet_start(
     ``--traceback`` lets the error out (the interpreter prints its traceback); a run that starts (a fresh process)
     prints no deprecation warning and no pin_memory warning on a CPU."""
     bad = ["fit", *TINY, "--data.dataset", str(tiny_dataset), "--model.scale", "q"]
-    monkeypatch.delenv(
-        TRACEBACK_ENV, raising=False
-    )  # --traceback sets it for the ranks: unset again afterwards
+    monkeypatch.delenv(TRACEBACK_ENV, raising=False)
     assert shell_here(bad) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("error: model.scale='q'")
     with pytest.raises(UserInputError, match=r"model\.scale='q'"):
         shell_here([*bad, "--traceback"])
+    assert TRACEBACK_ENV not in os.environ  # set for the ranks of that run only: later calls print one line
+    assert shell_here(bad) == 2
     proc = run_cli(["fit", *TINY, "--data.dataset", str(tiny_dataset), "--trainer.default_root_dir", str(tmp_path),
                     "--data.pin_memory", "true"], cwd=tmp_path)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
