@@ -45,6 +45,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     task = args.task or (hint.task if hint is not None else DEFAULT_TASK)
     config = dataclasses.replace(dataset_config(args.data), outline_labels=get_task(task).outline_labels)
     for s in write_shards(config, args.out, task, args.shard_mb, max_image_pixels=args.max_image_pixels):
-        print(f"{s.split}: {s.samples} samples in {s.shards} shards, {s.bytes} bytes, {s.skipped} images skipped")
+        print(
+            f"{s.split}: {s.samples} samples in {s.shards} shards, {s.bytes} bytes, {s.skipped} images skipped"
+        )
     print(f"wrote {args.out.rstrip('/')}/index.json ({task})")
     return 0

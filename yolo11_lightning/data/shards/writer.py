@@ -52,7 +52,8 @@ def _extension(path: str) -> str:
 
 def _member(name: str, size: int) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name)
-    info.size, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = size, 0, 0o644, 0, 0, "", ""
+    info.size, info.mtime, info.mode = size, 0, 0o644
+    info.uid, info.gid, info.uname, info.gname = 0, 0, "", ""
     return info
 
 
@@ -87,7 +88,8 @@ class _ShardWriter:
             self._close()
         if self._tar is None:
             self._buffer = io.BytesIO()
-            self._tar = tarfile.open(fileobj=self._buffer, mode="w", format=tarfile.USTAR_FORMAT)
+            # closed in _close
+            self._tar = tarfile.open(fileobj=self._buffer, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         offset = self._tar.offset + 512  # a ustar header of a short name is one block
         self._tar.addfile(_member(name, len(data)), io.BytesIO(data))
         self._count += 1
