@@ -37,7 +37,7 @@ from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
-from yolo11_lightning.data.images.loading import RecordImageLoader
+from yolo11_lightning.data.images.loading import ImageBytes, RecordImageLoader
 from yolo11_lightning.data.rect_batches import eval_resized_shape, rect_batches
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
@@ -124,6 +124,8 @@ class BoxDataset(RecordImageLoader, Dataset):
             mask per instance (False).
         max_image_pixels: an image of more pixels is unreadable (``images.limits.ImageTooLargeError``, never
             decoded); default the reference's limit, None or 0: no limit.
+        image_bytes: where the images' bytes come from when not from files at the records' paths (a shard
+            folder's ``data.shards.reader.ShardImages``: the records' paths are then tar members).
     """
 
     def __init__(
@@ -146,8 +148,10 @@ class BoxDataset(RecordImageLoader, Dataset):
         task: TaskSamples = DETECTION,
         mask_overlap: bool = True,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+        image_bytes: ImageBytes | None = None,
     ) -> None:
         self.task = task
+        self.image_bytes = image_bytes
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")

@@ -2,12 +2,16 @@
 
 The loading half of ``BoxDataset`` (a mixin of it): it reads the attributes ``BoxDataset``
 sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``label_fields``,
-``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels`` and the
-per-process
-``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
+``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels``,
+``image_bytes`` and the per-process ``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
+
+Images are files at the records' paths, or, with ``image_bytes`` (a shard folder's ``ShardImages``), bytes it
+reads by index, the record's path being the sample's tar member.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -15,7 +19,7 @@ import numpy as np
 from yolo11_lightning.data.augment.pipeline import Labelled
 from yolo11_lightning.data.augment.transforms import resize_long_side
 from yolo11_lightning.data.images.cache import resized_shape
-from yolo11_lightning.data.images.io import decode_scale, read_image_retrying
+from yolo11_lightning.data.images.io import decode_image_bytes, decode_scale, read_image_retrying
 from yolo11_lightning.data.images.limits import ImageReadError, check_pixels
 from yolo11_lightning.data.rect_batches import eval_resize, eval_resized_shape
 from yolo11_lightning.data.sampling.seeds import substitute_index
@@ -27,6 +31,18 @@ SUBSTITUTE_STREAM = 2
 MAX_SUBSTITUTE_TRIES = 16
 # ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
 BLANK_SUBSTITUTE = -2
+
+
+class ImageBytes(Protocol):
+    """Where a dataset's image bytes come from when they are not files (``data.shards.reader.ShardImages``)."""
+
+    def read(self, index: int, member: str) -> bytes:
+        """The bytes of sample ``index`` (whose record's path is ``member``); ImageReadError when unreadable."""
+        ...
+
+    def name(self, index: int, member: str) -> str:
+        """How messages name sample ``index``."""
+        ...
 
 
 class RecordImageLoader:
@@ -53,7 +69,7 @@ class RecordImageLoader:
             # The record's size first (a record from elsewhere, or a cache of a higher limit), then the file's
             # header when it is read (the file may have changed since).
             check_pixels(rec.path, rec.height, rec.width, self.max_image_pixels)
-            image, f = self._read(rec.path, rec.height, rec.width)
+            image, f = self._read(index, rec.path, rec.height, rec.width)
             if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
                 raise ImageReadError(
                     rec.path,
@@ -77,7 +93,7 @@ class RecordImageLoader:
             return self._resize(image, height, width, f)
         return eval_resize(image, self.image_size, self.scaleup)
 
-    def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
+    def _read(self, index: int, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
 
         Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
@@ -85,9 +101,16 @@ class RecordImageLoader:
         check then expects ceil(height / f) x ceil(width / f).
         """
         attempts, backoff, limit = self.read_attempts, self.retry_backoff_s, self.max_image_pixels
-        if not (self.augment and self.reduced_decode):
+        if self.image_bytes is not None:
+            data = self.image_bytes.read(index, path)
+            long_side = self.image_size if self.augment and self.reduced_decode else None
+            image = decode_image_bytes(self.image_bytes.name(index, path), data, long_side, limit)
+            if long_side is None:
+                return image, 1
+        elif not (self.augment and self.reduced_decode):
             return read_image_retrying(path, attempts, backoff, max_pixels=limit), 1
-        image = read_image_retrying(path, attempts, backoff, self.image_size, limit)
+        else:
+            image = read_image_retrying(path, attempts, backoff, self.image_size, limit)
         return image, 1 if image.shape[:2] == (height, width) else decode_scale(
             height, width, self.image_size
         )

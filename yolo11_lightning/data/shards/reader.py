@@ -14,6 +14,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -22,11 +23,11 @@ import numpy as np
 from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.shards import layout
 from yolo11_lightning.data.shards.cache import ShardCache, ShardFetchError, default_cache_folder
-from yolo11_lightning.data.sources.config import DatasetError
+from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 
-__all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split", "open_index"]
+__all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split", "open_index", "shard_config"]
 
 DEFAULT_CACHE_GB = 64.0
 
@@ -96,6 +97,17 @@ def open_index(location: str) -> ShardIndex:
     except ValueError as e:
         raise DatasetError(str(e)) from None
     return ShardIndex(location, str(raw.get("task") or "detect"), names, options, dict(splits))
+
+
+def shard_config(location: str) -> DatasetConfig:
+    """The shard folder ``location`` as a dataset config: its class names, label options and splits (each the
+    url of its index file); ``shards`` set."""
+    index = open_index(location)
+    local = "://" not in location
+    root = Path(os.path.expanduser(location)).resolve() if local else Path(".")
+    shards = str(root) if local else location.rstrip("/")
+    splits = {split: [f"{shards}/{name}"] for split, name in index.splits.items()}
+    return DatasetConfig(root=root, splits=splits, names=index.names, options=index.options, shards=shards)
 
 
 class ShardImages:

@@ -1,6 +1,7 @@
 """What task a dataset's files say they are labelled for, read without loading its labels.
 
-Only what the files state for certain counts: a dataset yaml that declares keypoints
+Only what the files state for certain counts: a shard folder whose index was written for pose or classify
+(``data.shards``), a dataset yaml that declares keypoints
 (``label_options.LabelOptions.declared_by``) is a keypoint (pose) dataset,
 and an ImageFolder root (class folders of images without YOLO label files, the reference's classification
 layout: the folder itself, its ``train`` folder, or a yaml whose ``train`` is such a folder) is a classification
@@ -18,10 +19,15 @@ from pathlib import Path
 import yaml
 
 from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS
+from yolo11_lightning.data.shards.reader import is_shard_location, open_index
+from yolo11_lightning.data.sources.config import DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.yolo import has_label_rows
 
 __all__ = ["DatasetTask", "dataset_task"]
+
+# The tasks a shard index's task claims, as the files of a folder would (box and outline rows say nothing).
+_SHARD_CLAIMS = ("pose", "classify")
 
 
 @dataclass(frozen=True)
@@ -37,6 +43,12 @@ def dataset_task(dataset: str | os.PathLike) -> DatasetTask | None:
 
     An unreadable yaml says nothing here: ``config.load_dataset_config`` reports it with its own message.
     """
+    if is_shard_location(os.fspath(dataset)):
+        try:
+            task = open_index(os.fspath(dataset)).task
+        except DatasetError:
+            return None  # the dataset's loading reports it
+        return DatasetTask(task, f"its shard index says {task}") if task in _SHARD_CLAIMS else None
     path = Path(os.path.expanduser(os.fspath(dataset)))
     if path.is_dir():
         for folder in (path / "train", path):
