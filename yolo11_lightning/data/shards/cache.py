@@ -27,6 +27,12 @@ FETCH_ATTEMPTS = 4
 FETCH_BACKOFF_S = 0.25  # pauses of 0.25, 0.5, 1 s between the attempts
 
 
+def _touch(path: Path) -> None:
+    """Set the modification time to now at full resolution (the kernel's own clock for files is coarse)."""
+    now = time.time_ns()
+    os.utime(path, ns=(now, now))
+
+
 class ShardFetchError(OSError):
     """A shard that could not be fetched; the message names the object and why."""
 
@@ -84,7 +90,7 @@ class ShardCache:
 
     def _fresh(self, local: Path, name: str) -> bool:
         try:
-            os.utime(local)  # used now: the last one to go
+            _touch(local)  # used now: the last one to go
         except FileNotFoundError:
             return False
         return True
@@ -109,6 +115,7 @@ class ShardCache:
             with open(tmp, "wb") as f:
                 f.write(data)
             os.replace(tmp, local)
+            _touch(local)
         finally:
             tmp.unlink(missing_ok=True)
         self.downloads += 1
