@@ -41,10 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.shard_mb <= 0:
         p.error(f"--shard-size must be positive, got {args.shard_mb}")
-    hint = dataset_task(args.data) if args.task is None else None
+    hint = dataset_task(args.data)
     task = args.task or (hint.task if hint is not None else DEFAULT_TASK)
     config = dataclasses.replace(dataset_config(args.data), outline_labels=get_task(task).outline_labels)
-    for s in write_shards(config, args.out, task, args.shard_mb, max_image_pixels=args.max_image_pixels):
+    claim = None if hint is None else (hint.task, hint.evidence)
+    written = write_shards(
+        config, args.out, task, args.shard_mb, max_image_pixels=args.max_image_pixels, claim=claim
+    )
+    for s in written:
         print(
             f"{s.split}: {s.samples} samples in {s.shards} shards, {s.bytes} bytes, {s.skipped} images skipped"
         )

@@ -154,3 +154,17 @@ def test_an_unfetchable_shard_makes_its_samples_unreadable(tiny_dataset: Path, t
     with pytest.raises(ImageReadError, match=rf"sh/{gone}#000000000.png: .*cannot fetch the shard"):
         images.read(0, records.path(0))
     assert images.read(len(records) - 1, records.path(len(records) - 1))  # another shard reads
+
+
+def test_shard_command_writes_what_the_source_says_of_its_task(tmp_path: Path, capsys) -> None:
+    from yolo11_lightning.cli.main import main
+    from yolo11_lightning.data.sources.task_hint import dataset_task
+
+    root = make_synthetic_dataset(tmp_path / "cls", num_train=4, num_val=2, image_size=32, task="classify")
+    assert main(["shard", "--data", str(root), "--out", str(tmp_path / "sh"), "--shard-size", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "train: 4 samples in 1 shards" in out and f"wrote {tmp_path / 'sh'}/index.json (classify)" in out
+    hint = dataset_task(str(tmp_path / "sh"))
+    assert hint is not None and hint.task == "classify" and "its shard index: " in hint.evidence
+    assert main(["shard", "--data", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "x")]) == 2
+    assert "missing.yaml: cannot read dataset yaml" in capsys.readouterr().err

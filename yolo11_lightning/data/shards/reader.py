@@ -69,13 +69,17 @@ def _json(location: str, name: str) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A shard folder's ``index.json``: task, class names, label options and each split's index file."""
+    """A shard folder's ``index.json``: task, class names, label options and each split's index file.
+
+    ``claim``: (task, evidence) when the source dataset's files said its task (``sources.task_hint``), else None.
+    """
 
     location: str
     task: str
     names: list[str]
     options: LabelOptions
     splits: dict[str, str]
+    claim: tuple[str, str] | None = None
 
 
 def open_index(location: str) -> ShardIndex:
@@ -96,7 +100,11 @@ def open_index(location: str) -> ShardIndex:
         options = LabelOptions.from_yaml(raw.get("label_options") or {}, where)
     except ValueError as e:
         raise DatasetError(str(e)) from None
-    return ShardIndex(location, str(raw.get("task") or "detect"), names, options, dict(splits))
+    claim = raw.get("task_claim")
+    if claim is not None and not (isinstance(claim, dict) and {"task", "evidence"} <= set(claim)):
+        raise DatasetError(f"{where}: key `task_claim` must be null or hold `task` and `evidence`")
+    found = None if claim is None else (str(claim["task"]), str(claim["evidence"]))
+    return ShardIndex(location, str(raw.get("task") or "detect"), names, options, dict(splits), found)
 
 
 def shard_config(location: str) -> DatasetConfig:

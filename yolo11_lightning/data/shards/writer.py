@@ -161,10 +161,12 @@ def write_shards(
     *,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
     cache_dir: str | None = None,
+    claim: tuple[str, str] | None = None,
 ) -> list[ShardedSplit]:
     """Write every split of ``config`` to ``out`` (a folder or an fsspec url) as shards; what each split got.
 
-    ``task`` is recorded in the index (the records were read for it: ``config.outline_labels``). Raises
+    ``task`` is recorded in the index (the records were read for it: ``config.outline_labels``), and ``claim``,
+    (task, evidence) when the source's files say its task (``sources.task_hint``), for runs to read back. Raises
     DatasetError naming the split or file that cannot be read, or ``out`` when it cannot be written.
     """
     if shard_mb <= 0:
@@ -194,6 +196,7 @@ def write_shards(
         "format": layout.FORMAT,
         "version": layout.VERSION,
         "task": task,
+        "task_claim": None if claim is None else {"task": claim[0], "evidence": claim[1]},
         "names": list(config.names),
         "label_options": config.options.yaml_keys(),
         "splits": splits,

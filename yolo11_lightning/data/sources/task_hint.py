@@ -1,6 +1,6 @@
 """What task a dataset's files say they are labelled for, read without loading its labels.
 
-Only what the files state for certain counts: a shard folder whose index was written for pose or classify
+Only what the files state for certain counts: a shard folder whose index records what its source's files said
 (``data.shards``), a dataset yaml that declares keypoints
 (``label_options.LabelOptions.declared_by``) is a keypoint (pose) dataset,
 and an ImageFolder root (class folders of images without YOLO label files, the reference's classification
@@ -26,9 +26,6 @@ from yolo11_lightning.data.sources.yolo import has_label_rows
 
 __all__ = ["DatasetTask", "dataset_task"]
 
-# The tasks a shard index's task claims, as the files of a folder would (box and outline rows say nothing).
-_SHARD_CLAIMS = ("pose", "classify")
-
 
 @dataclass(frozen=True)
 class DatasetTask:
@@ -45,10 +42,10 @@ def dataset_task(dataset: str | os.PathLike) -> DatasetTask | None:
     """
     if is_shard_location(os.fspath(dataset)):
         try:
-            task = open_index(os.fspath(dataset)).task
+            claim = open_index(os.fspath(dataset)).claim
         except DatasetError:
             return None  # the dataset's loading reports it
-        return DatasetTask(task, f"its shard index says {task}") if task in _SHARD_CLAIMS else None
+        return None if claim is None else DatasetTask(claim[0], f"its shard index: {claim[1]}")
     path = Path(os.path.expanduser(os.fspath(dataset)))
     if path.is_dir():
         for folder in (path / "train", path):
