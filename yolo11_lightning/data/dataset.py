@@ -46,6 +46,7 @@ from yolo11_lightning.data.sampling.partner_pools import (
 )
 from yolo11_lightning.data.sampling.sampler import epoch_order
 from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
+from yolo11_lightning.data.sampling.shard_windows import ShardWindows
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.task_samples import TaskSamples
 from yolo11_lightning.structures.batch import image_tensor
@@ -126,6 +127,8 @@ class BoxDataset(RecordImageLoader, Dataset):
             decoded); default the reference's limit, None or 0: no limit.
         image_bytes: where the images' bytes come from when not from files at the records' paths (a shard
             folder's ``data.shards.reader.ShardImages``: the records' paths are then tar members).
+        shard_windows: the train sampler's shard-aware order (``sampling.shard_windows``), which the partner
+            pools follow; None: the order of all samples.
     """
 
     def __init__(
@@ -149,9 +152,11 @@ class BoxDataset(RecordImageLoader, Dataset):
         mask_overlap: bool = True,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
         image_bytes: ImageBytes | None = None,
+        shard_windows: ShardWindows | None = None,
     ) -> None:
         self.task = task
         self.image_bytes = image_bytes
+        self.shard_windows = shard_windows
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -253,7 +258,7 @@ class BoxDataset(RecordImageLoader, Dataset):
         if batch // stride < 4:  # too few to fill a mosaic with distinct images
             return None
         if self._order_epoch != epoch:  # once per epoch per worker: the order and its inverse
-            self._order = epoch_order(len(self), self.seed, epoch, batch)
+            self._order = epoch_order(len(self), self.seed, epoch, batch, self.shard_windows)
             # Padding repeats a few indices at the end; their first position decides their pool.
             self._position = np.unique(self._order, return_index=True)[1]
             self._order_epoch = epoch

@@ -35,6 +35,7 @@ from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
+from yolo11_lightning.data.sampling.shard_windows import DEFAULT_SHARD_WINDOW, ShardWindows
 from yolo11_lightning.data.shards.reader import (
     DEFAULT_CACHE_GB,
     is_shard_location,
@@ -145,6 +146,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             of ``yolo11-lightning shard``'s output): where each node keeps the shards it fetched
             (``<shard_cache_dir>/shards/<hash of the url>``; default ``~/.cache/yolo11_lightning``).
         shard_cache_gb: the most that folder holds; the least recently used shards go first.
+        shard_window: a shard folder's training order (``data.sampling.shard_windows``): shards shuffled, then
+            the samples of each ``shard_window`` consecutive shards shuffled together, so the ranks read few
+            shards at a time; 0: a permutation of all samples, as for folders. A resume must keep it.
     """
 
     def __init__(
@@ -188,6 +192,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         erasing: float = 0.4,
         shard_cache_dir: str | None = None,
         shard_cache_gb: float = DEFAULT_CACHE_GB,
+        shard_window: int = DEFAULT_SHARD_WINDOW,
     ) -> None:
         super().__init__()
         if task is not None:
@@ -246,7 +251,15 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self.label_cache_dir = label_cache_dir
         if shard_cache_gb <= 0:
             raise UserInputError(f"data.shard_cache_gb must be positive, got {shard_cache_gb}")
-        self.shard_cache_dir, self.shard_cache_gb = shard_cache_dir, shard_cache_gb
+        if shard_window < 0:
+            raise UserInputError(
+                f"data.shard_window must be >= 0 (0: shuffle all samples), got {shard_window}"
+            )
+        self.shard_cache_dir, self.shard_cache_gb, self.shard_window = (
+            shard_cache_dir,
+            shard_cache_gb,
+            shard_window,
+        )
         if cache_images == "disk" and dataset != SYNTHETIC and is_shard_location(dataset):
             raise UserInputError(
                 f"{dataset}: data.cache_images=disk keeps images beside a dataset folder; a shard folder's stay "
@@ -429,6 +442,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             mask_overlap=self.mask_overlap,
             max_image_pixels=self.max_image_pixels,
             image_bytes=images,
+            shard_windows=ShardWindows(images.shard, self.shard_window)
+            if images is not None and augment and self.shard_window
+            else None,
             **whole,
         )
         return dataset
@@ -527,7 +543,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         dataset = self.datasets["train"]
         sampler = ElasticDistributedSampler(
-            dataset, self.batch_size, num_replicas=self.world_size, rank=self.global_rank, seed=self.seed
+            dataset,
+            self.batch_size,
+            num_replicas=self.world_size,
+            rank=self.global_rank,
+            seed=self.seed,
+            windows=dataset.shard_windows,
         )
         if self._pending_sampler_state is not None:
             sampler.load_state_dict(self._pending_sampler_state)

@@ -13,6 +13,8 @@ import pytest
 
 from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.limits import ImageReadError
+from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, epoch_order
+from yolo11_lightning.data.sampling.shard_windows import ShardWindows
 from yolo11_lightning.data.shards.cache import ShardCache, ShardFetchError
 from yolo11_lightning.data.shards.reader import load_shard_split, open_index
 from yolo11_lightning.data.shards.writer import write_shards
@@ -168,3 +170,56 @@ def test_shard_command_writes_what_the_source_says_of_its_task(tmp_path: Path, c
     assert hint is not None and hint.task == "classify" and "its shard index: " in hint.evidence
     assert main(["shard", "--data", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "x")]) == 2
     assert "missing.yaml: cannot read dataset yaml" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------- shard-aware order
+def test_shard_windows_order_is_a_function_of_seed_and_epoch_and_reads_few_shards() -> None:
+    shard_of = np.repeat(np.arange(10), [7, 5, 9, 1, 8, 8, 3, 6, 7, 6])  # 60 samples in 10 shards of any size
+    windows = ShardWindows(shard_of, 3)
+    order = epoch_order(60, 5, 2, 12, windows)
+    assert np.array_equal(order, epoch_order(60, 5, 2, 12, ShardWindows(shard_of.copy(), 3)))
+    assert sorted(order.tolist()) == list(range(60))  # every sample once (60 = 5 global batches)
+    assert not np.array_equal(order, epoch_order(60, 5, 3, 12, windows))  # another epoch, another order
+    # The order runs through windows of 3 shards one after the other: never more than 3 shards begun and unfinished.
+    left = np.bincount(shard_of)
+    opened: set[int] = set()
+    for shard in shard_of[order]:
+        opened.add(int(shard))
+        left[shard] -= 1
+        assert len(opened) <= 3
+        if not left[shard]:
+            opened.discard(int(shard))
+    full = epoch_order(60, 5, 2, 12)  # the global order of all samples opens most shards at once
+    assert not np.array_equal(full, order)
+
+
+def test_shard_order_resumes_on_another_world_size(tmp_path: Path) -> None:
+    shard_of = np.repeat(np.arange(6), 6)
+    dataset = list(range(36))
+    windows = ShardWindows(shard_of, 2)
+
+    def global_batches(world: int, state: dict | None = None) -> list[list[int]]:
+        samplers = [
+            ElasticDistributedSampler(dataset, 6, world, r, seed=4, windows=windows) for r in range(world)
+        ]
+        for s in samplers:
+            s.set_epoch(1)
+            if state is not None:
+                s.load_state_dict(state)
+        per_rank = [[i for _, i in s] for s in samplers]
+        per = 6 // world
+        return [
+            sorted(i for p in per_rank for i in p[b * per : (b + 1) * per])
+            for b in range(len(per_rank[0]) // per)
+        ]
+
+    full = global_batches(1)
+    assert global_batches(2) == global_batches(3) == full  # the same global batches on any world size
+    saved = ElasticDistributedSampler(dataset, 6, 2, 0, seed=4, windows=windows)
+    saved.set_epoch(1)
+    saved.set_consumed_samples(12)
+    state = saved.state_dict()
+    assert state["order"] == "shards/2"
+    assert global_batches(3, state) == full[2:]  # saved on 2 ranks, resumed on 3: exactly the rest
+    with pytest.raises(ValueError, match=r"saved with the order 'shards/2' but this run uses 'global'"):
+        ElasticDistributedSampler(dataset, 6, 1, 0, seed=4).load_state_dict(state)

@@ -30,6 +30,9 @@ from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 __all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split", "open_index", "shard_config"]
 
 DEFAULT_CACHE_GB = 64.0
+DEFAULT_SHARD_WINDOW = (
+    16  # shards whose samples the training order shuffles together (sampling.shard_windows)
+)
 
 
 def is_shard_location(dataset: str) -> bool:
