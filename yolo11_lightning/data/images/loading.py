@@ -11,6 +11,7 @@ reads by index, the record's path being the sample's tar member.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Protocol
 
 import cv2
@@ -69,7 +70,8 @@ class RecordImageLoader:
             # The record's size first (a record from elsewhere, or a cache of a higher limit), then the file's
             # header when it is read (the file may have changed since).
             check_pixels(rec.path, rec.height, rec.width, self.max_image_pixels)
-            image, f = self._read(index, rec.path, rec.height, rec.width)
+            read = self._read if self.image_bytes is None else partial(self._read_member, index)
+            image, f = read(rec.path, rec.height, rec.width)
             if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
                 raise ImageReadError(
                     rec.path,
@@ -93,7 +95,22 @@ class RecordImageLoader:
             return self._resize(image, height, width, f)
         return eval_resize(image, self.image_size, self.scaleup)
 
-    def _read(self, index: int, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
+    def _read_member(self, index: int, member: str, height: int, width: int) -> tuple[np.ndarray, int]:
+        """``_read`` of sample ``index`` from ``image_bytes`` (``member``: its record's path)."""
+        assert self.image_bytes is not None
+        data = self.image_bytes.read(index, member)
+        long_side = self.image_size if self.augment and self.reduced_decode else None
+        image = decode_image_bytes(
+            self.image_bytes.name(index, member), data, long_side, self.max_image_pixels
+        )
+        f = (
+            1
+            if long_side is None or image.shape[:2] == (height, width)
+            else decode_scale(height, width, long_side)
+        )
+        return image, f
+
+    def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.
 
         Training decodes a JPEG at least twice ``image_size`` at 1/2, 1/4 or 1/8 scale
@@ -101,16 +118,9 @@ class RecordImageLoader:
         check then expects ceil(height / f) x ceil(width / f).
         """
         attempts, backoff, limit = self.read_attempts, self.retry_backoff_s, self.max_image_pixels
-        if self.image_bytes is not None:
-            data = self.image_bytes.read(index, path)
-            long_side = self.image_size if self.augment and self.reduced_decode else None
-            image = decode_image_bytes(self.image_bytes.name(index, path), data, long_side, limit)
-            if long_side is None:
-                return image, 1
-        elif not (self.augment and self.reduced_decode):
+        if not (self.augment and self.reduced_decode):
             return read_image_retrying(path, attempts, backoff, max_pixels=limit), 1
-        else:
-            image = read_image_retrying(path, attempts, backoff, self.image_size, limit)
+        image = read_image_retrying(path, attempts, backoff, self.image_size, limit)
         return image, 1 if image.shape[:2] == (height, width) else decode_scale(
             height, width, self.image_size
         )
