@@ -14,7 +14,11 @@ import pytest
 from cli_runs import check_resume_two_ranks_to_one
 from object_store import s3_server
 
+from yolo11_lightning.data.dataset import BoxDataset
+from yolo11_lightning.data.shards import cache as cache_module
+from yolo11_lightning.data.shards.reader import load_shard_split, open_index
 from yolo11_lightning.data.shards.writer import write_shards
+from yolo11_lightning.data.sources.config import DatasetError
 from yolo11_lightning.data.sources.split import dataset_config
 
 BUCKET = "yolo11-shards"
@@ -36,3 +40,55 @@ def test_two_ranks_from_s3_cut_and_resumed_on_one_equal_the_folder_run(
     check_resume_two_ranks_to_one(tiny_in_s3, uninterrupted, tmp_path, *cache)  # type: ignore[arg-type]
     fetched = sorted(p.name for p in (tmp_path / "node-cache").glob("shards/*/*.tar"))
     assert fetched and all(name.startswith(("train-", "val-")) for name in fetched)
+
+
+def _fault_set(tiny_dataset: Path, name: str, tmp_path: Path):
+    """The tiny set at ``s3://<BUCKET>/<name>`` (one image per shard) and its training split read back."""
+    url = f"s3://{BUCKET}/{name}"
+    write_shards(dataset_config(tiny_dataset), url, "detect", shard_mb=0.005)
+    records, images = load_shard_split(open_index(url), "train", tmp_path / "cache")
+    return url, records, images, BoxDataset(records, 64, augment=True, image_bytes=images)
+
+
+def test_faults_of_the_store_are_named_and_the_samples_substituted(
+    tiny_in_s3: str, tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A truncated shard (retried, then named), a missing one (named at once) and corrupt image bytes: each
+    sample of theirs is replaced by a readable substitute and counted, as an unreadable image file is; a missing
+    index or bucket stops the run with one line naming it. No message carries the credentials."""
+    monkeypatch.setattr(cache_module, "FETCH_BACKOFF_S", 0.001)
+    import boto3
+
+    url, _, images, dataset = _fault_set(tiny_dataset, "faults", tmp_path)
+    s3 = boto3.client("s3")
+    short, gone, corrupt = (images.shards[int(images.shard[i])] for i in (0, 1, 2))
+    s3.put_object(Bucket=BUCKET, Key=f"faults/{short}", Body=b"truncated")
+    s3.delete_object(Bucket=BUCKET, Key=f"faults/{gone}")
+    body = s3.get_object(Bucket=BUCKET, Key=f"faults/{corrupt}")["Body"].read()
+    offset, size = int(images.offset[2]), int(images.size[2])
+    damaged = body[:offset] + b"\x89PNG\r\n\x1a\n" + bytes(size - 8) + body[offset + size :]
+    s3.put_object(Bucket=BUCKET, Key=f"faults/{corrupt}", Body=damaged)
+
+    reasons = {}
+    for index in (0, 1, 2):
+        sample = dataset[(0, index)]
+        assert sample["substitute"] not in (-1, index) and sample["image"].shape[1:] == (64, 64)
+        ((where, why),) = sample["unreadable"][:1]
+        reasons[index] = f"{where}: {why}"
+    assert reasons[0].startswith(f"{url}/{short}#000000000.") and "after 4 attempts" in reasons[0]
+    assert "bytes, the index says" in reasons[0]
+    assert (
+        reasons[1].startswith(f"{url}/{gone}#000000001.")
+        and "cannot fetch the shard (FileNotFoundError" in reasons[1]
+    )
+    assert reasons[2].startswith(f"{url}/{corrupt}#000000002.") and "corrupt or truncated PNG" in reasons[2]
+    assert dataset[(0, 3)]["substitute"] == -1  # the other shards read
+
+    s3.delete_object(Bucket=BUCKET, Key="faults/train.records.npz")
+    with pytest.raises(DatasetError, match=rf"^{url}/train.records.npz: cannot read \(FileNotFoundError"):
+        load_shard_split(open_index(url), "train")
+    with pytest.raises(
+        DatasetError, match=r"^s3://no-such-bucket-42/x/index.json: cannot read \(FileNotFoundError"
+    ):
+        open_index("s3://no-such-bucket-42/x")
+    assert not any("testing" in r for r in reasons.values())  # the secret key of the environment

@@ -4,6 +4,7 @@ environment the way a store's users set them (``AWS_*``): nothing of them is in 
 from __future__ import annotations
 
 import contextlib
+import logging
 import socket
 from collections.abc import Iterator
 
@@ -22,6 +23,7 @@ def s3_server(*buckets: str) -> Iterator[str]:
     yields its endpoint url."""
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request in a failing test's log
     port = _free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["ShardCache", "ShardFetchError", "default_cache_folder"]
+__all__ = ["ShardCache", "ShardFetchError", "default_cache_folder", "fetch_failure", "fetch_retrying"]
 
 FETCH_ATTEMPTS = 4
 FETCH_BACKOFF_S = 0.25  # pauses of 0.25, 0.5, 1 s between the attempts
@@ -50,6 +50,29 @@ def _permanent(error: BaseException) -> bool:
     return isinstance(error, (FileNotFoundError, PermissionError))
 
 
+def fetch_retrying(
+    fetch: Callable[[], bytes], attempts: int | None = None, backoff_s: float | None = None
+) -> bytes:
+    """``fetch()`` tried ``attempts`` times (default ``FETCH_ATTEMPTS``) with doubling pauses from ``backoff_s``
+    (default ``FETCH_BACKOFF_S``); a missing object or refused credentials (``FileNotFoundError``,
+    ``PermissionError``) are raised at once, the last error after the attempts."""
+    attempts = FETCH_ATTEMPTS if attempts is None else attempts
+    backoff_s = FETCH_BACKOFF_S if backoff_s is None else backoff_s
+    for attempt in range(attempts):
+        try:
+            return fetch()
+        except Exception as e:  # the store's errors are of many kinds (botocore, aiohttp, OSError)
+            if _permanent(e) or attempt + 1 >= attempts:
+                raise
+            time.sleep(backoff_s * 2**attempt)
+    raise ValueError(f"attempts must be >= 1, got {attempts}")
+
+
+def fetch_failure(error: BaseException) -> str:
+    """An error of a fetch in words: its kind and its message."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
 class ShardCache:
     """Shards of one shard folder in a node-local folder of at most ``max_bytes``.
 
@@ -64,14 +87,16 @@ class ShardCache:
         fetch: Callable[[str], bytes],
         sizes: dict[str, int],
         *,
-        attempts: int = FETCH_ATTEMPTS,
-        backoff_s: float = FETCH_BACKOFF_S,
+        attempts: int | None = None,
+        backoff_s: float | None = None,
         where: str = "",
     ) -> None:
         if max_bytes <= 0:
             raise ValueError(f"the shard cache needs a positive size, got {max_bytes} bytes")
         self.folder, self.max_bytes, self.fetch, self.sizes = Path(folder), max_bytes, fetch, sizes
-        self.attempts, self.backoff_s, self.where = attempts, backoff_s, where.rstrip("/")
+        self.attempts = FETCH_ATTEMPTS if attempts is None else attempts
+        self.backoff_s = FETCH_BACKOFF_S if backoff_s is None else backoff_s
+        self.where = where.rstrip("/")
         self.downloads = 0  # fetched by this process (statistics, tests)
 
     def path(self, name: str) -> Path:
@@ -98,18 +123,18 @@ class ShardCache:
     def _download(self, name: str, local: Path) -> None:
         expected = self.sizes.get(name)
         label = f"{self.where}/{name}" if self.where else name
-        for attempt in range(self.attempts):
-            try:
-                data = self.fetch(name)
-                if expected is not None and len(data) != expected:
-                    raise OSError(f"got {len(data)} bytes, the index says {expected}")
-                break
-            except Exception as e:  # the store's errors are of many kinds (botocore, aiohttp, OSError)
-                if _permanent(e) or attempt + 1 >= self.attempts:
-                    why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-                    tries = "" if _permanent(e) else f" after {self.attempts} attempts"
-                    raise ShardFetchError(f"{label}: cannot fetch the shard{tries} ({why})") from e
-                time.sleep(self.backoff_s * 2**attempt)
+
+        def fetch() -> bytes:
+            data = self.fetch(name)
+            if expected is not None and len(data) != expected:
+                raise OSError(f"got {len(data)} bytes, the index says {expected}")
+            return data
+
+        try:
+            data = fetch_retrying(fetch, self.attempts, self.backoff_s)
+        except Exception as e:  # the store's errors are of many kinds (botocore, aiohttp, OSError)
+            tries = "" if _permanent(e) else f" after {self.attempts} attempts"
+            raise ShardFetchError(f"{label}: cannot fetch the shard{tries} ({fetch_failure(e)})") from e
         tmp = local.with_name(f".{name}.{os.getpid()}.part")
         try:
             with open(tmp, "wb") as f:

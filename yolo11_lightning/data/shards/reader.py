@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ import numpy as np
 
 from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.shards import layout
-from yolo11_lightning.data.shards.cache import ShardCache, ShardFetchError, default_cache_folder
+from yolo11_lightning.data.shards.cache import (
+    ShardCache,
+    ShardFetchError,
+    default_cache_folder,
+    fetch_failure,
+    fetch_retrying,
+)
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
@@ -30,6 +37,7 @@ from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 __all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split", "open_index", "shard_config"]
 
 DEFAULT_CACHE_GB = 64.0
+RETRY_FAILED_SHARD_S = 60.0
 DEFAULT_SHARD_WINDOW = (
     16  # shards whose samples the training order shuffles together (sampling.shard_windows)
 )
@@ -51,18 +59,19 @@ def _filesystem(location: str) -> tuple[Any, str]:
 
 
 def read_object(location: str, name: str) -> bytes:
-    """Object ``name`` of the shard folder ``location``; DatasetError naming it when it cannot be read."""
+    """Object ``name`` of the shard folder ``location``, retried as shards are (``cache.fetch_retrying``);
+    DatasetError naming it when it cannot be read."""
     fs, root = _filesystem(location)
     try:
-        return fs.cat_file(f"{root}/{name}")
+        return fetch_retrying(lambda: fs.cat_file(f"{root}/{name}"))
     except Exception as e:  # botocore's and aiohttp's errors are not all OSErrors
-        why = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        raise DatasetError(f"{location.rstrip('/')}/{name}: cannot read ({why})") from e
+        raise DatasetError(f"{location.rstrip('/')}/{name}: cannot read ({fetch_failure(e)})") from e
 
 
 def _json(location: str, name: str) -> dict[str, Any]:
+    data = read_object(location, name)
     try:
-        value = json.loads(read_object(location, name))
+        value = json.loads(data)
     except ValueError as e:
         raise DatasetError(f"{location.rstrip('/')}/{name}: not valid json ({e})") from e
     if not isinstance(value, dict):
@@ -125,7 +134,8 @@ class ShardImages:
     """The image bytes of a split's samples, read from their shards through the node-local cache.
 
     Picklable (DataLoader workers): the filesystem and the cache are opened in each process on first use. A
-    shard that cannot be fetched is remembered by the process: its samples then fail at once.
+    shard that cannot be fetched is remembered by the process: its samples fail at once for
+    ``RETRY_FAILED_SHARD_S``, then the shard is asked for again (a store's outage may end).
     """
 
     def __init__(
@@ -141,7 +151,7 @@ class ShardImages:
         self.shard, self.offset, self.size = (np.ascontiguousarray(a) for a in where)
         self.cache_folder, self.cache_bytes = str(cache_folder), cache_bytes
         self._cache: ShardCache | None = None
-        self._failed: dict[str, str] = {}
+        self._failed: dict[str, tuple[str, float]] = {}  # shard -> (why, when): not asked again for a while
 
     def __getstate__(self) -> dict[str, Any]:
         return self.__dict__ | {"_cache": None}
@@ -166,12 +176,13 @@ class ShardImages:
     def read(self, index: int, member: str) -> bytes:
         """The image bytes of sample ``index``; ImageReadError naming the shard and member when unreadable."""
         shard = self.shards[self.shard[index]]
-        if shard in self._failed:
-            raise ImageReadError(self.name(index, member), self._failed[shard])
+        failed = self._failed.get(shard)
+        if failed is not None and time.monotonic() - failed[1] < RETRY_FAILED_SHARD_S:
+            raise ImageReadError(self.name(index, member), failed[0])
         try:
             path = self.cache().path(shard)
         except ShardFetchError as e:
-            self._failed[shard] = str(e)
+            self._failed[shard] = (str(e), time.monotonic())
             raise ImageReadError(self.name(index, member), str(e)) from e
         offset, size = int(self.offset[index]), int(self.size[index])
         try:
