@@ -55,6 +55,9 @@ from yolo11_lightning.structures.instances import Instances
 from yolo11_lightning.structures.records import ImageRecord
 
 log = logging.getLogger(__name__)
+PREFETCH_SAMPLES = (
+    256  # positions of the epoch's order ahead of a training sample whose shards are fetched ahead
+)
 
 
 DETECTION = TaskSamples()  # detection's samples: boxes and classes
@@ -245,6 +248,25 @@ class BoxDataset(RecordImageLoader, Dataset):
         return state
 
     # ------------------------------------------------------------------------------------ partners
+    def _epoch_order(self, epoch: int) -> None:
+        """The sampler's order of ``epoch`` and each index's first position in it (once per epoch per worker)."""
+        if self._order_epoch != epoch:
+            self._order = epoch_order(
+                len(self), self.seed, epoch, self.global_batch_size or 1, self.shard_windows
+            )
+            # Padding repeats a few indices at the end; their first position decides their pool.
+            self._position = np.unique(self._order, return_index=True)[1]
+            self._order_epoch = epoch
+
+    def _prefetch(self, epoch: int, index: int) -> None:
+        """Have the shards of the next ``PREFETCH_SAMPLES`` positions after this sample's fetched in the background
+        (a shard folder's training split: every rank and worker of the node shares what is fetched)."""
+        self._epoch_order(epoch)
+        start = int(self._position[index]) + 1
+        ahead = self._order[start : start + PREFETCH_SAMPLES]
+        assert self.image_bytes is not None
+        self.image_bytes.prefetch(epoch, np.unique(self.image_bytes.shard[ahead]))
+
     def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
         """Indices the mosaic/mixup partners of sample (epoch, index) are drawn from; None: any index.
 
@@ -257,11 +279,7 @@ class BoxDataset(RecordImageLoader, Dataset):
         stride = partner_stride(batch)
         if batch // stride < 4:  # too few to fill a mosaic with distinct images
             return None
-        if self._order_epoch != epoch:  # once per epoch per worker: the order and its inverse
-            self._order = epoch_order(len(self), self.seed, epoch, batch, self.shard_windows)
-            # Padding repeats a few indices at the end; their first position decides their pool.
-            self._position = np.unique(self._order, return_index=True)[1]
-            self._order_epoch = epoch
+        self._epoch_order(epoch)
         num_batches = len(self._order) // batch
         positions = pool_positions(
             int(self._position[index]), batch, stride, self.partner_batches, num_batches
@@ -293,6 +311,8 @@ class BoxDataset(RecordImageLoader, Dataset):
         substitutes: dict[int, int] = {}
         unreadable: list[tuple[str, str]] = []
         if self.augment:
+            if self.image_bytes is not None:
+                self._prefetch(epoch, index)
             mix = self.mosaic_until_epoch is None or epoch < self.mosaic_until_epoch
             rng = sample_rng(self.seed, epoch, index)
             load = self._substituting_loader(epoch, substitutes, unreadable)

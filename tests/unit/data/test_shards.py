@@ -223,3 +223,18 @@ def test_shard_order_resumes_on_another_world_size(tmp_path: Path) -> None:
     assert global_batches(3, state) == full[2:]  # saved on 2 ranks, resumed on 3: exactly the rest
     with pytest.raises(ValueError, match=r"saved with the order 'shards/2' but this run uses 'global'"):
         ElasticDistributedSampler(dataset, 6, 1, 0, seed=4).load_state_dict(state)
+
+
+def test_training_samples_fetch_the_shards_ahead_of_use(tiny_dataset: Path, tmp_path: Path) -> None:
+    """Reading one training sample starts the background fetch of the shards the next positions of the epoch's
+    order need, into the node cache (every rank and worker then finds them there)."""
+    write_shards(
+        dataset_config(tiny_dataset), str(tmp_path / "sh"), "detect", shard_mb=0.005
+    )  # 1 image a shard
+    records, images = load_shard_split(open_index(str(tmp_path / "sh")), "train", tmp_path / "cache")
+    dataset = BoxDataset(records, 64, augment=True, image_bytes=images, global_batch_size=4)
+    first = int(epoch_order(16, 0, 0, 4)[0])
+    dataset[(0, first)]
+    images._fetcher.shutdown(wait=True)
+    cached = sorted(p.name for p in Path(images.cache_folder).glob("*.tar"))
+    assert len(cached) == 16  # the sample's own shard and the 15 after it in the order

@@ -11,6 +11,7 @@ reads by index, the record's path being the sample's tar member.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 from typing import Protocol
 
@@ -41,8 +42,14 @@ class ImageBytes(Protocol):
         """The bytes of sample ``index`` (whose record's path is ``member``); ImageReadError when unreadable."""
         ...
 
+    shard: np.ndarray  # (N,) the shard of each sample
+
     def name(self, index: int, member: str) -> str:
         """How messages name sample ``index``."""
+        ...
+
+    def prefetch(self, epoch: int, shard_numbers: Iterable[int]) -> None:
+        """Start fetching these shards in the background (training reads them next)."""
         ...
 
 

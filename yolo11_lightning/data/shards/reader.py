@@ -9,11 +9,14 @@ usual environment and config) or a local folder holding ``index.json``.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
 import os
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,7 @@ __all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split",
 
 DEFAULT_CACHE_GB = 64.0
 RETRY_FAILED_SHARD_S = 60.0
+PREFETCH_THREADS = 2  # per process: shards fetched ahead of use while the samples of the current ones decode
 DEFAULT_SHARD_WINDOW = (
     16  # shards whose samples the training order shuffles together (sampling.shard_windows)
 )
@@ -151,10 +155,29 @@ class ShardImages:
         self.shard, self.offset, self.size = (np.ascontiguousarray(a) for a in where)
         self.cache_folder, self.cache_bytes = str(cache_folder), cache_bytes
         self._cache: ShardCache | None = None
+        self._fetcher: ThreadPoolExecutor | None = None
+        self._asked: tuple[int | None, set[str]] = (None, set())  # (epoch, shards asked for in it)
         self._failed: dict[str, tuple[str, float]] = {}  # shard -> (why, when): not asked again for a while
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"_cache": None}
+        return self.__dict__ | {"_cache": None, "_fetcher": None, "_asked": (None, set())}
+
+    def prefetch(self, epoch: int, shard_numbers: Iterable[int]) -> None:
+        """Fetch these shards into the node cache in the background (each once per epoch and process); a failure
+        is left for ``read`` to report."""
+        if self._asked[0] != epoch:
+            self._asked = (epoch, set())
+        for number in shard_numbers:
+            name = self.shards[int(number)]
+            if name not in self._asked[1]:
+                self._asked[1].add(name)
+                if self._fetcher is None:
+                    self._fetcher = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="shard-prefetch")
+                self._fetcher.submit(self._fetch_quietly, name)
+
+    def _fetch_quietly(self, name: str) -> None:
+        with contextlib.suppress(ShardFetchError):
+            self.cache().path(name)
 
     def cache(self) -> ShardCache:
         """This process's view of the node-local cache."""
