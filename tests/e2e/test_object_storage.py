@@ -54,8 +54,9 @@ def test_faults_of_the_store_are_named_and_the_samples_substituted(
     tiny_in_s3: str, tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A truncated shard (retried, then named), a missing one (named at once) and corrupt image bytes: each
-    sample of theirs is replaced by a readable substitute and counted, as an unreadable image file is; a missing
-    index or bucket stops the run with one line naming it. No message carries the credentials."""
+    sample of theirs is replaced by a readable substitute and counted, as an unreadable image file is; missing
+    records, a missing bucket or no credentials stop the run with one line naming the object. No message carries
+    the credentials."""
     monkeypatch.setattr(cache_module, "FETCH_BACKOFF_S", 0.001)
     import boto3
 
@@ -92,3 +93,16 @@ def test_faults_of_the_store_are_named_and_the_samples_substituted(
     ):
         open_index("s3://no-such-bucket-42/x")
     assert not any("testing" in r for r in reasons.values())  # the secret key of the environment
+
+    import s3fs
+
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    s3fs.S3FileSystem.clear_instance_cache()  # a new client, which looks for credentials again
+    try:
+        with pytest.raises(DatasetError, match=rf"^{url}/index.json: cannot read \(NoCredentialsError"):
+            open_index(url)  # at once: no retry can find credentials
+    finally:
+        s3fs.S3FileSystem.clear_instance_cache()

@@ -46,16 +46,19 @@ def default_cache_folder(location: str, base: str | os.PathLike | None = None) -
 
 
 def _permanent(error: BaseException) -> bool:
-    """Whether retrying cannot help: the object is missing, or the credentials may not read it."""
-    return isinstance(error, (FileNotFoundError, PermissionError))
+    """Whether retrying cannot help: the object is missing, the credentials may not read it (s3fs: a
+    PermissionError), or there are none (botocore's ``NoCredentialsError``, ``PartialCredentialsError``)."""
+    return isinstance(error, (FileNotFoundError, PermissionError)) or type(error).__name__.endswith(
+        "CredentialsError"
+    )
 
 
 def fetch_retrying(
     fetch: Callable[[], bytes], attempts: int | None = None, backoff_s: float | None = None
 ) -> bytes:
     """``fetch()`` tried ``attempts`` times (default ``FETCH_ATTEMPTS``) with doubling pauses from ``backoff_s``
-    (default ``FETCH_BACKOFF_S``); a missing object or refused credentials (``FileNotFoundError``,
-    ``PermissionError``) are raised at once, the last error after the attempts."""
+    (default ``FETCH_BACKOFF_S``); a missing object, refused or missing credentials (``_permanent``) are raised at
+    once, the last error after the attempts."""
     attempts = FETCH_ATTEMPTS if attempts is None else attempts
     backoff_s = FETCH_BACKOFF_S if backoff_s is None else backoff_s
     for attempt in range(attempts):
