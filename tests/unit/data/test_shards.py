@@ -238,3 +238,24 @@ def test_training_samples_fetch_the_shards_ahead_of_use(tiny_dataset: Path, tmp_
     images._fetcher.shutdown(wait=True)
     cached = sorted(p.name for p in Path(images.cache_folder).glob("*.tar"))
     assert len(cached) == 16  # the sample's own shard and the 15 after it in the order
+
+
+def _mapped(array: np.ndarray) -> bool:
+    """Whether ``array`` is a view of a memory-mapped file (no copy of its own)."""
+    while array is not None and not isinstance(array, np.memmap):
+        array = array.base if isinstance(array.base, np.ndarray) else None
+    return array is not None
+
+
+def test_the_records_are_fetched_once_per_node_and_mapped(tiny_dataset: Path, tmp_path: Path) -> None:
+    """The first process of a node fetches and unpacks the records into the node cache; the others map those files
+    (one copy in the page cache), so the store is not asked again."""
+    write_shards(dataset_config(tiny_dataset), str(tmp_path / "sh"), "detect")
+    first, _ = load_shard_split(open_index(str(tmp_path / "sh")), "val", tmp_path / "cache")
+    (tmp_path / "sh" / "val.records.npz").unlink()  # gone from the store: the node's copy serves
+    again, images = load_shard_split(open_index(str(tmp_path / "sh")), "val", tmp_path / "cache")
+    assert [r.path for r in first] == [r.path for r in again] and len(again) == 7
+    assert _mapped(again._boxes) and _mapped(again._paths) and _mapped(images.offset)
+    assert not [p for p in (tmp_path / "cache").rglob(".records-*") if p.is_dir()]  # no staging folder left
+    with pytest.raises(DatasetError, match=r"val.records.npz: cannot read \(FileNotFoundError"):
+        load_shard_split(open_index(str(tmp_path / "sh")), "val", tmp_path / "other-node")

@@ -1,7 +1,8 @@
 """Reading a shard folder (``layout``) through fsspec: its index, a split's records, a sample's image bytes.
 
 Start-up reads ``index.json``, the split's wids index and its records file: three objects, never a listing of
-the store, whatever the number of samples. Images are read from the tar shards by the offsets the records
+the store, whatever the number of samples. The records file is fetched once per node and unpacked into the node's
+cache folder as ``.npy`` files every process maps (one copy per node in the page cache). Images are read from the tar shards by the offsets the records
 file gives, each shard fetched whole into the node-local ``ShardCache`` first. A shard folder is a url
 (``s3://bucket/prefix``, ``gs://``, ``az://``: fsspec with the store's package; credentials from the store's
 usual environment and config) or a local folder holding ``index.json``.
@@ -10,10 +11,13 @@ usual environment and config) or a local folder holding ``index.json``.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import io
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -219,6 +223,38 @@ class ShardImages:
         return data
 
 
+def _node_records(location: str, name: str, digest: str, folder: Path) -> dict[str, np.ndarray]:
+    """The arrays of the records file ``name`` (sha256 ``digest``) as memory maps of ``.npy`` files in the node's
+    cache folder: fetched and unpacked once per node (the first process under the lock; the others wait, then map
+    the same files), so the ranks and workers of a node share one copy in the page cache."""
+    final = folder / f"records-{digest[:32]}"
+    fields = (*FIELDS, *layout.LOCATION_FIELDS)
+    if not final.is_dir():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / f".{final.name}.lock", "a+b") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not final.is_dir():
+                blob = read_object(location, name)
+                if hashlib.sha256(blob).hexdigest() != digest:
+                    raise DatasetError(f"{location}/{name}: does not match its index (sha256 differs)")
+                staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=folder))
+                try:
+                    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+                        for field in fields:
+                            np.save(staging / f"{field}.npy", z[field], allow_pickle=False)
+                    os.replace(staging, final)  # complete or absent: never half a folder
+                except (KeyError, ValueError, OSError) as e:
+                    raise DatasetError(f"{location}/{name}: unreadable records ({e})") from e
+                finally:
+                    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        return {field: np.load(final / f"{field}.npy", mmap_mode="r", allow_pickle=False) for field in fields}
+    except (OSError, ValueError) as e:
+        raise DatasetError(
+            f"{final}: unreadable node copy of {location}/{name} ({e}); delete the folder"
+        ) from e
+
+
 def load_shard_split(
     index: ShardIndex,
     split: str,
@@ -249,20 +285,17 @@ def load_shard_split(
         records_name, digest = str(ours["records"]), str(ours["records_sha256"])
     except (KeyError, TypeError, ValueError) as e:
         raise DatasetError(f"{location}/{split_file}: key {e} missing or malformed in the shard list") from e
-    blob = read_object(location, records_name)
-    if hashlib.sha256(blob).hexdigest() != digest:
-        raise DatasetError(f"{location}/{records_name}: does not match its index (sha256 differs)")
+    folder = default_cache_folder(location, cache_base)
+    arrays = _node_records(location, records_name, digest, folder)
     try:
-        with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-            arrays = {name: z[name] for name in (*FIELDS, *layout.LOCATION_FIELDS)}
         records = PackedRecords.from_arrays(arrays)
-    except (KeyError, ValueError, OSError) as e:
+    except ValueError as e:
         raise DatasetError(f"{location}/{records_name}: unreadable records ({e})") from e
-    where = [arrays[name].astype(np.int64) for name in layout.LOCATION_FIELDS]
-    if len(where[0]) != len(records) or (
+    where = [arrays[name] for name in layout.LOCATION_FIELDS]
+    if any(w.dtype != np.int64 or len(w) != len(records) for w in where) or (
         len(records) and not 0 <= where[0].min() <= where[0].max() < len(shards)
     ):
         raise DatasetError(f"{location}/{records_name}: sample locations do not match the shard list")
     folder = default_cache_folder(location, cache_base)
-    images = ShardImages(location, shards, sizes, np.stack(where), folder, int(cache_gb * 2**30))
+    images = ShardImages(location, shards, sizes, where, folder, int(cache_gb * 2**30))
     return records.with_flip_idx(index.options.flip_idx), images
