@@ -134,19 +134,25 @@ def write_index(url: str, samples: int, per_shard: int = 1000) -> None:
 
 _STARTUP = r"""
 import json, sys, time, psutil
-rss0 = psutil.Process().memory_info().rss
-t = time.perf_counter()
 from yolo11_lightning.data.shards.reader import load_shard_split, open_index
-imported = time.perf_counter() - t
+def memory():
+    m = psutil.Process().memory_full_info()
+    return m.rss, m.uss
+rss0, uss0 = memory()
 t = time.perf_counter()
-records, images = load_shard_split(open_index(sys.argv[1]), "train")
-print(json.dumps({"seconds": time.perf_counter() - t, "import_s": imported, "samples": len(records),
-                  "rss_mib": (psutil.Process().memory_info().rss - rss0) / 2**20}))
+records, images = load_shard_split(open_index(sys.argv[1]), "train", sys.argv[2])
+seconds = time.perf_counter() - t
+rss, uss = memory()
+print(json.dumps({"seconds": seconds, "samples": len(records), "rss_mib": (rss - rss0) / 2**20,
+                  "uss_mib": (uss - uss0) / 2**20}))
 """
 
 
-def startup(url: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _STARTUP, url], capture_output=True, text=True, check=True)
+def startup(url: str, cache: Path) -> dict:
+    """One rank's start-up in a fresh process (``cache``: the node's cache folder)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _STARTUP, url, str(cache)], capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -160,9 +166,9 @@ def paper(bytes_per_image: float, record_bytes: float) -> list[str]:
     return [
         f"- images {images:.0e}, {bytes_per_image / 1e3:.0f} KB each (measured mean): {dataset_tb:.1f} TB",
         f"- shards of {shard_mb} MB: {per_shard:,.0f} images each, {shards:,.0f} shards",
-        f"- index: the records file, {record_bytes:.0f} B per sample with one box (measured): {index_gb:.1f} GB, read by"
-        f" every rank at start-up ({nodes * gpus} ranks: {index_gb * nodes * gpus / 1e3:.1f} TB of GETs at start-up"
-        " unless read once per node: 64 reads)",
+        f"- index: the records file, {record_bytes:.0f} B per sample with one box (measured): {index_gb:.1f} GB,"
+        f" fetched once per node ({nodes} GETs, {index_gb * nodes / 1e3:.2f} TB for the job) and mapped by the"
+        f" node's {gpus} ranks from its cache folder",
         f"- per epoch, the shard-aware order (window {window} shards, ranks strided over each global batch): every"
         f" node reads every shard once per epoch while its window is in use: {dataset_tb:.1f} TB per node per epoch,"
         f" {dataset_tb * nodes:.0f} TB for the job; the node cache needs {window * shard_mb / 1024:.0f} GB (one window)"
@@ -182,6 +188,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=384)
     p.add_argument("--index-samples", type=int, default=1_000_000)
+    p.add_argument("--no-speed", action="store_true", help="skip the read speed (part 1)")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     C.print_machine_info(1)
@@ -190,16 +197,18 @@ def main() -> None:
     bucket = "bench-shards"
     with tempfile.TemporaryDirectory() as tmp, s3_server(bucket):
         root = Path(tmp)
-        speed = read_speed(root, f"s3://{bucket}/jpegs", args.images)
-        print(f"\n## Images/s per worker ({args.images} JPEGs 640x480, {speed['bytes per image'] / 1e3:.0f} KB each,"
-              f" {speed['shards']:.0f} shards of 2 MB; read + reduced decode + resize to 640)\n")  # fmt: skip
-        print("| source | images/s |\n|---|---|")
-        for name in ("folder", "shards warm", "shards cold"):
-            print(f"| {name} | {speed[name]:.0f} |")
+        speed = {"bytes per image": 87e3}  # the default run's mean image size, for part 3
+        if not args.no_speed:
+            speed = read_speed(root, f"s3://{bucket}/jpegs", args.images)
+            print(f"\n## Images/s per worker ({args.images} JPEGs 640x480, {speed['bytes per image'] / 1e3:.0f} KB"
+                  f" each, {speed['shards']:.0f} shards of 2 MB; read + reduced decode + resize to 640)\n")  # fmt: skip
+            print("| source | images/s |\n|---|---|")
+            for name in ("folder", "shards warm", "shards cold"):
+                print(f"| {name} | {speed[name]:.0f} |")
         print(
             f"\n## Start-up of one rank at {args.index_samples:,} samples (index + records, fresh process)\n"
         )
-        print("| from | seconds | RSS growth MiB | records file MB |\n|---|---|---|---|")
+        print("| from | rank | seconds | RSS growth MiB | of it private (USS) MiB |\n|---|---|---|---|---|")
         write_index(f"s3://{bucket}/million", args.index_samples)
         write_index(str(root / "million"), args.index_samples)
         size = (root / "million" / "train.records.npz").stat().st_size
@@ -207,8 +216,11 @@ def main() -> None:
             ("local S3 server", f"s3://{bucket}/million"),
             ("local folder", str(root / "million")),
         ):
-            s = startup(url)
-            print(f"| {name} | {s['seconds']:.2f} | {s['rss_mib']:.0f} | {size / 1e6:.0f} |")
+            node = root / f"node-{name.split()[-1]}"
+            for rank in ("first of its node", "next"):
+                s = startup(url, node)
+                print(f"| {name} | {rank} | {s['seconds']:.2f} | {s['rss_mib']:.0f} | {s['uss_mib']:.0f} |")
+        print(f"\nrecords file: {size / 1e6:.0f} MB")
         print("\n## 100M images on 64 nodes x 8 GPUs, on paper\n")
         print("\n".join(paper(speed["bytes per image"], size / args.index_samples)))
 
