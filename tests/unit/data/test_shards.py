@@ -259,3 +259,14 @@ def test_the_records_are_fetched_once_per_node_and_mapped(tiny_dataset: Path, tm
     assert not [p for p in (tmp_path / "cache").rglob(".records-*") if p.is_dir()]  # no staging folder left
     with pytest.raises(DatasetError, match=r"val.records.npz: cannot read \(FileNotFoundError"):
         load_shard_split(open_index(str(tmp_path / "sh")), "val", tmp_path / "other-node")
+
+
+def test_check_data_reads_a_shard_folder(tiny_dataset: Path, tmp_path: Path, capsys) -> None:
+    from yolo11_lightning.cli.check_data import check_dataset
+
+    write_shards(dataset_config(tiny_dataset), str(tmp_path / "sh"), "detect")
+    config = dataset_config(str(tmp_path / "sh"))
+    assert check_dataset(config, tmp_path / "out", 64, 2, 0, True)
+    out = capsys.readouterr().out
+    assert "train: 16 images (0 background)" in out and f"(cache: {tmp_path / 'sh'} (shards))" in out
+    assert (tmp_path / "out" / "val_preview.png").is_file()  # its images read from the shards

@@ -202,7 +202,11 @@ def load_split(
     pixel_limit(max_image_pixels)  # a negative limit fails here, before any work
     if config.shards is not None:  # checked when converted: the records as they were written
         records, _ = load_shard_split(open_index(config.shards), split)
-        return records, DataReport(split=split)
+        rows = np.diff(records._label_ends, prepend=0)
+        report = DataReport(split=split, num_images=len(records), num_boxes=records.num_labels())
+        report.num_background, report.num_polygons = int((rows == 0).sum()), records.num_polygons()
+        report.cache_path = f"{config.shards} (shards)"
+        return records, report
     entries = _list_entries(config, split)
     cached = None
     if use_cache:
