@@ -261,8 +261,12 @@ def test_the_records_are_fetched_once_per_node_and_mapped(tiny_dataset: Path, tm
         load_shard_split(open_index(str(tmp_path / "sh")), "val", tmp_path / "other-node")
 
 
-def test_check_data_reads_a_shard_folder(tiny_dataset: Path, tmp_path: Path, capsys) -> None:
+def test_check_data_reads_a_shard_folder(
+    tiny_dataset: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from yolo11_lightning.cli.check_data import check_dataset
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "node"))  # the default node cache folder
 
     write_shards(dataset_config(tiny_dataset), str(tmp_path / "sh"), "detect")
     config = dataset_config(str(tmp_path / "sh"))
@@ -270,3 +274,4 @@ def test_check_data_reads_a_shard_folder(tiny_dataset: Path, tmp_path: Path, cap
     out = capsys.readouterr().out
     assert "train: 16 images (0 background)" in out and f"(cache: {tmp_path / 'sh'} (shards))" in out
     assert (tmp_path / "out" / "val_preview.png").is_file()  # its images read from the shards
+    assert list((tmp_path / "node" / "yolo11_lightning" / "shards").glob("*/val-000000.tar"))
