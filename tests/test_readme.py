@@ -31,6 +31,8 @@ SKIPPED = {
     "jupyter lab": "interactive; tests/e2e/test_notebook.py executes notebooks/quickstart.ipynb with tiny settings",
     "--trainer.strategy ddp": "two gloo processes: tests/e2e/test_cli.py::test_fit_two_ranks_ddp_rank_zero_writes_once "
     "runs this fit",
+    "--out s3://": "needs an S3 store: tests/e2e/test_object_storage.py converts to one (a local S3 server) and trains "
+    "from it",
 }
 # Appended to each runnable command: tiny images, one short epoch, CPU, no worker processes.
 TINY_ARGS = {
@@ -49,6 +51,7 @@ TINY_ARGS = {
     ],
     "synthetic": ["--train", "8", "--val", "4", "--size", "64"],
     "check-data": ["--imgsz", "64", "--samples", "4"],
+    "shard": [],
     "info": [],
 }  # fmt: skip
 LIGHTNING_CLI = ("fit", "validate", "test", "predict")
@@ -217,6 +220,7 @@ def test_readme_commands_run(tmp_path: Path) -> None:
         Path("runs/predict/predictions.json"), Path("runs/export/yolo11n.onnx"), Path("runs/export/yolo11n.pth"),
         Path("datasets/shapes/data.yaml"), Path("runs/export/yolo11n_128.onnx"), Path("runs/export/yolo11n_dynamic.onnx"),
         Path("runs/shapes/lightning_logs/version_0/checkpoints/best.ckpt"),  # docs/datasets.md: its own folder
+        Path("runs/shards/lightning_logs/version_0/checkpoints/best.ckpt"),  # docs/object-storage.md: from shards
     ):  # fmt: skip
         assert (tmp_path / produced).is_file(), f"{produced} was not written"
     predictions = json.loads((tmp_path / "runs/predict/predictions.json").read_text())

@@ -29,6 +29,7 @@ import cv2
 import numpy as np
 
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS
+from yolo11_lightning.data.shards.reader import ShardImages, load_shard_split, open_index
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.split import dataset_config, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
@@ -83,13 +84,16 @@ def _preview(
     augment: bool,
     seed: int,
     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+    image_bytes: ShardImages | None = None,
 ) -> Path:
-    """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn."""
+    """A grid of ``count`` samples as the model sees them (augmented or letterboxed), boxes drawn (``image_bytes``:
+    a shard folder's images)."""
     from yolo11_lightning.data.dataset import BoxDataset
 
     dataset = BoxDataset(
-        records, image_size=image_size, augment=augment, seed=seed, max_image_pixels=max_image_pixels
-    )
+        records, image_size=image_size, augment=augment, seed=seed, max_image_pixels=max_image_pixels,
+        image_bytes=image_bytes,
+    )  # fmt: skip
     rng = np.random.default_rng(seed)
     picks = rng.choice(len(records), size=min(count, len(records)), replace=False)
     tiles = []
@@ -127,6 +131,7 @@ def check_dataset(
     """
     usable = True
     loaded: dict[str, list[ImageRecord]] = {}
+    images: dict[str, ShardImages] = {}  # a shard folder's split -> its images
     spec = get_task(task)
     config = dataclasses.replace(config, outline_labels=spec.outline_labels)
     for split in REQUIRED_SPLITS:
@@ -143,6 +148,8 @@ def check_dataset(
             print(f"error: {e}", file=sys.stderr)
             usable = False
             continue
+        if config.shards is not None:
+            images[split] = load_shard_split(open_index(config.shards), split)[1]
         refusal = spec.check_split(records, config.names, evaluated=split != "train")
         for line in report.warnings + spec.label_problems(records):
             print(f"warning: {line}")
@@ -170,6 +177,7 @@ def check_dataset(
                 True,
                 seed,
                 max_image_pixels,
+                images.get("train"),
             )
         )
     if "val" in loaded:
@@ -183,6 +191,7 @@ def check_dataset(
                 False,
                 seed,
                 max_image_pixels,
+                images.get("val"),
             )
         )
     print("wrote " + ", ".join(str(p) for p in written))

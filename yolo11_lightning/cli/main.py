@@ -1,7 +1,7 @@
 """Command-line front door: ``yolo11-lightning <command> ...``.
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI. The small utility commands
-(``info``, ``synthetic``, ``check-data``, ``export``) are plain argparse programs living next to the code
+(``info``, ``synthetic``, ``check-data``, ``shard``, ``export``) are plain argparse programs living next to the code
 they drive; they are imported only when asked for, so ``info`` starts without Lightning. ``configs`` lists
 the configs shipped in the package (``--config NAME``); ``--version`` prints the version and git revision.
 
@@ -30,6 +30,7 @@ UTILITY_COMMANDS = {
     "info": "yolo11_lightning.cli.info:main",
     "synthetic": "yolo11_lightning.synthetic.command:main",
     "check-data": "yolo11_lightning.cli.check_data:main",
+    "shard": "yolo11_lightning.cli.shard:main",
     "export": "yolo11_lightning.export.command:main",
     "configs": "yolo11_lightning.cli.packaged_configs:main",
 }

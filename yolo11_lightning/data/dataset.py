@@ -37,7 +37,7 @@ from yolo11_lightning.data.augment.pipeline import AugmentConfig, augment_train_
 from yolo11_lightning.data.augment.transforms import letterbox
 from yolo11_lightning.data.images.cache import ImageCache, resized_shape
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageReadError, pixel_limit
-from yolo11_lightning.data.images.loading import RecordImageLoader
+from yolo11_lightning.data.images.loading import ImageBytes, RecordImageLoader
 from yolo11_lightning.data.rect_batches import eval_resized_shape, rect_batches
 from yolo11_lightning.data.sampling.partner_pools import (
     RECENT_BATCHES,
@@ -46,6 +46,7 @@ from yolo11_lightning.data.sampling.partner_pools import (
 )
 from yolo11_lightning.data.sampling.sampler import epoch_order
 from yolo11_lightning.data.sampling.seeds import partner_stride, sample_rng
+from yolo11_lightning.data.sampling.shard_windows import ShardWindows
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.task_samples import TaskSamples
 from yolo11_lightning.structures.batch import image_tensor
@@ -54,6 +55,9 @@ from yolo11_lightning.structures.instances import Instances
 from yolo11_lightning.structures.records import ImageRecord
 
 log = logging.getLogger(__name__)
+PREFETCH_SAMPLES = (
+    256  # positions of the epoch's order ahead of a training sample whose shards are fetched ahead
+)
 
 
 DETECTION = TaskSamples()  # detection's samples: boxes and classes
@@ -124,6 +128,10 @@ class BoxDataset(RecordImageLoader, Dataset):
             mask per instance (False).
         max_image_pixels: an image of more pixels is unreadable (``images.limits.ImageTooLargeError``, never
             decoded); default the reference's limit, None or 0: no limit.
+        image_bytes: where the images' bytes come from when not from files at the records' paths (a shard
+            folder's ``data.shards.reader.ShardImages``: the records' paths are then tar members).
+        shard_windows: the train sampler's shard-aware order (``sampling.shard_windows``), which the partner
+            pools follow; None: the order of all samples.
     """
 
     def __init__(
@@ -146,8 +154,12 @@ class BoxDataset(RecordImageLoader, Dataset):
         task: TaskSamples = DETECTION,
         mask_overlap: bool = True,
         max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+        image_bytes: ImageBytes | None = None,
+        shard_windows: ShardWindows | None = None,
     ) -> None:
         self.task = task
+        self.image_bytes = image_bytes
+        self.shard_windows = shard_windows
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
@@ -236,6 +248,25 @@ class BoxDataset(RecordImageLoader, Dataset):
         return state
 
     # ------------------------------------------------------------------------------------ partners
+    def _epoch_order(self, epoch: int) -> None:
+        """The sampler's order of ``epoch`` and each index's first position in it (once per epoch per worker)."""
+        if self._order_epoch != epoch:
+            self._order = epoch_order(
+                len(self), self.seed, epoch, self.global_batch_size or 1, self.shard_windows
+            )
+            # Padding repeats a few indices at the end; their first position decides their pool.
+            self._position = np.unique(self._order, return_index=True)[1]
+            self._order_epoch = epoch
+
+    def _prefetch(self, epoch: int, index: int) -> None:
+        """Have the shards of the next ``PREFETCH_SAMPLES`` positions after this sample's fetched in the background
+        (a shard folder's training split: every rank and worker of the node shares what is fetched)."""
+        self._epoch_order(epoch)
+        start = int(self._position[index]) + 1
+        ahead = self._order[start : start + PREFETCH_SAMPLES]
+        assert self.image_bytes is not None
+        self.image_bytes.prefetch(epoch, np.unique(self.image_bytes.shard[ahead]))
+
     def partner_pool(self, epoch: int, index: int) -> np.ndarray | None:
         """Indices the mosaic/mixup partners of sample (epoch, index) are drawn from; None: any index.
 
@@ -248,11 +279,7 @@ class BoxDataset(RecordImageLoader, Dataset):
         stride = partner_stride(batch)
         if batch // stride < 4:  # too few to fill a mosaic with distinct images
             return None
-        if self._order_epoch != epoch:  # once per epoch per worker: the order and its inverse
-            self._order = epoch_order(len(self), self.seed, epoch, batch)
-            # Padding repeats a few indices at the end; their first position decides their pool.
-            self._position = np.unique(self._order, return_index=True)[1]
-            self._order_epoch = epoch
+        self._epoch_order(epoch)
         num_batches = len(self._order) // batch
         positions = pool_positions(
             int(self._position[index]), batch, stride, self.partner_batches, num_batches
@@ -284,6 +311,8 @@ class BoxDataset(RecordImageLoader, Dataset):
         substitutes: dict[int, int] = {}
         unreadable: list[tuple[str, str]] = []
         if self.augment:
+            if self.image_bytes is not None:
+                self._prefetch(epoch, index)
             mix = self.mosaic_until_epoch is None or epoch < self.mosaic_until_epoch
             rng = sample_rng(self.seed, epoch, index)
             load = self._substituting_loader(epoch, substitutes, unreadable)

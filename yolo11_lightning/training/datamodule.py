@@ -35,6 +35,13 @@ from yolo11_lightning.data.loader_workers import auto_num_workers
 from yolo11_lightning.data.sampling.checkpoint import TrainSamplerCheckpoint
 from yolo11_lightning.data.sampling.partner_pools import dataset_options as partner_options
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, ShardedEvalSampler
+from yolo11_lightning.data.sampling.shard_windows import DEFAULT_SHARD_WINDOW, ShardWindows
+from yolo11_lightning.data.shards.reader import (
+    DEFAULT_CACHE_GB,
+    is_shard_location,
+    load_shard_split,
+    open_index,
+)
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.split import dataset_config, label_cache_locations, load_split, split_name
 from yolo11_lightning.data.sources.task_hint import dataset_task
@@ -75,8 +82,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     """Detection data for Lightning.
 
     Args:
-        dataset: path of a dataset yaml, an ImageFolder root (classification: ``train/<class>/<images>``), or
-            "synthetic" to generate the built-in dataset of the task.
+        dataset: path of a dataset yaml, an ImageFolder root (classification: ``train/<class>/<images>``), a
+            shard folder (``yolo11-lightning shard``'s output: a local folder or an fsspec url such as
+            ``s3://bucket/prefix``), or "synthetic" to generate the built-in dataset of the task.
         batch_size: GLOBAL batch size over all devices and nodes (per device = batch_size / world_size).
         image_size: training and evaluation image side in pixels.
         num_workers: DataLoader worker processes per device, or ``"auto"`` (the GPU presets): each local rank's
@@ -134,6 +142,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             ``randaugment``, ``autoaugment``, ``augmix`` or null (then a colour jitter from ``hsv_*``), and the
             random-erasing probability. Classification also reads ``scale_jitter`` (crops of ``1 - scale_jitter``
             to all of the image's area), ``fliplr``, ``flipud``; not the mosaic and affine settings.
+        shard_cache_dir: for a shard folder (``dataset`` a url such as ``s3://bucket/prefix``, or a local folder
+            of ``yolo11-lightning shard``'s output): where each node keeps the shards it fetched
+            (``<shard_cache_dir>/shards/<hash of the url>``; default ``~/.cache/yolo11_lightning``).
+        shard_cache_gb: the most that folder holds; the least recently used shards go first.
+        shard_window: a shard folder's training order (``data.sampling.shard_windows``): shards shuffled, then
+            the samples of each ``shard_window`` consecutive shards shuffled together, so the ranks read few
+            shards at a time; 0: a permutation of all samples, as for folders. A resume must keep it.
     """
 
     def __init__(
@@ -175,6 +190,9 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         mask_overlap: bool = True,
         auto_augment: str | None = "randaugment",
         erasing: float = 0.4,
+        shard_cache_dir: str | None = None,
+        shard_cache_gb: float = DEFAULT_CACHE_GB,
+        shard_window: int = DEFAULT_SHARD_WINDOW,
     ) -> None:
         super().__init__()
         if task is not None:
@@ -231,6 +249,22 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         if task is not None or self.dataset_claim is not None:
             self._set_task(resolve_task(self._named_tasks(), dataset=self.dataset_claim))
         self.label_cache_dir = label_cache_dir
+        if shard_cache_gb <= 0:
+            raise UserInputError(f"data.shard_cache_gb must be positive, got {shard_cache_gb}")
+        if shard_window < 0:
+            raise UserInputError(
+                f"data.shard_window must be >= 0 (0: shuffle all samples), got {shard_window}"
+            )
+        self.shard_cache_dir, self.shard_cache_gb, self.shard_window = (
+            shard_cache_dir,
+            shard_cache_gb,
+            shard_window,
+        )
+        if cache_images == "disk" and dataset != SYNTHETIC and is_shard_location(dataset):
+            raise UserInputError(
+                f"{dataset}: data.cache_images=disk keeps images beside a dataset folder; a shard folder's stay "
+                "in the node-local shard cache (true: the RAM cache)"
+            )
         self.prepare_data_per_node = prepare_data_per_node
         self.max_substituted_fraction = max_substituted_fraction
         self.max_image_pixels = pixel_limit(max_image_pixels)  # None: no limit; raises for a negative one
@@ -347,7 +381,7 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             make_synthetic_dataset(self.synthetic_dir, **self.synthetic_options)
 
     def _config(self) -> DatasetConfig:
-        config = dataset_config(self.yaml_path)
+        config = dataset_config(self.yaml_path if self.dataset == SYNTHETIC else self.dataset)
         if config.names != self.class_names:
             raise DatasetError(f"{self.yaml_path}: class names changed since the DataModule was created")
         return config
@@ -356,17 +390,23 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         self, config: DatasetConfig, split: str, augment: bool, evaluated: bool = False
     ) -> BoxDataset:
         """The dataset of ``split``: training (``augment``) or evaluation (``evaluated``; False: prediction)."""
-        records, _ = run_once_per_node(
-            RankGroup.from_trainer(self.trainer),
-            f"the `{split}` labels of {config.source}",
-            lambda: load_split(
-                config,
-                split,
-                cache_dir=self.label_cache_dir,
-                verbose=self.global_rank == 0,
-                max_image_pixels=self.max_image_pixels,
-            ),
-        )
+        images = None
+        if config.shards is not None:  # the records as converted; images from the node-local shard cache
+            records, images = load_shard_split(
+                open_index(config.shards), split, self.shard_cache_dir, self.shard_cache_gb
+            )
+        else:
+            records, _ = run_once_per_node(
+                RankGroup.from_trainer(self.trainer),
+                f"the `{split}` labels of {config.source}",
+                lambda: load_split(
+                    config,
+                    split,
+                    cache_dir=self.label_cache_dir,
+                    verbose=self.global_rank == 0,
+                    max_image_pixels=self.max_image_pixels,
+                ),
+            )
         self._check_kpt_shape(config)
         refusal = self.task_spec.check_split(records, config.names, evaluated)
         if refusal is not None:  # every rank: the records agree, so every rank stops here alike
@@ -401,6 +441,10 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
             task=self.task_spec,
             mask_overlap=self.mask_overlap,
             max_image_pixels=self.max_image_pixels,
+            image_bytes=images,
+            shard_windows=ShardWindows(images.shard, self.shard_window)
+            if images is not None and augment and self.shard_window
+            else None,
             **whole,
         )
         return dataset
@@ -499,7 +543,12 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         dataset = self.datasets["train"]
         sampler = ElasticDistributedSampler(
-            dataset, self.batch_size, num_replicas=self.world_size, rank=self.global_rank, seed=self.seed
+            dataset,
+            self.batch_size,
+            num_replicas=self.world_size,
+            rank=self.global_rank,
+            seed=self.seed,
+            windows=dataset.shard_windows,
         )
         if self._pending_sampler_state is not None:
             sampler.load_state_dict(self._pending_sampler_state)

@@ -203,6 +203,14 @@ def safe_header_size(f: BinaryIO) -> tuple[int, int] | None:
         return None
 
 
+def safe_bytes_header_size(data: bytes) -> tuple[int, int] | None:
+    """``safe_header_size`` of an image file's bytes held in memory."""
+    try:
+        return _header_size(lambda offset, size: data[offset : offset + size], len(data))
+    except (OverflowError, ValueError, IndexError, struct.error):
+        return None
+
+
 def jpeg_walk(path: str, read_at: ReadAt, file_size: int) -> tuple[tuple[int, int], int]:
     """(height, width) stored in a JPEG's frame header (before EXIF rotation), and the offset where the
     first scan's entropy-coded data starts.

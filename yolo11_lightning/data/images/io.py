@@ -33,6 +33,7 @@ from yolo11_lightning.data.images.headers import (
     JPEG_MAGIC,
     PNG_MAGIC,
     jpeg_walk,
+    safe_bytes_header_size,
     safe_header_size,
 )
 from yolo11_lightning.data.images.limits import (
@@ -144,6 +145,25 @@ def read_image(
     """
     path = str(path)
     data, size = _read_bytes(path, max_pixels)
+    return _decode_image(path, data, size, long_side, max_pixels)
+
+
+def decode_image_bytes(
+    name: str, data: bytes, long_side: int | None = None, max_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS
+) -> np.ndarray:
+    """``read_image`` of an image file's bytes already read (a shard member); ``name`` names it in errors."""
+    if not data:
+        raise ImageReadError(name, "empty file (0 bytes)")
+    size = safe_bytes_header_size(data)
+    if size is not None:
+        check_pixels(name, size[0], size[1], max_pixels)
+    return _decode_image(name, data, size, long_side, max_pixels)
+
+
+def _decode_image(
+    path: str, data: bytes, size: tuple[int, int] | None, long_side: int | None, max_pixels: int | None
+) -> np.ndarray:
+    """The decode of ``read_image`` once the bytes are read and their header size (``size``) checked."""
     scale = 1
     if data.startswith(JPEG_MAGIC):
         h, w = _jpeg_frame(path, data)  # truncation check: ~1% of the decode time

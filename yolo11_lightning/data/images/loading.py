@@ -2,12 +2,18 @@
 
 The loading half of ``BoxDataset`` (a mixin of it): it reads the attributes ``BoxDataset``
 sets (``records``, ``image_size``, ``augment``, ``scaleup``, ``image_cache``, ``seed``, ``label_fields``,
-``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels`` and the
-per-process
-``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
+``decode_cache_size``, ``read_attempts``, ``retry_backoff_s``, ``reduced_decode``, ``max_image_pixels``,
+``image_bytes`` and the per-process ``_decoded`` / ``_unreadable`` memories) and needs ``__len__``.
+
+Images are files at the records' paths, or, with ``image_bytes`` (a shard folder's ``ShardImages``), bytes it
+reads by index, the record's path being the sample's tar member.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
+from functools import partial
+from typing import Protocol
 
 import cv2
 import numpy as np
@@ -15,7 +21,7 @@ import numpy as np
 from yolo11_lightning.data.augment.pipeline import Labelled
 from yolo11_lightning.data.augment.transforms import resize_long_side
 from yolo11_lightning.data.images.cache import resized_shape
-from yolo11_lightning.data.images.io import decode_scale, read_image_retrying
+from yolo11_lightning.data.images.io import decode_image_bytes, decode_scale, read_image_retrying
 from yolo11_lightning.data.images.limits import ImageReadError, check_pixels
 from yolo11_lightning.data.rect_batches import eval_resize, eval_resized_shape
 from yolo11_lightning.data.sampling.seeds import substitute_index
@@ -27,6 +33,24 @@ SUBSTITUTE_STREAM = 2
 MAX_SUBSTITUTE_TRIES = 16
 # ``substitutes`` entry of a sample whose image and every candidate were unreadable (grey, no labels).
 BLANK_SUBSTITUTE = -2
+
+
+class ImageBytes(Protocol):
+    """Where a dataset's image bytes come from when they are not files (``data.shards.reader.ShardImages``)."""
+
+    def read(self, index: int, member: str) -> bytes:
+        """The bytes of sample ``index`` (whose record's path is ``member``); ImageReadError when unreadable."""
+        ...
+
+    shard: np.ndarray  # (N,) the shard of each sample
+
+    def name(self, index: int, member: str) -> str:
+        """How messages name sample ``index``."""
+        ...
+
+    def prefetch(self, epoch: int, shard_numbers: Iterable[int]) -> None:
+        """Start fetching these shards in the background (training reads them next)."""
+        ...
 
 
 class RecordImageLoader:
@@ -53,7 +77,8 @@ class RecordImageLoader:
             # The record's size first (a record from elsewhere, or a cache of a higher limit), then the file's
             # header when it is read (the file may have changed since).
             check_pixels(rec.path, rec.height, rec.width, self.max_image_pixels)
-            image, f = self._read(rec.path, rec.height, rec.width)
+            read = self._read if self.image_bytes is None else partial(self._read_member, index)
+            image, f = read(rec.path, rec.height, rec.width)
             if image.shape[:2] != (-(-rec.height // f), -(-rec.width // f)):
                 raise ImageReadError(
                     rec.path,
@@ -76,6 +101,21 @@ class RecordImageLoader:
         if self.augment:  # a reduced decode (f > 1) only happens in training
             return self._resize(image, height, width, f)
         return eval_resize(image, self.image_size, self.scaleup)
+
+    def _read_member(self, index: int, member: str, height: int, width: int) -> tuple[np.ndarray, int]:
+        """``_read`` of sample ``index`` from ``image_bytes`` (``member``: its record's path)."""
+        assert self.image_bytes is not None
+        data = self.image_bytes.read(index, member)
+        long_side = self.image_size if self.augment and self.reduced_decode else None
+        image = decode_image_bytes(
+            self.image_bytes.name(index, member), data, long_side, self.max_image_pixels
+        )
+        f = (
+            1
+            if long_side is None or image.shape[:2] == (height, width)
+            else decode_scale(height, width, long_side)
+        )
+        return image, f
 
     def _read(self, path: str, height: int, width: int) -> tuple[np.ndarray, int]:
         """Decode for ``load_resized``: the image and the factor f it was decoded smaller by.

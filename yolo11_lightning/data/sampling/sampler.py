@@ -24,15 +24,21 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DistributedSampler
 
+from yolo11_lightning.data.sampling.shard_windows import ShardWindows
+
 # First entropy word of the generator that draws the epoch order. The Dataset's per-sample generators
 # use another tag, so no (seed, epoch, index) can ever coincide with the order's generator.
 ORDER_STREAM = 0
+GLOBAL_ORDER = "global"  # a checkpoint's name of the order of all samples (``ShardWindows.name`` the other)
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, global_batch_size: int) -> np.ndarray:
+def epoch_order(
+    num_samples: int, seed: int, epoch: int, global_batch_size: int, windows: ShardWindows | None = None
+) -> np.ndarray:
     """The global order of dataset indices for one epoch, padded to whole global batches.
 
-    A permutation drawn from ``(seed, epoch)`` only. Padding: when ``num_samples`` is not a multiple of
+    A permutation drawn from ``(seed, epoch)`` only: of all samples, or shard-aware (``windows``: shards
+    shuffled, samples shuffled within windows of shards; ``shard_windows``). Padding: when ``num_samples`` is not a multiple of
     the global batch size, the permutation is wrapped around (its first indices repeated) to fill the
     last global batch. We pad rather than drop so every image is seen every epoch, even when the dataset
     is smaller than one global batch (drop would leave zero batches); a few images are seen twice.
@@ -42,7 +48,10 @@ def epoch_order(num_samples: int, seed: int, epoch: int, global_batch_size: int)
     """
     if num_samples <= 0:
         raise ValueError("cannot order an empty dataset")
-    perm = np.random.default_rng([ORDER_STREAM, seed, epoch]).permutation(num_samples)
+    rng = np.random.default_rng([ORDER_STREAM, seed, epoch])
+    perm = rng.permutation(num_samples) if windows is None else windows.permutation(rng)
+    if len(perm) != num_samples:
+        raise ValueError(f"the shard order covers {len(perm)} samples, the dataset has {num_samples}")
     total = math.ceil(num_samples / global_batch_size) * global_batch_size
     return np.resize(perm, total).astype(np.int64)  # np.resize repeats the array cyclically
 
@@ -58,6 +67,8 @@ class ElasticDistributedSampler(DistributedSampler):
         num_replicas: world size R.
         rank: this process's global rank.
         seed: seed of the epoch orders (and, in the Dataset, of the augmentation).
+        windows: the shard-aware order of a shard folder (``shard_windows``), else None: a permutation of all
+            samples. The Dataset's partner pools must use the same (``BoxDataset.shard_windows``).
 
     ``len(sampler)`` is the FULL per-rank epoch length, even after a mid-epoch resume: Lightning computes
     its batches per epoch from ``len(dataloader)`` once per fit, and on a mid-epoch restart counts the
@@ -72,6 +83,7 @@ class ElasticDistributedSampler(DistributedSampler):
         num_replicas: int = 1,
         rank: int = 0,
         seed: int = 0,
+        windows: ShardWindows | None = None,
     ) -> None:
         if global_batch_size <= 0 or global_batch_size % num_replicas:
             raise ValueError(
@@ -82,6 +94,7 @@ class ElasticDistributedSampler(DistributedSampler):
             raise ValueError(f"seed must be >= 0, got {seed}")
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         self.global_batch_size = global_batch_size
+        self.windows = windows
         self.consumed_samples = 0
         self.total_size = math.ceil(len(dataset) / global_batch_size) * global_batch_size
         self.num_samples = self.total_size // num_replicas
@@ -106,11 +119,19 @@ class ElasticDistributedSampler(DistributedSampler):
         """Samples this rank will yield in the next ``__iter__``."""
         return (self.total_size - self.consumed_samples) // self.num_replicas
 
-    def state_dict(self) -> dict[str, int]:
-        return {
+    @property
+    def order_name(self) -> str:
+        """The order policy as a checkpoint names it: ``global`` or ``shards/<window>``."""
+        return GLOBAL_ORDER if self.windows is None else self.windows.name
+
+    def state_dict(self) -> dict[str, Any]:
+        state: dict[str, Any] = {
             "epoch": self.epoch, "consumed_samples": self.consumed_samples, "seed": self.seed,
             "num_samples": len(self.dataset),
         }  # fmt: skip
+        if self.windows is not None:
+            state["order"] = self.order_name
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict()``, possibly saved with another world size (same global batch).
@@ -124,6 +145,12 @@ class ElasticDistributedSampler(DistributedSampler):
             raise ValueError(
                 f"sampler state was saved with seed {state['seed']} but this run uses seed {self.seed}; "
                 "the data order would not continue"
+            )
+        if state.get("order", GLOBAL_ORDER) != self.order_name:
+            raise ValueError(
+                f"sampler state was saved with the order {state.get('order', GLOBAL_ORDER)!r} but this run uses "
+                f"{self.order_name!r} (data.shard_window and the dataset must be the saved run's); the data order "
+                "would not continue"
             )
         self.epoch = int(state["epoch"])
         consumed = int(state["consumed_samples"])
@@ -153,7 +180,7 @@ class ElasticDistributedSampler(DistributedSampler):
         # The position is consumed by this iteration; the following one (next epoch) starts at 0.
         # Mid-epoch checkpoints set the true progress with set_consumed_samples before saving.
         self.consumed_samples = 0
-        order = epoch_order(len(self.dataset), self.seed, epoch, self.global_batch_size)
+        order = epoch_order(len(self.dataset), self.seed, epoch, self.global_batch_size, self.windows)
         for index in order[start + self.rank :: self.num_replicas].tolist():
             yield epoch, index
 

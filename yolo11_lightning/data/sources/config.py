@@ -63,6 +63,7 @@ class DatasetConfig:
             flip), from the yaml or a COCO json's categories.
         outline_labels: the rows' outlines are the labels the task learns (oriented boxes; set for the task, not by
             the yaml): a row whose outline fails its checks is dropped instead of kept as its box (``checks``).
+        shards: the shard folder (a url or a local folder, ``data.shards``) this dataset is read from, else None.
     """
 
     root: Path
@@ -72,6 +73,7 @@ class DatasetConfig:
     image_dirs: dict[str, str] = field(default_factory=dict)
     options: LabelOptions = field(default_factory=LabelOptions)
     outline_labels: bool = False
+    shards: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -79,11 +81,13 @@ class DatasetConfig:
 
     @property
     def source(self) -> str:
-        """How errors name this dataset: the yaml path, or the root for configs built in code."""
-        return str(self.yaml_path or self.root)
+        """How errors name this dataset: the shard folder, the yaml path, or the root for configs built in code."""
+        return self.shards or str(self.yaml_path or self.root)
 
     def resolve(self, entry: str | os.PathLike) -> str:
-        """Absolute path of a split entry (entries are relative to ``root``)."""
+        """Absolute path of a split entry (entries are relative to ``root``); a url as it is."""
+        if "://" in str(entry):
+            return str(entry)
         p = Path(os.path.expanduser(str(entry)))
         return str(p if p.is_absolute() else (self.root / p).resolve())
 

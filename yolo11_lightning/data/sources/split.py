@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS, ImageTooLargeError, pixel_limit
+from yolo11_lightning.data.shards.reader import is_shard_location, load_shard_split, open_index, shard_config
 from yolo11_lightning.data.sources import coco, imagefolder, yolo
 from yolo11_lightning.data.sources.cache import CACHE_VERSION, default_cache_dir, load_cache, save_cache
 from yolo11_lightning.data.sources.checks import CLIP_TOLERANCE, DataReport
@@ -49,8 +50,11 @@ FORMATS: tuple[Callable[[str, set[str]], SplitEntry | None], ...] = (
 
 
 def dataset_config(path: str | os.PathLike) -> DatasetConfig:
-    """The dataset at ``path``: a dataset yaml (``config.load_dataset_config``), or a folder, read as the ImageFolder
-    root of a classification dataset (``imagefolder.folder_config``)."""
+    """The dataset at ``path``: a shard folder (a url, or a folder holding ``index.json``: ``shards.reader``), a
+    dataset yaml (``config.load_dataset_config``), or a folder, read as the ImageFolder root of a classification
+    dataset (``imagefolder.folder_config``)."""
+    if is_shard_location(os.fspath(path)):
+        return shard_config(os.fspath(path))
     if os.path.isdir(os.path.expanduser(os.fspath(path))):
         return imagefolder.folder_config(path)
     return load_dataset_config(path)
@@ -196,6 +200,13 @@ def load_split(
         DatasetError: the split is not defined, an entry is missing, or no image is usable.
     """
     pixel_limit(max_image_pixels)  # a negative limit fails here, before any work
+    if config.shards is not None:  # checked when converted: the records as they were written
+        records, _ = load_shard_split(open_index(config.shards), split)
+        rows = np.diff(records._label_ends, prepend=0)
+        report = DataReport(split=split, num_images=len(records), num_boxes=records.num_labels())
+        report.num_background, report.num_polygons = int((rows == 0).sum()), records.num_polygons()
+        report.cache_path = f"{config.shards} (shards)"
+        return records, report
     entries = _list_entries(config, split)
     cached = None
     if use_cache:

@@ -1,6 +1,7 @@
 """What task a dataset's files say they are labelled for, read without loading its labels.
 
-Only what the files state for certain counts: a dataset yaml that declares keypoints
+Only what the files state for certain counts: a shard folder whose index records what its source's files said
+(``data.shards``), a dataset yaml that declares keypoints
 (``label_options.LabelOptions.declared_by``) is a keypoint (pose) dataset,
 and an ImageFolder root (class folders of images without YOLO label files, the reference's classification
 layout: the folder itself, its ``train`` folder, or a yaml whose ``train`` is such a folder) is a classification
@@ -18,6 +19,8 @@ from pathlib import Path
 import yaml
 
 from yolo11_lightning.data.images.io import IMAGE_EXTENSIONS
+from yolo11_lightning.data.shards.reader import is_shard_location, open_index
+from yolo11_lightning.data.sources.config import DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.yolo import has_label_rows
 
@@ -37,6 +40,12 @@ def dataset_task(dataset: str | os.PathLike) -> DatasetTask | None:
 
     An unreadable yaml says nothing here: ``config.load_dataset_config`` reports it with its own message.
     """
+    if is_shard_location(os.fspath(dataset)):
+        try:
+            claim = open_index(os.fspath(dataset)).claim
+        except DatasetError:
+            return None  # the dataset's loading reports it
+        return None if claim is None else DatasetTask(claim[0], f"its shard index: {claim[1]}")
     path = Path(os.path.expanduser(os.fspath(dataset)))
     if path.is_dir():
         for folder in (path / "train", path):
