@@ -1,6 +1,7 @@
-"""The metadata an exported ONNX file carries, written and read back.
+"""The metadata an exported file carries (ONNX, TorchScript, OpenVINO), written and read back.
 
-Two sets of keys sit side by side in the file's ``metadata_props`` (string key -> string value):
+Two sets of keys sit side by side (string key -> string value) in an ONNX file's ``metadata_props``, a
+TorchScript file's ``config.txt`` (JSON) and an OpenVINO model's ``metadata.yaml``:
 
 * the reference ecosystem's, as its ONNX loader parses them (``int()`` for ``stride``, ``batch``,
   ``channels``; ``ast.literal_eval`` for ``imgsz``, ``names``, ``args``; ``task`` as is; ``args["dynamic"]``
@@ -36,10 +37,12 @@ def metadata_props(
     size: tuple[int, int],
     stride: int,
     dynamic: bool,
-    opset: int,
+    opset: int | None,
     version: str,
     task: str = "detect",
     task_props: Mapping[str, str] | None = None,
+    half: bool = False,
+    int8: bool = False,
 ) -> dict[str, str]:
     """Every key -> string value for an exported detector or segmenter.
 
@@ -49,14 +52,18 @@ def metadata_props(
         size: (H, W) the graph was traced at; the only size a fixed-shape file accepts.
         stride: largest stride (32): dynamic inputs must be multiples of it.
         dynamic: height and width are free axes (the batch axis always is).
-        opset: ONNX opset of the graph.
+        opset: ONNX opset of the graph (None: not an ONNX graph).
         version: this package's version.
         task: a task of ``tasks.TASKS``: its ``noun`` describes the model, its ``onnx_output_doc`` the outputs.
         task_props: the task's own keys (``Task.onnx_metadata``: a pose model's keypoint shape).
+        half, int8: the weights are stored in float16 / quantized to 8 bits (``args``, as the reference writes).
     """
     spec = get_task(task)  # a clear error naming the known tasks
     kind = spec.noun
     reference_names = {i: str(n) for i, n in enumerate(names)}
+    args: dict[str, Any] = {"batch": 1, "dynamic": bool(dynamic), "half": half, "int8": int8, "nms": False}
+    if opset is not None:
+        args["opset"] = int(opset)
     reference = {
         "description": f"yolo11_lightning YOLO11{scale} {kind}, {len(names)} classes",
         "author": PRODUCER,
@@ -69,9 +76,7 @@ def metadata_props(
         "batch": "1",
         "imgsz": repr([int(size[0]), int(size[1])]),
         "names": repr(reference_names),  # a dict literal: ast.literal_eval gives {0: 'name', ...}
-        "args": repr(
-            {"batch": 1, "dynamic": bool(dynamic), "half": False, "nms": False, "opset": int(opset)}
-        ),
+        "args": repr(args),
         "channels": "3",
     }
     ours = {

@@ -1,0 +1,101 @@
+"""ONNX exports at lower precision: fp16 (weights and activations in half precision) and INT8 (QDQ).
+
+fp16: the model is traced in half precision, so the graph takes and gives float16, as the reference's half
+export does (``OnnxDetector`` feeds it float16 and widens its outputs). INT8: the fp32 graph of
+``export.onnx`` quantized by ONNX Runtime's static quantization in the QDQ format, weights per channel,
+activations calibrated (min-max) on the images it is given (``export.calibration``). Both keep the metadata, with
+``args`` saying ``half`` / ``int8``. Imports torch, onnx and onnxruntime (the ``onnx`` extra).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from yolo11_lightning.export.onnx import ONNX_INPUT, export_onnx, onnx_output_names
+from yolo11_lightning.export.tracing import cpu_eval_copy, model_metadata
+from yolo11_lightning.extras import require
+from yolo11_lightning.nn.yolo11 import YOLO11
+from yolo11_lightning.tasks import get_task
+
+__all__ = ["export_onnx_fp16", "export_onnx_int8"]
+
+
+def _set_metadata(path: Path, props: dict[str, str]) -> None:
+    onnx = require("onnx", "onnx", "export")
+    proto = onnx.load(str(path))
+    del proto.metadata_props[:]
+    for key, value in props.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    proto.ir_version = min(proto.ir_version, 10)  # newer IR versions are refused by older ONNX Runtimes
+    onnx.save(proto, str(path))
+
+
+def export_onnx_fp16(
+    model: YOLO11, path: str | os.PathLike, image_size: tuple[int, int], opset: int = 17
+) -> Path:
+    """``model`` traced in float16 at ``image_size`` (H, W) to ``path``: float16 input and outputs."""
+    require("onnx", "onnx", "export")
+    height, width = image_size
+    half = cpu_eval_copy(model).half()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    outputs = onnx_output_names(model)
+    axes: dict[str, Any] = {ONNX_INPUT: {0: "batch"}}
+    axes.update(zip(outputs, get_task(model.task).onnx_output_axes(False)))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", category=DeprecationWarning)
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        torch.onnx.export(
+            half, (torch.zeros(1, 3, height, width, dtype=torch.float16),), str(path), dynamo=False,
+            input_names=[ONNX_INPUT], output_names=outputs, dynamic_axes=axes, opset_version=opset,
+            do_constant_folding=True,
+        )  # fmt: skip
+    _set_metadata(path, model_metadata(model, image_size, opset=opset, half=True))
+    return path
+
+
+class _Reader:
+    """ONNX Runtime's calibration reader over float32 (N, 3, H, W) images, one image per call."""
+
+    def __init__(self, images: np.ndarray) -> None:
+        self.images = iter(list(images))
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        image = next(self.images, None)
+        return None if image is None else {ONNX_INPUT: image[None]}
+
+
+def export_onnx_int8(
+    model: YOLO11,
+    path: str | os.PathLike,
+    image_size: tuple[int, int],
+    calibration: np.ndarray,
+    opset: int = 17,
+) -> Path:
+    """``model`` at ``image_size`` (H, W) quantized to INT8 (QDQ) on the ``calibration`` images, to ``path``."""
+    require("onnxruntime", "onnx", "ONNX INT8 export")
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        fp32 = export_onnx(model, Path(tmp) / "fp32.onnx", image_size, opset)
+        prepared = Path(tmp) / "prepared.onnx"
+        quant_pre_process(str(fp32), str(prepared), skip_symbolic_shape=True)
+        quantize_static(
+            str(prepared), str(path), _Reader(calibration), quant_format=QuantFormat.QDQ,
+            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
+            calibrate_method=CalibrationMethod.MinMax,
+        )  # fmt: skip
+    _set_metadata(path, model_metadata(model, image_size, opset=opset, int8=True))
+    return path
