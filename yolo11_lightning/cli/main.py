@@ -1,7 +1,7 @@
 """Command-line front door: ``yolo11-lightning <command> ...``.
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI. The small utility commands
-(``info``, ``synthetic``, ``check-data``, ``export``) are plain argparse programs living next to the code
+(``info``, ``synthetic``, ``check-data``, ``export``, ``benchmark``) are plain argparse programs living next to the code
 they drive; they are imported only when asked for, so ``info`` starts without Lightning. ``configs`` lists
 the configs shipped in the package (``--config NAME``); ``--version`` prints the version and git revision.
 
@@ -31,6 +31,7 @@ UTILITY_COMMANDS = {
     "synthetic": "yolo11_lightning.synthetic.command:main",
     "check-data": "yolo11_lightning.cli.check_data:main",
     "export": "yolo11_lightning.export.command:main",
+    "benchmark": "yolo11_lightning.cli.benchmark:main",
     "configs": "yolo11_lightning.cli.packaged_configs:main",
 }
 # `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.

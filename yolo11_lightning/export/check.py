@@ -85,6 +85,7 @@ def compare(
     num_workers: int = 2,
     accelerator: str = "auto",
     label: str = "onnx",
+    checkpoint: dict[str, float] | None = None,
 ) -> ExportCheck:
     """Validate ``model`` and the file ``path`` exported from it on ``dataset``'s val split.
 
@@ -99,6 +100,8 @@ def compare(
         batch_size, num_workers: validation loader settings (one device).
         accelerator: Lightning accelerator for both runs.
         label: the file's format, its row in the printout.
+        checkpoint: the checkpoint's metrics from an earlier ``compare`` on the same dataset, size and batching
+            (``ExportCheck.checkpoint``): reused, not validated again.
     """
     height, width = image_size
     if not dynamic and height != width:
@@ -142,7 +145,7 @@ def compare(
         f"{max(height, width)} px"
     )
     return ExportCheck(
-        _validate(torch_module, data, accelerator, task),
+        checkpoint if checkpoint is not None else _validate(torch_module, data, accelerator, task),
         _validate(file_module, data, accelerator, task),
         setting,
         task,

@@ -3,7 +3,8 @@
 fp16: the model is traced in half precision, so the graph takes and gives float16, as the reference's half
 export does (``OnnxDetector`` feeds it float16 and widens its outputs). INT8: the fp32 graph of
 ``export.onnx`` quantized by ONNX Runtime's static quantization in the QDQ format, weights per channel,
-activations calibrated (min-max) on the images it is given (``export.calibration``). Both keep the metadata, with
+activations calibrated (min-max) on the images it is given (``export.calibration``); the head's decode stays
+in float (``tracing.decode_nodes``). Both keep the metadata, with
 ``args`` saying ``half`` / ``int8``. Imports torch, onnx and onnxruntime (the ``onnx`` extra).
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 import torch
 
 from yolo11_lightning.export.onnx import ONNX_INPUT, export_onnx, onnx_output_names
-from yolo11_lightning.export.tracing import cpu_eval_copy, model_metadata
+from yolo11_lightning.export.tracing import cpu_eval_copy, decode_nodes, model_metadata
 from yolo11_lightning.extras import require
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
@@ -82,6 +83,7 @@ def export_onnx_int8(
     opset: int = 17,
 ) -> Path:
     """``model`` at ``image_size`` (H, W) quantized to INT8 (QDQ) on the ``calibration`` images, to ``path``."""
+    onnx = require("onnx", "onnx", "ONNX INT8 export")
     require("onnxruntime", "onnx", "ONNX INT8 export")
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
@@ -96,6 +98,7 @@ def export_onnx_int8(
             str(prepared), str(path), _Reader(calibration), quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
             calibrate_method=CalibrationMethod.MinMax,
+            nodes_to_exclude=decode_nodes(n.name for n in onnx.load(str(prepared)).graph.node),
         )  # fmt: skip
     _set_metadata(path, model_metadata(model, image_size, opset=opset, int8=True))
     return path
