@@ -38,8 +38,8 @@ def calibration_images(dataset: str, task: str, size: int, count: int = 64) -> n
     where = split_name(config, CALIBRATION_SPLIT)
     try:
         records, _ = load_split(config, CALIBRATION_SPLIT, cache_dir=data.label_cache_dir, verbose=False)
-    except UserInputError as e:
-        raise CalibrationError(f"{where}: no image to calibrate INT8 on ({e})") from None
+    except UserInputError as e:  # its report runs over several lines: the first problem is enough here
+        raise CalibrationError(f"{where}: no readable image to calibrate INT8 on") from e
     spec = get_task(task)
     transform = spec.image_transform(False, size, {}) if spec.whole_image else None
     picks = np.unique(np.linspace(0, len(records) - 1, num=min(count, len(records))).round().astype(int))

@@ -22,6 +22,7 @@ import yaml
 from yolo11_lightning.export.onnx import export_onnx
 from yolo11_lightning.export.tracing import decode_nodes, model_metadata
 from yolo11_lightning.extras import require
+from yolo11_lightning.model_files.onnx_metadata import typed_metadata
 from yolo11_lightning.model_files.openvino_runtime import OPENVINO_METADATA
 from yolo11_lightning.nn.yolo11 import YOLO11
 
@@ -57,6 +58,6 @@ def export_openvino(
         )  # fmt: skip
     xml = folder / f"{stem}.xml"
     ov.save_model(converted, str(xml), compress_to_fp16=half)
-    metadata = model_metadata(model, image_size, half=half, int8=calibration is not None)
+    metadata = typed_metadata(model_metadata(model, image_size, half=half, int8=calibration is not None))
     (folder / OPENVINO_METADATA).write_text(yaml.safe_dump(metadata, sort_keys=False))
     return folder

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from yolo11_lightning.export.tracing import cpu_eval_copy, model_metadata
+from yolo11_lightning.model_files.onnx_metadata import typed_metadata
 from yolo11_lightning.model_files.torchscript_runtime import TORCHSCRIPT_METADATA
 from yolo11_lightning.nn.yolo11 import YOLO11
 
@@ -33,6 +34,6 @@ def export_torchscript(model: YOLO11, path: str | os.PathLike, image_size: tuple
         # Expected: shape checks and the anchor grid become constants, which is what tracing at one size means.
         warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
         traced = torch.jit.trace(model, torch.zeros(1, 3, height, width), strict=False)
-    metadata = json.dumps(model_metadata(model, (height, width)))
+    metadata = json.dumps(typed_metadata(model_metadata(model, (height, width))))
     torch.jit.save(traced, str(path), _extra_files={TORCHSCRIPT_METADATA: metadata})
     return path

@@ -90,6 +90,26 @@ def metadata_props(
     return {**reference, **dict(task_props or {}), **ours}
 
 
+# The reference's keys with a value of their own type in a YAML or JSON metadata file (its OpenVINO loader reads
+# ``batch`` and ``args`` before any parsing); every other key stays a string.
+_INTEGER_KEYS = ("stride", "batch", "channels")
+_LITERAL_KEYS = ("imgsz", "names", "kpt_shape", "args")
+
+
+def typed_metadata(props: Mapping[str, str]) -> dict[str, Any]:
+    """``props`` (``metadata_props``' strings) with the reference's typed keys as ints, lists and dicts: what a
+    TorchScript ``config.txt`` or an OpenVINO ``metadata.yaml`` holds. ``read_metadata`` reads either form
+    once every value is a string again (``repr`` of the typed ones)."""
+    typed: dict[str, Any] = dict(props)
+    for key in _INTEGER_KEYS:
+        if key in typed:
+            typed[key] = int(typed[key])
+    for key in _LITERAL_KEYS:
+        if key in typed:
+            typed[key] = ast.literal_eval(typed[key])
+    return typed
+
+
 @dataclass(frozen=True)
 class OnnxModelInfo:
     """What a detector or segmenter ONNX file says about itself.

@@ -49,7 +49,9 @@ class TorchScriptModel(ExportedModel):
             props = json.loads(extra[TORCHSCRIPT_METADATA] or "{}")
         except json.JSONDecodeError as e:
             raise ValueError(f"{self.path}: metadata {TORCHSCRIPT_METADATA} is not JSON: {e}") from e
-        info = read_metadata(self.path, {str(k): str(v) for k, v in props.items()})
+        info = read_metadata(
+            self.path, {str(k): v if isinstance(v, str) else repr(v) for k, v in props.items()}
+        )
         if info.size is None:
             raise ValueError(f"{self.path}: metadata {TORCHSCRIPT_METADATA} has no imgsz (the traced size)")
         self.__dict__["session"] = (
