@@ -52,11 +52,12 @@ class ExportCheck:
     def table(self) -> str:
         """A small plain-text table of both runs and their difference."""
         width = max(10, *(len(m) + 1 for m in self.metrics))
-        rows = [f"{'':<12}" + "".join(f"{m:>{width}}" for m in self.metrics)]
+        first = max(12, len(self.label) + 1)
+        rows = [f"{'':<{first}}" + "".join(f"{m:>{width}}" for m in self.metrics)]
         for label, values in (("checkpoint", self.checkpoint), (self.label, self.exported)):
-            rows.append(f"{label:<12}" + "".join(f"{values[m]:>{width}.4f}" for m in self.metrics))
+            rows.append(f"{label:<{first}}" + "".join(f"{values[m]:>{width}.4f}" for m in self.metrics))
         rows.append(
-            f"{'difference':<12}" + "".join(f"{self.difference(m):>+{width}.4f}" for m in self.metrics)
+            f"{'difference':<{first}}" + "".join(f"{self.difference(m):>+{width}.4f}" for m in self.metrics)
         )
         return "\n".join(rows)
 
