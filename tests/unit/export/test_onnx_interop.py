@@ -345,7 +345,7 @@ def deployed(interop: SimpleNamespace) -> dict[str, Path]:
             output_path(fmt, interop.root / "model.pt"),
             (SIZE, SIZE),
             calibration=calibration,
-        )  # fmt: skip
+        )
         for name, fmt in FORMATS.items()
         if name in ("torchscript", "openvino", "onnx-int8", "openvino-int8")
     }
