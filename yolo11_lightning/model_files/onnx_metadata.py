@@ -93,7 +93,7 @@ def metadata_props(
 # The reference's keys with a value of their own type in a YAML or JSON metadata file (its OpenVINO loader reads
 # ``batch`` and ``args`` before any parsing); every other key stays a string.
 _INTEGER_KEYS = ("stride", "batch", "channels")
-_LITERAL_KEYS = ("imgsz", "names", "kpt_shape", "args")
+_LITERAL_KEYS = ("imgsz", "names", "args")
 
 
 def typed_metadata(props: Mapping[str, str]) -> dict[str, Any]:
@@ -104,7 +104,8 @@ def typed_metadata(props: Mapping[str, str]) -> dict[str, Any]:
     for key in _INTEGER_KEYS:
         if key in typed:
             typed[key] = int(typed[key])
-    for key in _LITERAL_KEYS:
+    task_keys = {key for spec in TASKS.values() for key in spec.option_keys}  # Python literals too
+    for key in (*_LITERAL_KEYS, *sorted(task_keys)):
         if key in typed:
             typed[key] = ast.literal_eval(typed[key])
     return typed
