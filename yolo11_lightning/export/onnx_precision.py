@@ -1,7 +1,8 @@
 """ONNX exports at lower precision: fp16 (weights and activations in half precision) and INT8 (QDQ).
 
-fp16: the model is traced in half precision, so the graph takes and gives float16, as the reference's half
-export does (``OnnxDetector`` feeds it float16 and widens its outputs). INT8: the fp32 graph of
+fp16: the weights are stored in float16 and widened where the graph reads them, so the file is half the size and
+the arithmetic stays float32 (as OpenVINO's fp16 IR runs on a CPU; a graph computing in float16 moves boxes in
+pixels by float16 steps, and ONNX Runtime's CPU kernels are float32 anyway). INT8: the fp32 graph of
 ``export.onnx`` quantized by ONNX Runtime's static quantization in the QDQ format, weights per channel,
 activations calibrated (min-max) on the images it is given (``export.calibration``); the head's decode stays
 in float (``tracing.decode_nodes``). Both keep the metadata, with
@@ -12,18 +13,14 @@ from __future__ import annotations
 
 import os
 import tempfile
-import warnings
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import torch
 
-from yolo11_lightning.export.onnx import ONNX_INPUT, export_onnx, onnx_output_names
-from yolo11_lightning.export.tracing import cpu_eval_copy, decode_nodes, model_metadata
+from yolo11_lightning.export.onnx import ONNX_INPUT, export_onnx
+from yolo11_lightning.export.tracing import decode_nodes, model_metadata
 from yolo11_lightning.extras import require
 from yolo11_lightning.nn.yolo11 import YOLO11
-from yolo11_lightning.tasks import get_task
 
 __all__ = ["export_onnx_fp16", "export_onnx_int8"]
 
@@ -42,24 +39,34 @@ def _set_metadata(path: Path, props: dict[str, str]) -> None:
 def export_onnx_fp16(
     model: YOLO11, path: str | os.PathLike, image_size: tuple[int, int], opset: int = 17
 ) -> Path:
-    """``model`` traced in float16 at ``image_size`` (H, W) to ``path``: float16 input and outputs."""
-    require("onnx", "onnx", "export")
-    height, width = image_size
-    half = cpu_eval_copy(model).half()
+    """``model`` at ``image_size`` (H, W) to ``path`` with its float weights stored in float16, each widened by a
+    ``Cast`` where the graph reads it: half the file, float32 input, arithmetic and outputs."""
+    onnx = require("onnx", "onnx", "export")
+    from onnx import TensorProto, helper, numpy_helper
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    outputs = onnx_output_names(model)
-    axes: dict[str, Any] = {ONNX_INPUT: {0: "batch"}}
-    axes.update(zip(outputs, get_task(model.task).onnx_output_axes(False)))
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        torch.onnx.export(
-            half, (torch.zeros(1, 3, height, width, dtype=torch.float16),), str(path), dynamo=False,
-            input_names=[ONNX_INPUT], output_names=outputs, dynamic_axes=axes, opset_version=opset,
-            do_constant_folding=True,
-        )  # fmt: skip
+    with tempfile.TemporaryDirectory() as tmp:
+        proto = onnx.load(str(export_onnx(model, Path(tmp) / "fp32.onnx", image_size, opset)))
+    graph = proto.graph
+    casts, kept = [], []
+    for init in graph.initializer:
+        if init.data_type != TensorProto.FLOAT:
+            kept.append(init)
+            continue
+        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), f"{init.name}_fp16")
+        kept.append(half)
+        casts.append(
+            helper.make_node(
+                "Cast", [half.name], [init.name], name=f"{init.name}_widen", to=TensorProto.FLOAT
+            )
+        )
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = [*casts, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.save(proto, str(path))
     _set_metadata(path, model_metadata(model, image_size, opset=opset, half=True))
     return path
 
