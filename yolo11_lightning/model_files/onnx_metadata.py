@@ -61,7 +61,9 @@ def metadata_props(
     spec = get_task(task)  # a clear error naming the known tasks
     kind = spec.noun
     reference_names = {i: str(n) for i, n in enumerate(names)}
-    args: dict[str, Any] = {"batch": 1, "dynamic": bool(dynamic), "half": half, "int8": int8, "nms": False}
+    args: dict[str, Any] = {"batch": 1, "dynamic": bool(dynamic), "half": half, "nms": False}
+    if int8:
+        args["int8"] = True
     if opset is not None:
         args["opset"] = int(opset)
     reference = {

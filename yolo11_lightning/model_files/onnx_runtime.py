@@ -62,10 +62,10 @@ class OnnxDetector(ExportedModel):
         task: str | None = DEFAULT_TASK,
     ) -> None:
         super().__init__()
+        ort = require("onnxruntime", "onnx", f"running {path}")
         self.path = existing(path, "ONNX file")
         if not self.path.is_file():
             raise FileNotFoundError(f"{self.path}: ONNX file not found")
-        ort = require("onnxruntime", "onnx", f"running {self.path}")
         self._providers = providers or _providers(ort)
         try:
             self.session = ort.InferenceSession(str(self.path), providers=self._providers)
