@@ -155,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
         "`yolo11-lightning predict --config ...` is LightningCLI's predict over the dataset's test (else val) "
         "split; see `yolo11-lightning predict --config CONFIG --help`.",
     )
-    p.add_argument("--ckpt_path", "--ckpt-path", "--weights", dest="ckpt_path", required=True,
-                   help="Lightning .ckpt (its EMA weights), weights file from `export`, or reference .pt")  # fmt: skip
+    p.add_argument("--ckpt_path", "--ckpt-path", "--weights", "--model", dest="ckpt_path", required=True,
+                   help="Lightning .ckpt (its EMA weights), weights file from `export`, reference .pt, or an "
+                   "exported model (.onnx, .torchscript, an _openvino_model folder)")  # fmt: skip
     p.add_argument("--source", required=True, help="image, video, or folder of them (not recursive)")
     p.add_argument("--out", default="runs/predict", help="output folder (default runs/predict)")
     p.add_argument("--conf", type=float, default=0.25, help="minimum class score (default 0.25)")
