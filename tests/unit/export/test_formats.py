@@ -183,3 +183,20 @@ def test_exported_outputs_keep_their_dtype_contract(files: dict[str, SimpleNames
         predictions, protos = open_exported(path, task="segment")(images)
         assert predictions.dtype == protos.dtype == torch.float32
         assert isinstance(predictions.numpy(), np.ndarray)
+
+
+def test_benchmark_row_of_a_missing_runtime_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from yolo11_lightning.cli.main import main
+
+    weights = save_weights(_model("detect"), tmp_path / "m.pth", image_size=SIZE)
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    args = ["benchmark", "--model", str(weights), "--data", "unused.yaml", "--formats", "openvino,openvino-int8",
+            "--runs", "1", "--out", str(tmp_path / "bench")]  # fmt: skip
+    assert main(args) == 0
+    rows = (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()
+    assert rows[0].startswith("format,size_mb,latency_ms_b1,latency_ms_b8,metric,value,difference,note")
+    assert rows[2] == 'openvino,,,,,,,"export needs openvino: pip install ""yolo11_lightning[openvino]"""'
+    assert rows[3].startswith("openvino-int8,") and "yolo11_lightning[int8]" in rows[3]
+    assert (tmp_path / "bench" / "benchmark.png").is_file() and "Traceback" not in capsys.readouterr().err
