@@ -222,7 +222,7 @@ OPTION = re.compile(r"\bkpt_shape\b")
 MAX_OPTION_MODULES = 8
 OPTION_MODULES = {
     "nn.yolo11": "the model's keypoint shape, read off the head it was built with (YOLO11.kpt_shape)",
-    "model_files.onnx_runtime": "the same attribute of an ONNX model, which the pose task reads",
+    "model_files.exported_model": "the same attribute of an exported model, which the pose task reads",
     "data.sources.label_options": "the dataset yaml's keys, read and written by this one data module",
     "training.module": "the --model.kpt_shape hyper-parameter, a public config name",
     "training.datamodule": "checks the model and the dataset agree",

@@ -49,6 +49,7 @@ TINY_ARGS = {
         "--data.image_size", "64", "--data.batch_size", "4", "--data.num_workers", "0",
         "--trainer.accelerator", "cpu", "--trainer.limit_val_batches", "2", "--trainer.enable_progress_bar", "false",
     ],
+    "benchmark": ["--image-size", "64", "--runs", "2", "--formats", "onnx,torchscript", "--num-workers", "0"],
     "synthetic": ["--train", "8", "--val", "4", "--size", "64"],
     "check-data": ["--imgsz", "64", "--samples", "4"],
     "shard": [],

@@ -1,10 +1,11 @@
 """Optional runtimes, installed as extras of their own, imported where a command needs them.
 
-``pip install -e .`` installs what training, validation and prediction on images need. An optional runtime
-comes with an extra (``pyproject.toml``): ``onnx`` (onnx, onnxruntime) for ``export --format onnx``, the
-parity and accuracy checks, and running an ``.onnx`` file; ``tensorboard`` for TensorBoard event files (the
-loggers add it only when installed). ``require`` imports one or raises ``MissingExtraError``, whose one line
-names the extra to install. Imports nothing else: every layer may call it.
+``pip install -e .`` installs what training, validation and prediction on images need, and the TorchScript
+format. An optional runtime comes with an extra (``pyproject.toml``): ``onnx`` (onnx, onnxruntime) for the
+ONNX formats (``onnx``, ``onnx-fp16``, ``onnx-int8``), their checks and running an ``.onnx`` file; ``openvino``
+for ``openvino`` / ``openvino-fp16`` and running an ``_openvino_model`` folder; ``int8`` (nncf) for
+``openvino-int8``; ``tensorboard`` for TensorBoard event files (the loggers add it only when installed).
+``require`` imports one or raises ``MissingExtraError``, whose one line names the extra to install. Imports nothing else: every layer may call it.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from yolo11_lightning.cli.resume import (
 )
 from yolo11_lightning.data.loader_workers import end_loader_workers
 from yolo11_lightning.errors import UserInputError
-from yolo11_lightning.model_files.onnx_runtime import is_onnx_file
+from yolo11_lightning.model_files.exported_files import is_exported_file
 from yolo11_lightning.model_files.weights import file_task
 from yolo11_lightning.tasks.resolution import TaskClaim, TaskError, resolve_task
 from yolo11_lightning.training.callbacks.checkpoints import BestCheckpoint, LastCheckpoint
@@ -248,7 +248,7 @@ class YOLOLightningCLI(LightningCLI):
             named.append(TaskClaim(data.task, f"data.task={data.task!r} ({where})"))
         dataset = dataset_task_claim(str(data.dataset))
         weights = model.get("weights")
-        if not named and is_onnx_file(weights):
+        if not named and is_exported_file(weights):
             if dataset is not None:
                 resolve_task([], dataset=dataset)  # refuses a dataset of a task we do not train
             return

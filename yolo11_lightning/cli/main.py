@@ -1,8 +1,8 @@
 """Command-line front door: ``yolo11-lightning <command> ...``.
 
 ``fit``, ``validate``, ``test`` and ``predict`` go to LightningCLI. The small utility commands
-(``info``, ``synthetic``, ``check-data``, ``shard``, ``export``) are plain argparse programs living next to the code
-they drive; they are imported only when asked for, so ``info`` starts without Lightning. ``configs`` lists
+(``info``, ``synthetic``, ``check-data``, ``shard``, ``export``, ``benchmark``) are plain argparse programs
+living next to the code they drive; they are imported only when asked for, so ``info`` starts without Lightning. ``configs`` lists
 the configs shipped in the package (``--config NAME``); ``--version`` prints the version and git revision.
 
 ``predict`` has two forms: with ``--source`` (files, folders, videos) it is the utility in
@@ -32,6 +32,7 @@ UTILITY_COMMANDS = {
     "check-data": "yolo11_lightning.cli.check_data:main",
     "shard": "yolo11_lightning.cli.shard:main",
     "export": "yolo11_lightning.export.command:main",
+    "benchmark": "yolo11_lightning.cli.benchmark:main",
     "configs": "yolo11_lightning.cli.packaged_configs:main",
 }
 # `predict --source ...` (or `predict --help` alone) runs this instead of LightningCLI's predict.

@@ -1,8 +1,8 @@
-""" "Is my ONNX as good as my checkpoint?": validate both on one dataset, same loader, NMS and metric.
+""" "Is my exported file as good as my checkpoint?": validate both on one dataset, same loader, NMS and metric.
 
 ``yolo11-lightning export --ckpt_path best.ckpt --format onnx --check-data data.yaml`` calls ``compare`` after
-writing the file and prints both mAPs. The checkpoint's detector runs in PyTorch, the file through ONNX
-Runtime (``model_files.onnx_runtime.OnnxDetector``), each in its own ``Trainer.validate`` over the dataset's val split with
+writing the file and prints both mAPs (any ``--format``). The checkpoint's detector runs in PyTorch, the file
+through its runtime (``model_files.exported_files.open_exported``: ONNX Runtime, TorchScript, OpenVINO), each in its own ``Trainer.validate`` over the dataset's val split with
 the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
 only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
 A segmentation file is checked the same way with the segmentation data and metric: box and mask mAP.
@@ -26,12 +26,13 @@ from yolo11_lightning.training.module import YOLO11Module
 
 @dataclass(frozen=True)
 class ExportCheck:
-    """Validation metrics of the checkpoint (PyTorch) and of the exported file (ONNX Runtime)."""
+    """Validation metrics of the checkpoint (PyTorch) and of the exported file (its runtime)."""
 
     checkpoint: dict[str, float]
-    onnx: dict[str, float]
+    exported: dict[str, float]
     setting: str  # how images were batched, for the printout
     task: str = DEFAULT_TASK
+    label: str = "onnx"  # the file's row in the printout: its format
 
     @property
     def metrics(self) -> tuple[str, ...]:
@@ -40,22 +41,23 @@ class ExportCheck:
 
     def worst_difference(self) -> tuple[str, float]:
         """The checked metric (the task's ``checked_metrics``: the mAP50-95 of every output kind) whose
-        |ONNX - checkpoint| is largest, and that difference."""
+        |file - checkpoint| is largest, and that difference."""
         checked = get_task(self.task).checked_metrics
         return max(((m, abs(self.difference(m))) for m in checked), key=lambda item: item[1])
 
     def difference(self, name: str = "mAP50-95") -> float:
-        """ONNX minus checkpoint for metric ``name``."""
-        return self.onnx[name] - self.checkpoint[name]
+        """The file's minus the checkpoint's metric ``name``."""
+        return self.exported[name] - self.checkpoint[name]
 
     def table(self) -> str:
         """A small plain-text table of both runs and their difference."""
         width = max(10, *(len(m) + 1 for m in self.metrics))
-        rows = [f"{'':<12}" + "".join(f"{m:>{width}}" for m in self.metrics)]
-        for label, values in (("checkpoint", self.checkpoint), ("onnx", self.onnx)):
-            rows.append(f"{label:<12}" + "".join(f"{values[m]:>{width}.4f}" for m in self.metrics))
+        first = max(12, len(self.label) + 1)
+        rows = [f"{'':<{first}}" + "".join(f"{m:>{width}}" for m in self.metrics)]
+        for label, values in (("checkpoint", self.checkpoint), (self.label, self.exported)):
+            rows.append(f"{label:<{first}}" + "".join(f"{values[m]:>{width}.4f}" for m in self.metrics))
         rows.append(
-            f"{'difference':<12}" + "".join(f"{self.difference(m):>+{width}.4f}" for m in self.metrics)
+            f"{'difference':<{first}}" + "".join(f"{self.difference(m):>+{width}.4f}" for m in self.metrics)
         )
         return "\n".join(rows)
 
@@ -76,19 +78,21 @@ def _validate(module: YOLO11Module, data: YOLODataModule, accelerator: str, task
 
 def compare(
     model: YOLO11,
-    onnx_path: str | os.PathLike,
+    path: str | os.PathLike,
     dataset: str,
     image_size: tuple[int, int],
     dynamic: bool,
     batch_size: int = 16,
     num_workers: int = 2,
     accelerator: str = "auto",
+    label: str = "onnx",
+    checkpoint: dict[str, float] | None = None,
 ) -> ExportCheck:
-    """Validate ``model`` and the file ``onnx_path`` exported from it on ``dataset``'s val split.
+    """Validate ``model`` and the file ``path`` exported from it on ``dataset``'s val split.
 
     Args:
         model: the detector or segmenter that was exported (eval mode); its ``task`` picks the data and metric.
-        onnx_path: the exported file.
+        path: the exported file.
         dataset: a dataset yaml (or ``synthetic``).
         image_size: (H, W) the file was exported at. A fixed-shape file needs H == W: validation letterboxes
             to a square of that side.
@@ -96,11 +100,14 @@ def compare(
             ``max(H, W)``).
         batch_size, num_workers: validation loader settings (one device).
         accelerator: Lightning accelerator for both runs.
+        label: the file's format, its row in the printout.
+        checkpoint: the checkpoint's metrics from an earlier ``compare`` on the same dataset, size and batching
+            (``ExportCheck.checkpoint``): reused, not validated again.
     """
     height, width = image_size
     if not dynamic and height != width:
         raise ValueError(
-            f"{onnx_path}: a fixed {height}x{width} export cannot be validated with square letterboxing; export "
+            f"{path}: a fixed {height}x{width} export cannot be validated with square letterboxing; export "
             "with one --image-size S, or with --dynamic"
         )
     task = model.task
@@ -133,14 +140,15 @@ def compare(
     }
     torch_module = YOLO11Module(scale=model.scale, **common)
     torch_module.model.load_state_dict(model.state_dict())
-    onnx_module = YOLO11Module(scale=model.scale, weights=str(Path(onnx_path)), **common)
+    file_module = YOLO11Module(scale=model.scale, weights=str(Path(path)), **common)
     setting = (
         f"val split of {dataset}, {'data-module default batching' if dynamic else 'square letterbox'} at "
         f"{max(height, width)} px"
     )
     return ExportCheck(
-        _validate(torch_module, data, accelerator, task),
-        _validate(onnx_module, data, accelerator, task),
+        checkpoint if checkpoint is not None else _validate(torch_module, data, accelerator, task),
+        _validate(file_module, data, accelerator, task),
         setting,
         task,
+        label,
     )

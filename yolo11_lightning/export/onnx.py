@@ -13,7 +13,6 @@ extra: ``extras.require``), never Lightning.
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from pathlib import Path
@@ -21,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from yolo11_lightning.export.tracing import cpu_eval_copy, eval_outputs, model_metadata
 from yolo11_lightning.extras import require
-from yolo11_lightning.model_files.onnx_metadata import metadata_props
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import get_task
-from yolo11_lightning.version import package_version
 
 __all__ = [
     "ONNX_INPUT",
@@ -45,19 +43,6 @@ def onnx_output_names(model: YOLO11) -> list[str]:
     return list(get_task(model.task).onnx_outputs)
 
 
-def _cpu_copy(model: YOLO11) -> YOLO11:
-    """A float32 eval-mode copy of ``model`` on the CPU: exporting and checking leave the caller's model (a GPU
-    model in a notebook, a half-precision one, one in train mode) as it was."""
-    return copy.deepcopy(model).float().cpu().eval()
-
-
-def _eval_outputs(model: YOLO11, images: torch.Tensor) -> list[torch.Tensor]:
-    """The eval outputs of ``model`` on the CPU as a list, in ``onnx_output_names`` order."""
-    with torch.no_grad():
-        out = _cpu_copy(model)(images.float().cpu())
-    return list(out) if isinstance(out, tuple | list) else [out]
-
-
 def export_onnx(
     model: YOLO11,
     path: str | os.PathLike,
@@ -74,7 +59,7 @@ def export_onnx(
     """
     require("onnx", "onnx", "export")  # before tracing: torch's exporter fails late, in a long traceback
     height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-    model = _cpu_copy(model)
+    model = cpu_eval_copy(model)
     model.check_input(torch.zeros(1, 3, height, width, device="meta"))  # clear error for a bad size
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -107,18 +92,7 @@ def export_onnx(
 def _add_metadata(path: Path, model: YOLO11, size: tuple[int, int], dynamic: bool, opset: int) -> None:
     onnx = require("onnx", "onnx", "export")
     proto = onnx.load(str(path))
-    props = metadata_props(
-        scale=model.scale,
-        names=model.names or [str(i) for i in range(model.num_classes)],
-        size=size,
-        stride=max(model.strides),
-        dynamic=dynamic,
-        opset=opset,
-        version=package_version(),
-        task=model.task,
-        task_props=get_task(model.task).onnx_metadata(model),
-    )
-    for key, value in props.items():
+    for key, value in model_metadata(model, size, dynamic, opset).items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     # Shape inference leaves the channel axes (4 + nc [+ 32], 32) and the spatial ones symbolic; all are known
@@ -146,7 +120,7 @@ def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch
     """
     ort = require("onnxruntime", "onnx", "the ONNX parity check")
     session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
-    expected = [t.numpy() for t in _eval_outputs(model, images)]
+    expected = [t.numpy() for t in eval_outputs(model, images)]
     names = [o.name for o in session.get_outputs()]
     if len(names) != len(expected):
         raise ValueError(f"{onnx_path}: {len(names)} outputs {names}, PyTorch gives {len(expected)}")
@@ -162,5 +136,5 @@ def onnx_output_diffs(model: YOLO11, onnx_path: str | os.PathLike, images: torch
 def onnx_tolerance(model: YOLO11, images: torch.Tensor) -> float:
     """Allowed parity gap: 1e-4 plus a few float32 steps of the largest output (boxes are in pixels, and at
     640 px one float32 step is already 6e-5), times the task's ``onnx_tolerance_gain``."""
-    largest = max(float(t.abs().max()) for t in _eval_outputs(model, images))
+    largest = max(float(t.abs().max()) for t in eval_outputs(model, images))
     return (1e-4 + 1e-6 * largest) * get_task(model.task).onnx_tolerance_gain

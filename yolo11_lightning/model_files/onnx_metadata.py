@@ -1,6 +1,7 @@
-"""The metadata an exported ONNX file carries, written and read back.
+"""The metadata an exported file carries (ONNX, TorchScript, OpenVINO), written and read back.
 
-Two sets of keys sit side by side in the file's ``metadata_props`` (string key -> string value):
+Two sets of keys sit side by side (string key -> string value) in an ONNX file's ``metadata_props``, a
+TorchScript file's ``config.txt`` (JSON) and an OpenVINO model's ``metadata.yaml``:
 
 * the reference ecosystem's, as its ONNX loader parses them (``int()`` for ``stride``, ``batch``,
   ``channels``; ``ast.literal_eval`` for ``imgsz``, ``names``, ``args``; ``task`` as is; ``args["dynamic"]``
@@ -36,10 +37,12 @@ def metadata_props(
     size: tuple[int, int],
     stride: int,
     dynamic: bool,
-    opset: int,
+    opset: int | None,
     version: str,
     task: str = "detect",
     task_props: Mapping[str, str] | None = None,
+    half: bool = False,
+    int8: bool = False,
 ) -> dict[str, str]:
     """Every key -> string value for an exported detector or segmenter.
 
@@ -49,14 +52,20 @@ def metadata_props(
         size: (H, W) the graph was traced at; the only size a fixed-shape file accepts.
         stride: largest stride (32): dynamic inputs must be multiples of it.
         dynamic: height and width are free axes (the batch axis always is).
-        opset: ONNX opset of the graph.
+        opset: ONNX opset of the graph (None: not an ONNX graph).
         version: this package's version.
         task: a task of ``tasks.TASKS``: its ``noun`` describes the model, its ``onnx_output_doc`` the outputs.
         task_props: the task's own keys (``Task.onnx_metadata``: a pose model's keypoint shape).
+        half, int8: the weights are stored in float16 / quantized to 8 bits (``args``, as the reference writes).
     """
     spec = get_task(task)  # a clear error naming the known tasks
     kind = spec.noun
     reference_names = {i: str(n) for i, n in enumerate(names)}
+    args: dict[str, Any] = {"batch": 1, "dynamic": bool(dynamic), "half": half, "nms": False}
+    if int8:
+        args["int8"] = True
+    if opset is not None:
+        args["opset"] = int(opset)
     reference = {
         "description": f"yolo11_lightning YOLO11{scale} {kind}, {len(names)} classes",
         "author": PRODUCER,
@@ -69,9 +78,7 @@ def metadata_props(
         "batch": "1",
         "imgsz": repr([int(size[0]), int(size[1])]),
         "names": repr(reference_names),  # a dict literal: ast.literal_eval gives {0: 'name', ...}
-        "args": repr(
-            {"batch": 1, "dynamic": bool(dynamic), "half": False, "nms": False, "opset": int(opset)}
-        ),
+        "args": repr(args),
         "channels": "3",
     }
     ours = {
@@ -83,6 +90,27 @@ def metadata_props(
         "output": spec.onnx_output_doc,
     }
     return {**reference, **dict(task_props or {}), **ours}
+
+
+# The reference's keys with a value of their own type in a YAML or JSON metadata file (its OpenVINO loader reads
+# ``batch`` and ``args`` before any parsing); every other key stays a string.
+_INTEGER_KEYS = ("stride", "batch", "channels")
+_LITERAL_KEYS = ("imgsz", "names", "args")
+
+
+def typed_metadata(props: Mapping[str, str]) -> dict[str, Any]:
+    """``props`` (``metadata_props``' strings) with the reference's typed keys as ints, lists and dicts: what a
+    TorchScript ``config.txt`` or an OpenVINO ``metadata.yaml`` holds. ``read_metadata`` reads either form
+    once every value is a string again (``repr`` of the typed ones)."""
+    typed: dict[str, Any] = dict(props)
+    for key in _INTEGER_KEYS:
+        if key in typed:
+            typed[key] = int(typed[key])
+    task_keys = {key for spec in TASKS.values() for key in spec.option_keys}  # Python literals too
+    for key in (*_LITERAL_KEYS, *sorted(task_keys)):
+        if key in typed:
+            typed[key] = ast.literal_eval(typed[key])
+    return typed
 
 
 @dataclass(frozen=True)

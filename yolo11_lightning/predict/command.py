@@ -37,8 +37,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS
+from yolo11_lightning.model_files.exported_files import is_exported_file, open_exported
+from yolo11_lightning.model_files.exported_model import ExportedModel
 from yolo11_lightning.model_files.image_size import choose_image_size, file_image_size
-from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
 from yolo11_lightning.model_files.weights import load_model
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.predict.sources import PredictionSource, Source, collate_prediction, list_sources
@@ -60,12 +61,12 @@ def _trainer_device(device: str) -> tuple[str, Any]:
 
 def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: int) -> YOLO11Module:
     """A ``YOLO11Module`` around a detector or segmenter, or any model file (``model_files.weights.load_model``; an
-    ``.onnx`` file runs through ``model_files.onnx_runtime.OnnxDetector``), with the given post-processing; the module's
+    exported file runs through its runtime, ``model_files.exported_files``), with the given post-processing; the module's
     task is the model's."""
     if isinstance(model, YOLO11):  # the caller's model (e.g. in a notebook): used in its own memory layout
         nhwc = model.layers[0].conv.weight.is_contiguous(memory_format=torch.channels_last)
-    elif is_onnx_file(model):  # an exported file, run by onnxruntime
-        model, nhwc = OnnxDetector(model, task=None), False
+    elif is_exported_file(model):  # an exported file, run by its runtime
+        model, nhwc = open_exported(model, task=None), False
     else:
         model, nhwc = load_model(model, task=None).to(memory_format=torch.channels_last), True
     module = YOLO11Module(
@@ -79,7 +80,7 @@ def build_module(model: str | Path | YOLO11, conf: float, iou: float, max_det: i
 
 def _recorded_size(model: str | Path | YOLO11, loaded: Any) -> int | None:
     """The side ``model`` was trained (an ONNX file: exported) at, as its file says; None when unknown."""
-    if isinstance(loaded, OnnxDetector):
+    if isinstance(loaded, ExportedModel):
         return max(loaded.info.size) if loaded.info.size is not None else None
     return None if isinstance(model, YOLO11) else file_image_size(model)
 
@@ -154,8 +155,9 @@ def _parser() -> argparse.ArgumentParser:
         "`yolo11-lightning predict --config ...` is LightningCLI's predict over the dataset's test (else val) "
         "split; see `yolo11-lightning predict --config CONFIG --help`.",
     )
-    p.add_argument("--ckpt_path", "--ckpt-path", "--weights", dest="ckpt_path", required=True,
-                   help="Lightning .ckpt (its EMA weights), weights file from `export`, or reference .pt")  # fmt: skip
+    p.add_argument("--ckpt_path", "--ckpt-path", "--weights", "--model", dest="ckpt_path", required=True,
+                   help="Lightning .ckpt (its EMA weights), weights file from `export`, reference .pt, or an "
+                   "exported model (.onnx, .torchscript, an _openvino_model folder)")  # fmt: skip
     p.add_argument("--source", required=True, help="image, video, or folder of them (not recursive)")
     p.add_argument("--out", default="runs/predict", help="output folder (default runs/predict)")
     p.add_argument("--conf", type=float, default=0.25, help="minimum class score (default 0.25)")

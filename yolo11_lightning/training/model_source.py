@@ -1,8 +1,9 @@
-"""Decide what model a ``YOLO11Module`` holds: its task, and the fresh network (with pretrained weights) or an ONNX file.
+"""Decide what model a ``YOLO11Module`` holds: its task, and the fresh network (with pretrained weights) or an exported file.
 
 ``task`` None takes the task of the ``weights`` file (its header only: ``model_files.weights.file_task``; an
-``.onnx`` file's metadata), else detection; a given task keeps it whatever ``weights`` holds. An exported ``.onnx``
-file replaces the detector with ``model_files.onnx_runtime.OnnxDetector`` (validate/test/predict only).
+exported file's metadata), else detection; a given task keeps it whatever ``weights`` holds. An exported
+file (ONNX, TorchScript, OpenVINO) replaces the detector with its runtime (``model_files.exported_files``;
+validate/test/predict only).
 """
 
 from __future__ import annotations
@@ -10,16 +11,17 @@ from __future__ import annotations
 import torch
 
 from yolo11_lightning.errors import UserInputError
-from yolo11_lightning.model_files.onnx_runtime import OnnxDetector, is_onnx_file
+from yolo11_lightning.model_files.exported_files import is_exported_file, open_exported
+from yolo11_lightning.model_files.exported_model import ExportedModel
 from yolo11_lightning.nn.scales import SCALES
 from yolo11_lightning.tasks.resolution import resolve_task
 from yolo11_lightning.training.pretrained import load_pretrained, weights_task_claim
 
 
-def module_task(weights: str | None, num_classes: int, task: str | None) -> tuple[str, OnnxDetector | None]:
-    """Returns the module's task, and the ONNX Runtime detector when ``weights`` is an exported .onnx file."""
-    if is_onnx_file(weights):  # an exported model, run by ONNX Runtime: validate/test/predict only
-        onnx = OnnxDetector(weights, num_classes, task=task)  # task None: the file's
+def module_task(weights: str | None, num_classes: int, task: str | None) -> tuple[str, ExportedModel | None]:
+    """The module's task, and the runtime model when ``weights`` is an exported file."""
+    if is_exported_file(weights):  # an exported model, run by its runtime: validate/test/predict only
+        onnx = open_exported(weights, num_classes, task=task)  # task None: the file's
         return onnx.task, onnx
     if task is None:  # the weights file's task (its header only), else detection
         claim = weights_task_claim(weights) if weights else None
@@ -40,7 +42,7 @@ def check_model_options(scale: str, num_classes: int, class_names: list[str] | N
 def starting_model(
     network: torch.nn.Module,
     class_names: list[str] | None,
-    onnx: OnnxDetector | None,
+    onnx: ExportedModel | None,
     weights: str | None,
     weights_strict: bool,
     channels_last: bool,

@@ -20,7 +20,7 @@ from torch import Tensor
 from yolo11_lightning.errors import UserInputError
 from yolo11_lightning.metrics.class_results import ClassResults
 from yolo11_lightning.metrics.detection import DetectionMAP
-from yolo11_lightning.model_files.onnx_runtime import refuse_training
+from yolo11_lightning.model_files.exported_model import refuse_training
 from yolo11_lightning.structures.batch import DetectionBatch, ImageBatch
 from yolo11_lightning.tasks import create_model, get_task
 from yolo11_lightning.training.callbacks.ema import ModelEMA
@@ -67,7 +67,7 @@ class YOLO11Module(L.LightningModule):
         class_names: class names, index = class id (linked from the dataset).
         weights: optional reference ``.pt`` or our ``.ckpt``/weights file to start from; the class head keeps
             its fresh initialisation when the class count differs. An exported ``.onnx`` file replaces the
-            detector with ``model_files.onnx_runtime.OnnxDetector`` (ONNX Runtime) for validate/test/predict; fit refuses it.
+            detector with its runtime (``model_files.exported_files``: ONNX, TorchScript, OpenVINO) for validate/test/predict; fit refuses it.
         weights_strict: refuse ``weights`` unless every tensor outside the class head fits (another scale or
             task is an error naming it); ``False`` loads whatever fits and warns.
         optimizer: ``auto`` (the reference's default: AdamW for short runs, SGD past 10k iterations, chosen

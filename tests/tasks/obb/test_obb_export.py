@@ -132,7 +132,9 @@ def test_export_check_data_reports_obb_map(
     with torch.no_grad():
         preds = obb_export.model(obb_export.batch)
     task = get_task("obb")
-    module = SimpleNamespace(forward_with_nms=lambda _images: rotated_nms(preds, 0.25, 0.3, multi_label=False))
+    module = SimpleNamespace(
+        forward_with_nms=lambda _images: rotated_nms(preds, 0.25, 0.3, multi_label=False)
+    )
     batch = {"images": obb_export.batch, "scales": obb_export.scales, "pads": obb_export.pads,
              "orig_sizes": obb_export.sizes}  # fmt: skip
     for path, result, (h, w) in zip(

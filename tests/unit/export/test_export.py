@@ -15,6 +15,7 @@ import torch
 
 from yolo11_lightning import YOLO11
 from yolo11_lightning.export.command import _parity_check, main
+from yolo11_lightning.export.formats import FORMATS
 from yolo11_lightning.export.onnx import export_onnx, onnx_max_abs_diff, onnx_tolerance
 from yolo11_lightning.model_files.weights import load_model, save_weights
 
@@ -253,8 +254,8 @@ def test_a_missing_onnx_extra_is_one_line(
         said = capsys.readouterr()
         assert said.err == f"error: export needs onnx: {extra}\n" and not out.exists()
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
-    assert _parity_check(_model(), out, (64, 64), dynamic=False)  # skipped, and says why
-    assert f"parity check skipped: the parity check needs onnxruntime: {extra}" in capsys.readouterr().out
+    assert _parity_check(_model(), FORMATS["onnx"], out, (64, 64), dynamic=False)  # skipped, and says why
+    assert f"parity check skipped: running {out} needs onnxruntime: {extra}" in capsys.readouterr().out
     out.write_bytes(b"an exported graph")  # onnxruntime is asked for before the file is read
     image = sorted((tiny_dataset.parent / "images" / "val").glob("*.png"))[0]
     args = ["predict", "--ckpt_path", str(out), "--source", str(image), "--out", str(tmp_path / "p")]

@@ -1,4 +1,5 @@
-"""Our ONNX export in the reference ecosystem and in our own validation (issue 15, items 4 and 5).
+"""Our exports in the reference ecosystem and in our own validation (issue 15, items 4 and 5; issue 43: TorchScript,
+OpenVINO and INT8 files beside the ONNX ones).
 
 One tiny reference YOLO11n is built with the oracle (random weights made image-driven: BatchNorm statistics
 from the images themselves and class logits spread to N(-3, 2), so scores rank detections by image content
@@ -327,3 +328,91 @@ def test_predict_command_runs_an_onnx_file(interop: SimpleNamespace, tmp_path: P
     for file_name, expected in runs["torch"].items():
         problem = _same_detections(runs["onnx"][file_name], expected, box_tol=1e-2, score_tol=1e-4)
         assert problem is None, f"{file_name}: {problem}"
+
+
+@pytest.fixture(scope="module")
+def deployed(interop: SimpleNamespace) -> dict[str, Path]:
+    """The fixture's model in the other formats at 160 px (INT8 calibrated on the dataset's 8 training images)."""
+    pytest.importorskip("openvino")
+    from yolo11_lightning.export.calibration import calibration_images
+    from yolo11_lightning.export.formats import FORMATS, export_file, output_path
+
+    calibration = calibration_images(str(interop.data), "detect", SIZE, 8)
+    return {
+        name: export_file(
+            fmt,
+            interop.model,
+            output_path(fmt, interop.root / "model.pt"),
+            (SIZE, SIZE),
+            calibration=calibration,
+        )
+        for name, fmt in FORMATS.items()
+        if name in ("torchscript", "openvino", "onnx-int8", "openvino-int8")
+    }
+
+
+def test_oracle_runs_our_torchscript_and_openvino_as_our_onnx(
+    interop: SimpleNamespace, deployed: dict[str, Path]
+) -> None:
+    """The reference's loader reads our TorchScript file and OpenVINO folder (their metadata: task, names, size)
+    and predicts the detections it predicts from our ONNX file, within the ONNX test's tolerances."""
+    from ultralytics import YOLO
+
+    sources = [str(p) for p in interop.images]
+    theirs_onnx = YOLO(str(interop.fixed), task="detect").predict(
+        sources, imgsz=SIZE, conf=0.25, verbose=False
+    )
+    for name in ("torchscript", "openvino"):
+        loaded = YOLO(str(deployed[name]), task="detect")
+        theirs = loaded.predict(sources, imgsz=SIZE, conf=0.25, verbose=False)
+        assert theirs[0].names == NAMES
+        for path, a, b in zip(sources, theirs, theirs_onnx):
+            problem = _same_detections(_rows(a.boxes), _rows(b.boxes), box_tol=1e-2, score_tol=1e-4)
+            assert len(b.boxes) and problem is None, f"{name} vs onnx, {path}: {problem}"
+
+
+def test_our_validate_scores_each_format_like_the_checkpoint(
+    interop: SimpleNamespace, deployed: dict[str, Path]
+) -> None:
+    """fp32 files score the checkpoint's mAP within 0.001 on a model whose validation labels make mAP move with
+    any box or score change; INT8 files run through the same validator (their gaps on trained models:
+    benchmarks/deploy)."""
+    from yolo11_lightning.export.check import compare
+
+    reference = None
+    for name, path in deployed.items():
+        check = compare(interop.model, path, str(interop.data), (SIZE, SIZE), dynamic=False, batch_size=4,
+                        num_workers=0, accelerator="cpu", label=name, checkpoint=reference)  # fmt: skip
+        reference = check.checkpoint
+        print(f"{name}:\n{check.table()}")
+        assert 0.3 < check.checkpoint["mAP50-95"] < 0.95
+        if (
+            "int8" in name
+        ):  # this random net's own detections as labels: far harder than a trained model's gap
+            assert check.exported["mAP50-95"] > 0.05, name
+        else:
+            assert abs(check.difference("mAP50-95")) <= 1e-3, name
+
+
+def test_predict_runs_each_format_with_the_checkpoints_output(
+    interop: SimpleNamespace, deployed: dict[str, Path], tmp_path: Path
+) -> None:
+    import json
+
+    from yolo11_lightning.predict.command import predict
+
+    runs = {}
+    for name, model in (("torch", interop.model), ("torchscript", deployed["torchscript"]),
+                        ("openvino", deployed["openvino"])):  # fmt: skip
+        predict(model, interop.root / "predict", tmp_path / name, image_size=SIZE, save_media=False,
+                progress_bar=False)  # fmt: skip
+        rows = json.loads((tmp_path / name / "predictions.json").read_text())
+        runs[name] = {
+            f: np.array([[*r["bbox"], r["score"], r["category_id"]] for r in rows if r["file_name"] == f])
+            for f in {r["file_name"] for r in rows}
+        }
+    for name in ("torchscript", "openvino"):
+        assert runs[name].keys() == runs["torch"].keys() and len(runs["torch"]) == len(SHAPES)
+        for file_name, expected in runs["torch"].items():
+            problem = _same_detections(runs[name][file_name], expected, box_tol=1e-2, score_tol=1e-4)
+            assert problem is None, f"{name} {file_name}: {problem}"
