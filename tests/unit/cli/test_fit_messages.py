@@ -3,6 +3,7 @@ the singular, and the one-sentence descriptions ``yolo11-lightning configs`` lis
 
 from __future__ import annotations
 
+import importlib.util
 import types
 
 import lightning as L
@@ -12,7 +13,11 @@ from lightning.pytorch.callbacks import ModelSummary
 from yolo11_lightning.cli.info import summarize
 from yolo11_lightning.cli.parser_errors import _closest_options
 from yolo11_lightning.data.sources.checks import DataReport
-from yolo11_lightning.training.callbacks.model_summary import FlopsSummary, count_flops_in_summary
+from yolo11_lightning.training.callbacks.model_summary import (
+    FlopsSummary,
+    RichFlopsSummary,
+    count_flops_in_summary,
+)
 from yolo11_lightning.training.module import YOLO11Module
 
 
@@ -39,9 +44,12 @@ def test_the_summary_counts_the_detectors_flops_at_the_training_size(task: str) 
 
 def test_the_default_summary_is_replaced_and_a_disabled_one_stays_off() -> None:
     quiet = {"logger": False, "enable_checkpointing": False, "enable_progress_bar": False}
-    trainer = L.Trainer(**quiet)
+    trainer = L.Trainer(
+        **quiet
+    )  # Lightning's default: RichModelSummary where rich is installed (the int8 extra)
     count_flops_in_summary(trainer)
-    assert [type(c) for c in trainer.callbacks if isinstance(c, ModelSummary)] == [FlopsSummary]
+    default = RichFlopsSummary if importlib.util.find_spec("rich") else FlopsSummary
+    assert [type(c) for c in trainer.callbacks if isinstance(c, ModelSummary)] == [default]
     trainer = L.Trainer(**quiet, callbacks=[ModelSummary(max_depth=3)])
     count_flops_in_summary(trainer)
     (summary,) = [c for c in trainer.callbacks if isinstance(c, ModelSummary)]
@@ -49,6 +57,28 @@ def test_the_default_summary_is_replaced_and_a_disabled_one_stays_off() -> None:
     trainer = L.Trainer(**quiet, enable_model_summary=False)
     count_flops_in_summary(trainer)
     assert not [c for c in trainer.callbacks if isinstance(c, ModelSummary)]
+
+
+def test_the_rich_summary_counts_the_flops_too() -> None:
+    """A RichModelSummary (the user's, or Lightning's default with rich installed) keeps its table and depth and
+    counts the detector's FLOPs like FlopsSummary."""
+    pytest.importorskip("rich")
+    from lightning.pytorch.callbacks import RichModelSummary
+
+    trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        callbacks=[RichModelSummary(max_depth=2)])  # fmt: skip
+    count_flops_in_summary(trainer)
+    (summary,) = [c for c in trainer.callbacks if isinstance(c, ModelSummary)]
+    assert (
+        type(summary) is RichFlopsSummary
+        and isinstance(summary, RichModelSummary)
+        and summary._max_depth == 2
+    )
+    module = YOLO11Module("n", 3)
+    counted = summary._summary(
+        types.SimpleNamespace(datamodule=types.SimpleNamespace(image_size=320)), module
+    )
+    assert counted.total_flops / 1e9 == pytest.approx(summarize("n", 3, (320, 320))["gflops_total"], rel=1e-6)
 
 
 def test_a_mistyped_option_names_the_closest_ones() -> None:

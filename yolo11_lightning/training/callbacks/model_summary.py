@@ -7,7 +7,8 @@ counts them the way ``yolo11-lightning info`` does (``cli.info.count_flops``): o
 ``image_size`` through a copy of the detector on the meta device (shapes only, no memory, no compute), in
 eval mode, so per layer and in total the figures are those of one image at the training size.
 ``count_flops_in_summary`` puts it in place of the Trainer's ``ModelSummary`` (the CLI does this), with the
-same settings; another summary class (``RichModelSummary``), and a Trainer without one, are left as they are.
+same settings, and ``RichFlopsSummary`` in place of a ``RichModelSummary`` (Lightning's default when ``rich`` is
+installed, as the ``int8`` extra installs it); a summary of another class, and a Trainer without one, stay as they are.
 """
 
 from __future__ import annotations
@@ -16,14 +17,14 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelSummary
+from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
 from lightning.pytorch.utilities.model_summary import ModelSummary as Summary
 from torch.utils.flop_counter import FlopCounterMode
 
 from yolo11_lightning.nn.yolo11 import YOLO11
 from yolo11_lightning.tasks import create_model, get_task
 
-__all__ = ["FlopsSummary", "count_flops_in_summary"]
+__all__ = ["FlopsSummary", "RichFlopsSummary", "count_flops_in_summary"]
 
 _DETECTOR = "model"  # the attribute of YOLO11Module that holds the detector
 
@@ -92,12 +93,17 @@ class FlopsSummary(ModelSummary):
         return _CountedSummary(pl_module, self._max_depth, image_size)
 
 
-def count_flops_in_summary(trainer: L.Trainer) -> None:
-    """Replaces the Trainer's default ModelSummary by a FlopsSummary; any other summary, or none, stays.
+class RichFlopsSummary(FlopsSummary, RichModelSummary):
+    """RichModelSummary (the table drawn with ``rich``) with the FLOPs of ``FlopsSummary``."""
 
-    Only exactly that class with its settings is replaced.
+
+def count_flops_in_summary(trainer: L.Trainer) -> None:
+    """Replaces the Trainer's ModelSummary or RichModelSummary by the class that counts FLOPs; others stay.
+
+    Only exactly those classes are replaced, with their settings.
     """
+    replaced = {ModelSummary: FlopsSummary, RichModelSummary: RichFlopsSummary}
     trainer.callbacks = [
-        FlopsSummary(c._max_depth, **c._summarize_kwargs) if type(c) is ModelSummary else c
+        replaced[type(c)](c._max_depth, **c._summarize_kwargs) if type(c) in replaced else c
         for c in trainer.callbacks
     ]
