@@ -4,8 +4,8 @@ fp16: the weights are stored in float16 and widened where the graph reads them, 
 the arithmetic stays float32 (as OpenVINO's fp16 IR runs on a CPU; a graph computing in float16 moves boxes in
 pixels by float16 steps, and ONNX Runtime's CPU kernels are float32 anyway). INT8: the fp32 graph of
 ``export.onnx`` quantized by ONNX Runtime's static quantization in the QDQ format, weights per channel,
-activations calibrated (min-max) on the images it is given (``export.calibration``); the head's decode stays
-in float (``tracing.decode_nodes``). Both keep the metadata, with
+activations calibrated (min-max) on the images it is given (``export.calibration``); the head's last
+convolutions and its decode stay in float (``tracing.float_nodes``). Both keep the metadata, with
 ``args`` saying ``half`` / ``int8``. Imports torch, onnx and onnxruntime (the ``onnx`` extra).
 """
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.export.onnx import ONNX_INPUT, export_onnx
-from yolo11_lightning.export.tracing import decode_nodes, model_metadata
+from yolo11_lightning.export.tracing import float_nodes, model_metadata
 from yolo11_lightning.extras import require
 from yolo11_lightning.nn.yolo11 import YOLO11
 
@@ -105,7 +105,7 @@ def export_onnx_int8(
             str(prepared), str(path), _Reader(calibration), quant_format=QuantFormat.QDQ,
             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8, per_channel=True,
             calibrate_method=CalibrationMethod.MinMax,
-            nodes_to_exclude=decode_nodes(n.name for n in onnx.load(str(prepared)).graph.node),
+            nodes_to_exclude=float_nodes(n.name for n in onnx.load(str(prepared)).graph.node),
         )  # fmt: skip
     _set_metadata(path, model_metadata(model, image_size, opset=opset, int8=True))
     return path

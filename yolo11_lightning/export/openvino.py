@@ -4,8 +4,8 @@ The model is converted from the ONNX graph ``export.onnx`` writes (fixed image s
 ``openvino.convert_model`` and saved as ``<stem>.xml`` + ``<stem>.bin`` in the folder ``<stem>_openvino_model/``
 with ``metadata.yaml`` beside them (``onnx_metadata.metadata_props``' keys), the layout the reference's OpenVINO
 loader reads; our runtime is ``model_files.openvino_runtime``. INT8 is NNCF's post-training quantization
-calibrated on the images it is given (``export.calibration``), the head's decode left in float
-(``tracing.decode_nodes``). Imports torch, openvino (the ``openvino``
+calibrated on the images it is given (``export.calibration``), the head's last convolutions and its decode
+left in float (``tracing.float_nodes``). Imports torch, openvino (the ``openvino``
 extra) and nncf for INT8 (the ``int8`` extra).
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import yaml
 
 from yolo11_lightning.export.onnx import export_onnx
-from yolo11_lightning.export.tracing import decode_nodes, model_metadata
+from yolo11_lightning.export.tracing import float_nodes, model_metadata
 from yolo11_lightning.extras import require
 from yolo11_lightning.model_files.onnx_metadata import typed_metadata
 from yolo11_lightning.model_files.openvino_runtime import OPENVINO_METADATA
@@ -51,10 +51,10 @@ def export_openvino(
     if nncf is not None:
         nncf.set_log_level(logging.ERROR)  # its per-node INFO lines would bury the command's output
         dataset = nncf.Dataset(list(calibration), lambda image: image[None])
-        decode = decode_nodes(op.get_friendly_name() for op in converted.get_ops())
+        kept = float_nodes(op.get_friendly_name() for op in converted.get_ops())
         converted = nncf.quantize(
             converted, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(calibration),
-            ignored_scope=nncf.IgnoredScope(names=decode, validate=False),
+            ignored_scope=nncf.IgnoredScope(names=kept, validate=False),
         )  # fmt: skip
     xml = folder / f"{stem}.xml"
     ov.save_model(converted, str(xml), compress_to_fp16=half)

@@ -394,6 +394,26 @@ def test_our_validate_scores_each_format_like_the_checkpoint(
             assert abs(check.difference("mAP50-95")) <= 1e-3, name
 
 
+def test_int8_keeps_only_the_heads_last_convolutions_in_float(deployed: dict[str, Path]) -> None:
+    """Both INT8 files run every convolution on 8-bit weights except the head's last one per branch and level
+    (box distributions ``cv2``, class logits ``cv3``), whose outputs the decode reads in float."""
+    import onnx
+    import openvino as ov
+
+    last = {f"/cv{branch}.{level}.2/Conv" for branch in (2, 3) for level in range(3)}
+    graph = onnx.load(str(deployed["onnx-int8"])).graph
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    float_convs = {n.name for n in graph.node if n.op_type == "Conv" and n.input[1] not in dequantized}
+    assert float_convs == last
+    xml = next(deployed["openvino-int8"].glob("*.xml"))
+    float_convs = {
+        op.get_friendly_name().removesuffix("/WithoutBiases")
+        for op in ov.Core().read_model(str(xml)).get_ops()
+        if op.get_type_name() == "Convolution" and op.input_value(1).get_node().get_type_name() == "Constant"
+    }  # a quantized weight reaches its convolution through a dequantizing Multiply
+    assert float_convs == last
+
+
 def test_predict_runs_each_format_with_the_checkpoints_output(
     interop: SimpleNamespace, deployed: dict[str, Path], tmp_path: Path
 ) -> None:
