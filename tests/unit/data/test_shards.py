@@ -66,7 +66,8 @@ def test_every_task_and_format_converts_to_the_same_records_and_bytes(
                 )
             np.testing.assert_array_equal(a.flip_idx, b.flip_idx)
             assert images.read(i, b.path) == Path(a.path).read_bytes()  # the original bytes
-        # Any tar tool reads the shards: members in dataset order, one per sample, keyed by index.
+        # Any tar tool reads the shards: one member per sample, keyed by its index; the validation split in
+        # order, the training split dealt out (shard k of S holds samples k, k + S, ...).
         wids = json.loads((tmp_path / "a" / f"{split}.json").read_text())
         assert wids["__kind__"] == "wids-shard-index-v1" and sum(
             s["nsamples"] for s in wids["shardlist"]
@@ -74,8 +75,35 @@ def test_every_task_and_format_converts_to_the_same_records_and_bytes(
         members = []
         for shard in wids["shardlist"]:
             with tarfile.open(tmp_path / "a" / shard["url"]) as tar:
-                members += tar.getnames()
-        assert members == [records.path(i) for i in range(len(records))]
+                members.append(tar.getnames())
+        count = len(members)
+        expected = (
+            [range(len(records))] if split == "val" else [range(k, len(records), count) for k in range(count)]
+        )
+        if split == "val":
+            assert [m for shard in members for m in shard] == [records.path(i) for i in range(len(records))]
+        else:
+            assert members == [[records.path(i) for i in shard] for shard in expected]
+
+
+def test_a_class_sorted_training_split_is_dealt_so_that_every_shard_holds_every_class(tmp_path: Path) -> None:
+    """An ImageFolder lists its images class by class: shards written in that order would each hold one class
+    and a shuffle window of a few shards would train on a few classes at a time."""
+    root = make_synthetic_dataset(tmp_path / "cls", num_train=24, num_val=6, image_size=32, task="classify")
+    config = dataset_config(str(root))
+    folder, _ = load_split(config, "train")
+    source_classes = folder.arrays()["classes"]
+    assert (
+        np.count_nonzero(np.diff(source_classes)) == len(set(source_classes.tolist())) - 1
+    )  # class by class
+    write_shards(config, str(tmp_path / "sh"), "classify", shard_mb=0.01)
+    records, images = load_shard_split(open_index(str(tmp_path / "sh")), "train", tmp_path / "cache")
+    shard_of, classes = np.asarray(images.shard), records.arrays()["classes"]
+    assert shard_of.max() >= 2  # several shards
+    for k in range(int(shard_of.max()) + 1):
+        assert set(classes[shard_of == k].tolist()) == set(classes.tolist()), f"shard {k}"
+    for i in range(len(records)):  # every sample still reads back its own image
+        assert images.read(i, records.path(i)) == Path(folder.path(i)).read_bytes()
 
 
 def test_a_shard_folder_gives_the_folders_samples(tiny_dataset: Path, tmp_path: Path) -> None:

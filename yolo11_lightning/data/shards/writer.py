@@ -3,7 +3,15 @@
 The records come from ``sources.split.load_split`` (the checks every run applies: what a fit would skip is
 skipped here and reported), so a shard folder holds exactly the samples a fit from the folder trains on, in the
 same order (sample i of a split is record i). Output goes through fsspec (a folder, ``s3://``, ``gs://``, ...).
-Deterministic: members in dataset order with fixed tar headers, zip entries of a fixed date, json with sorted
+
+Where a sample lies is recorded per sample, so the shards need not follow the split's order. The training split
+is dealt out like cards: of S shards, shard k holds samples k, k + S, k + 2S, ... Sources list their images in an
+order that means something (an ImageFolder class by class, a COCO export by date or camera), and the training order
+shuffles a window of a few shards at a time (``sampling.shard_windows``): dealt shards make every window a sample
+of the whole split, so the window costs no accuracy, whatever the source order. The other splits are read in
+order (validation, prediction) and are written in order, one shard after the other.
+
+Deterministic: members in shard order with fixed tar headers, zip entries of a fixed date, json with sorted
 keys: the same input gives the same bytes.
 """
 
@@ -11,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import itertools
 import json
 import os
 import tarfile
@@ -73,9 +82,10 @@ def _json_bytes(value: object) -> bytes:
 
 
 class _ShardWriter:
-    """Tar shards of one split, each closed once the next member would pass ``limit`` bytes."""
+    """Tar shards of one split, written one after the other: each is closed by ``close_shard``, or once the next
+    member would pass ``limit`` bytes (``limit`` None: only by ``close_shard``)."""
 
-    def __init__(self, split: str, limit: int, put: Callable[[str, bytes], None]) -> None:
+    def __init__(self, split: str, limit: int | None, put: Callable[[str, bytes], None]) -> None:
         self.split, self.limit, self.put = split, limit, put
         self.shardlist: list[dict[str, object]] = []
         self._buffer: io.BytesIO | None = None
@@ -84,19 +94,26 @@ class _ShardWriter:
 
     def add(self, name: str, data: bytes) -> tuple[int, int]:
         """Append a member; (shard number, byte offset of its data in that shard)."""
-        if self._tar is not None and self._tar.offset + 512 + len(data) > self.limit:
-            self._close()
+        full = (
+            self.limit is not None
+            and self._tar is not None
+            and self._tar.offset + 512 + len(data) > self.limit
+        )
+        if full:
+            self.close_shard()
         if self._tar is None:
             self._buffer = io.BytesIO()
-            # closed in _close
+            # closed in close_shard
             self._tar = tarfile.open(fileobj=self._buffer, mode="w", format=tarfile.USTAR_FORMAT)  # noqa: SIM115
         offset = self._tar.offset + 512  # a ustar header of a short name is one block
         self._tar.addfile(_member(name, len(data)), io.BytesIO(data))
         self._count += 1
         return len(self.shardlist), offset
 
-    def _close(self) -> None:
-        assert self._tar is not None and self._buffer is not None
+    def close_shard(self) -> None:
+        """Write the shard being filled (none: nothing happens)."""
+        if self._tar is None or self._buffer is None:
+            return
         self._tar.close()
         data = self._buffer.getvalue()
         url = layout.shard_file(self.split, len(self.shardlist))
@@ -105,8 +122,8 @@ class _ShardWriter:
         self._tar, self._buffer, self._count = None, None, 0
 
     def finish(self) -> list[dict[str, object]]:
-        if self._tar is not None:
-            self._close()
+        """Write the last shard; the split's wids shard list."""
+        self.close_shard()
         return self.shardlist
 
 
@@ -118,20 +135,48 @@ def _read(path: str) -> bytes:
         raise DatasetError(f"{path}: cannot read image ({e.strerror or e})") from e
 
 
+def _file_size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError as e:
+        raise DatasetError(f"{path}: cannot read image ({e.strerror or e})") from e
+
+
+def dealt_order(sizes: np.ndarray, limit: int) -> tuple[np.ndarray, np.ndarray]:
+    """The samples dealt out to S shards of about ``limit`` bytes (``sizes``: (N,) image bytes): (N,) sample
+    indices in writing order, and (S + 1,) where each shard's run of that order starts and ends. Shard k holds
+    samples k, k + S, k + 2S, ...; S is the fewest shards of at most ``limit`` bytes on average."""
+    n = len(sizes)
+    tar_bytes = int((512 + -(-sizes // 512) * 512).sum()) + 1024  # headers, padded data, end of archive
+    count = min(max(1, -(-tar_bytes // limit)), max(n, 1))
+    order = np.concatenate([np.arange(k, n, count) for k in range(count)]).astype(np.int64)
+    per_shard = [len(range(k, n, count)) for k in range(count)]
+    return order, np.concatenate([[0], np.cumsum(per_shard)]).astype(np.int64)
+
+
 def _write_split(
     records: PackedRecords, split: str, limit: int, put: Callable[[str, bytes], None]
 ) -> tuple[dict[str, object], int]:
-    """The split's shards and records file; (its wids index, bytes of its shards)."""
-    writer = _ShardWriter(split, limit, put)
+    """The split's shards and records file; (its wids index, bytes of its shards). The training split is dealt
+    out over its shards (``dealt_order``), the others are written in order."""
     n = len(records)
+    if split == "train":
+        sizes = np.array([_file_size(records.path(i)) for i in range(n)], np.int64)
+        order, bounds = dealt_order(sizes, limit)
+        writer = _ShardWriter(split, None, put)
+    else:
+        order, bounds = np.arange(n, dtype=np.int64), np.array([0, n], np.int64)
+        writer = _ShardWriter(split, limit, put)
     shard, offset, size = (np.zeros(n, np.int64) for _ in range(3))
-    names = []
-    for i in range(n):
-        path = records.path(i)
-        data = _read(path)
-        names.append(layout.member_name(i, _extension(path)).encode())
-        shard[i], offset[i] = writer.add(names[-1].decode(), data)
-        size[i] = len(data)
+    names: list[bytes] = [b""] * n
+    for start, end in itertools.pairwise(bounds):
+        for i in order[start:end]:
+            path = records.path(int(i))
+            data = _read(path)
+            names[i] = layout.member_name(int(i), _extension(path)).encode()
+            shard[i], offset[i] = writer.add(names[i].decode(), data)
+            size[i] = len(data)
+        writer.close_shard()
     shardlist = writer.finish()
     arrays = dict(records.arrays())
     arrays["paths"] = np.frombuffer(b"".join(names), np.uint8)
