@@ -1,8 +1,9 @@
 """Training from shards in a real S3-compatible server (moto on 127.0.0.1), against the same data as a folder.
 
-The tiny dataset is converted and uploaded (``write_shards`` to ``s3://``); a 2-rank fit from ``s3://`` is cut
-mid-epoch and finished on 1 rank (``--ckpt_path last``): with ``--data.shard_window 0`` the order is the folder's,
-so the runs must see the uninterrupted folder run's sample ids, batch by batch, and end in its state.
+The tiny dataset is converted and uploaded (``write_shards`` to ``s3://``); a 2-rank fit from ``s3://`` with a
+shard window is cut mid-epoch and finished on 1 rank (``--ckpt_path last``): the runs must train the shard-aware
+order exactly once, end in the state of the uninterrupted 1-rank run from the same shards, and see each epoch the
+samples the uninterrupted folder run saw.
 """
 
 from __future__ import annotations
@@ -10,11 +11,22 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
-from cli_runs import check_resume_two_ranks_to_one
+from cli_runs import (
+    EPOCHS,
+    check_resume_two_ranks_to_one,
+    expected_order,
+    fit_args,
+    fit_here,
+    flatten,
+    global_batches,
+    records,
+)
 from object_store import s3_server
 
 from yolo11_lightning.data.dataset import BoxDataset
+from yolo11_lightning.data.sampling.shard_windows import ShardWindows
 from yolo11_lightning.data.shards import cache as cache_module
 from yolo11_lightning.data.shards.reader import load_shard_split, open_index
 from yolo11_lightning.data.shards.writer import write_shards
@@ -33,11 +45,30 @@ def tiny_in_s3(tiny_dataset: Path) -> Iterator[str]:
         yield url
 
 
-def test_two_ranks_from_s3_cut_and_resumed_on_one_equal_the_folder_run(
+def test_two_ranks_from_s3_cut_and_resumed_on_one_equal_the_uninterrupted_run(
     tiny_in_s3: str, uninterrupted: Path, tmp_path: Path
 ) -> None:
-    cache = ["--data.shard_cache_dir", str(tmp_path / "node-cache"), "--data.shard_window", "0"]
-    check_resume_two_ranks_to_one(tiny_in_s3, uninterrupted, tmp_path, *cache)  # type: ignore[arg-type]
+    cache = ["--data.shard_cache_dir", str(tmp_path / "node-cache"), "--data.shard_window", "2"]
+    _, images = load_shard_split(open_index(tiny_in_s3), "train", tmp_path / "node-cache")
+    assert int(images.shard.max()) + 1 > 2  # more shards than a window: the order is not a full shuffle
+    order = expected_order(ShardWindows(np.asarray(images.shard), 2))
+    assert order != expected_order()
+
+    whole = tmp_path / "whole"
+    fit_here(fit_args(tiny_in_s3, whole, "rec", "--ckpt_path", "last", *cache))  # type: ignore[arg-type]
+    assert flatten(global_batches(records(whole / "rec"))) == order
+    (tmp_path / "cut").mkdir()
+    check_resume_two_ranks_to_one(tiny_in_s3, whole, tmp_path / "cut", *cache, order=order)  # type: ignore[arg-type]
+
+    def per_epoch(rows: list[dict]) -> list[list[int]]:
+        batches = global_batches(rows)
+        return [
+            sorted(i for (e, _), ids in batches.items() if e == epoch for i in ids) for epoch in range(EPOCHS)
+        ]
+
+    assert per_epoch(records(whole / "rec")) == per_epoch(
+        records(uninterrupted / "rec")
+    )  # the folder's samples
     fetched = sorted(p.name for p in (tmp_path / "node-cache").glob("shards/*/*.tar"))
     assert fetched and all(name.startswith(("train-", "val-")) for name in fetched)
 

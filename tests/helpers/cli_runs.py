@@ -32,9 +32,10 @@ TINY_FIT = SCRIPTS / "tiny_fit.yaml"
 EPOCHS, BATCH, IMAGES, SEED = 2, 4, 16, 0
 
 
-def expected_order() -> list[int]:
-    """The global sample order of the uninterrupted tiny run, epoch after epoch."""
-    return np.concatenate([epoch_order(IMAGES, SEED, e, BATCH) for e in range(EPOCHS)]).tolist()
+def expected_order(policy: object | None = None) -> list[int]:
+    """The global sample order of the uninterrupted tiny run, epoch after epoch (``policy``: a shard folder's
+    ``ShardWindows``; None: a folder's full shuffle)."""
+    return np.concatenate([epoch_order(IMAGES, SEED, e, BATCH, policy) for e in range(EPOCHS)]).tolist()
 
 
 def flatten(batches: dict[tuple[int, int], list[int]]) -> list[int]:
@@ -220,12 +221,18 @@ STEP_AT_CUT = 3
 
 
 def check_resume_two_ranks_to_one(
-    dataset: Path, uninterrupted: Path, root: Path, *extra: str, rel: float = 1e-5
+    dataset: Path,
+    uninterrupted: Path,
+    root: Path,
+    *extra: str,
+    rel: float = 1e-5,
+    order: list[int] | None = None,
 ) -> dict:
     """2 ranks cut at ``CUT`` (``StopAt``, exit 75), then ``fit --ckpt_path last`` on 1 rank (a new logger
-    version, in this process) finishes the run; asserts the resumed start, that the global sample order was trained exactly once,
-    and that the final state is the uninterrupted run's (within ``rel`` of each tensor's scale). ``extra``: more
-    CLI arguments for both runs. Returns the resumed run's final checkpoint."""
+    version, in this process) finishes the run; asserts the resumed start, that the global sample order (``order``,
+    default a folder's ``expected_order()``) was trained exactly once, and that the final state is the
+    uninterrupted run's (within ``rel`` of each tensor's scale). ``extra``: more CLI arguments for both runs.
+    Returns the resumed run's final checkpoint."""
     cut = [
         "--trainer.callbacks+=fault_callbacks.StopAt",
         "--trainer.callbacks.epoch", str(CUT[0]), "--trainer.callbacks.batch_idx", str(CUT[1]),
@@ -242,7 +249,7 @@ def check_resume_two_ranks_to_one(
 
     before, after = global_batches(records(root / "rec-2")), global_batches(records(root / "rec-1"))
     assert set(before).isdisjoint(after), "a batch was trained twice"
-    assert flatten({**before, **after}) == expected_order()
+    assert flatten({**before, **after}) == (expected_order() if order is None else order)
     final = load(final_checkpoint(root))
     assert_same_training_state(load(final_checkpoint(uninterrupted)), final, rel)
     return final
