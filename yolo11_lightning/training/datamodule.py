@@ -50,6 +50,7 @@ from yolo11_lightning.synthetic.poses import SYNTHETIC_KPT_SHAPE
 from yolo11_lightning.synthetic.shapes import SYNTHETIC_YAML, make_synthetic_dataset, synthetic_class_names
 from yolo11_lightning.tasks import get_task
 from yolo11_lightning.tasks.resolution import TaskClaim, resolve_task, task_words
+from yolo11_lightning.training.lightning_noise import trust_restored_sampler
 from yolo11_lightning.training.loading.loaders import make_loader, on_accelerator
 from yolo11_lightning.training.loading.options import check_data_options
 from yolo11_lightning.training.loading.splits import check_stage_splits, split_of, stage_splits
@@ -370,6 +371,13 @@ class YOLODataModule(TrainSamplerCheckpoint, L.LightningDataModule):
         the yaml, so the CLI calls it before any process starts; ``setup`` calls it too (Python use).
         """
         check_stage_splits(stage, self.defined_splits(), str(self.yaml_path))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Restore the train sampler's position (``TrainSamplerCheckpoint``): a resume inside an epoch continues
+        the order exactly, so Lightning's warning that it may not is silenced."""
+        super().load_state_dict(state_dict)
+        if "train_sampler" in state_dict:
+            trust_restored_sampler()
 
     # ------------------------------------------------------------------------------------ data
     def prepare_data(self) -> None:

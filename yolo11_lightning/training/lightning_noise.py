@@ -27,3 +27,13 @@ def silence_lightning_noise() -> None:
         "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
     )
     logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_WithoutCloudTips())
+
+
+def trust_restored_sampler() -> None:
+    """Silences Lightning's warning that a resume inside an epoch is unreliable because the DataLoader keeps no
+    state: called once ``YOLODataModule`` restored its sampler's position, which makes that resume exact."""
+    warnings.filterwarnings(
+        "ignore",
+        message=r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is",
+        category=PossibleUserWarning,
+    )
