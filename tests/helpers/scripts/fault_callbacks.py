@@ -58,14 +58,14 @@ class RecordSamples(Callback):
 
     def on_train_start(self, trainer, pl_module):
         self._write(trainer, {
-            "event": "start", "checksum": float(sum(p.double().abs().sum() for p in pl_module.model.parameters())), "world": trainer.world_size, "num_nodes": trainer.num_nodes,
+            "event": "start", "checksum": float(sum(p.detach().double().abs().sum() for p in pl_module.model.parameters())), "world": trainer.world_size, "num_nodes": trainer.num_nodes,
             "global_step": trainer.global_step, "epoch": trainer.current_epoch,
             "checkpoint_io": type(trainer.strategy.checkpoint_io).__name__,
         })  # fmt: skip
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
         with torch.no_grad():
-            checksum = float(sum(p.double().abs().sum() for p in pl_module.model.parameters()))
+            checksum = float(sum(p.detach().double().abs().sum() for p in pl_module.model.parameters()))
         self._write(trainer, {
             "event": "batch", "world": trainer.world_size, "epoch": trainer.current_epoch, "batch_idx": batch_idx,
             "global_step": trainer.global_step, "indices": batch["indices"].tolist(),
