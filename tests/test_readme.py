@@ -159,14 +159,14 @@ def test_every_command_is_run_or_skipped_with_a_reason() -> None:
 
 
 _RUNNER = r"""
-import contextlib, io, json, sys, traceback
+import contextlib, io, json, sys, time, traceback
 from yolo11_lightning.cli.main import main
 
 jobs = json.load(open(sys.argv[1]))
 results = []
 for job in jobs:
     out = io.StringIO()
-    code, error = 0, ""
+    code, error, start = 0, "", time.perf_counter()
     try:
         with contextlib.redirect_stdout(out):
             if job["kind"] == "python":
@@ -178,7 +178,7 @@ for job in jobs:
                     code = e.code if isinstance(e.code, int) else int(e.code is not None)
     except Exception:
         code, error = 1, traceback.format_exc()
-    results.append({"code": code, "error": error, "stdout": out.getvalue()})
+    results.append({"code": code, "error": error, "stdout": out.getvalue(), "seconds": time.perf_counter() - start})
     json.dump(results, open(sys.argv[2], "w"))
     if code != 0:
         break
