@@ -55,9 +55,9 @@ class ExecuTorchModel(ExportedModel):
                 f"{self.path}: expected the methods forward and {EXECUTORCH_METADATA} (a yolo11-lightning "
                 f"export), found {sorted(program.method_names)}"
             )
-        (text,) = program.load_method(EXECUTORCH_METADATA).execute([])
+        returned = program.load_method(EXECUTORCH_METADATA).execute([])
         try:
-            props = json.loads(text)
+            props = json.loads(returned[0] if len(returned) == 1 else None)
         except (TypeError, json.JSONDecodeError) as e:
             raise ValueError(f"{self.path}: method {EXECUTORCH_METADATA} does not return JSON: {e}") from e
         info = read_metadata(
@@ -74,10 +74,6 @@ class ExecuTorchModel(ExportedModel):
         self.__dict__["_forward"] = forward
 
     def _run(self, images: np.ndarray) -> list[np.ndarray]:
-        # copied at once: an output tensor is the method's planned buffer, which the next image overwrites
-        per_image = [
-            [out.numpy().copy() for out in self._forward.execute([torch.from_numpy(image[None])])]
-            for image in images
-        ]
-        stacked = [np.concatenate([outs[i] for outs in per_image]) for i in range(len(per_image[0]))]
+        per_image = [self._forward.execute([torch.from_numpy(image[None])]) for image in images]
+        stacked = [np.concatenate([outs[i].numpy() for outs in per_image]) for i in range(len(per_image[0]))]
         return [stacked[i] for i in self._order]

@@ -106,8 +106,8 @@ def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, SimpleNamesp
 
 
 def test_program_carries_its_metadata_and_runs_any_batch(programs: dict[str, SimpleNamespace]) -> None:
-    """One file: ``metadata`` (task, names, size) read back; a batch of 3 gives the model's outputs, each
-    image's own (the runtime's output buffer is reused between images)."""
+    """One file: ``metadata`` (task, names, size) read back; a batch of 3 (the program is planned for batch 1)
+    gives the model's outputs, each image's own."""
     for task, made in programs.items():
         # its own validation images: outputs away from saturation
         images = _batch(sorted(made.data.parent.rglob("val/**/*.png"))[:3])
@@ -119,7 +119,7 @@ def test_program_carries_its_metadata_and_runs_any_batch(programs: dict[str, Sim
             expected = made.model(images)
         got = runner(images)
         assert got.shape == expected.shape and got.dtype == torch.float32
-        # the images' outputs differ: a reused output buffer would give the last image's three times
+        # each image's own outputs, stacked in order (the program runs one image per call)
         assert float((got[0] - got[2]).abs().max()) > 1e-3
         assert float((got - expected).abs().max()) <= 1e-3 * max(1.0, float(expected.abs().max())), task
 
