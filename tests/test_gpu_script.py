@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,44 @@ def test_shared_device_ddp_puts_every_rank_on_one_device() -> None:
     assert strategy.parallel_devices == [torch.device("cpu")] * 2
     assert strategy.process_group_backend == "gloo"
     assert gpu.SharedDeviceDDP(processes=2, device="cuda").parallel_devices == [torch.device("cuda", 0)] * 2
+
+
+def test_tensorrt_section_is_a_row_naming_why_where_it_cannot_run(tmp_path: Path) -> None:
+    """No tensorrt (the lent machine's case) or no GPU: the section is skipped with its reason, which gpu.md's
+    TensorRT table shows; with both it reads the ``ddp 16-mixed`` fit's checkpoint and synthetic set."""
+    from importlib import util
+
+    section = {s.name: s for s in _sections(tmp_path, smoke=False, cuda=True)}["tensorrt"]
+    assert section.needs == "ddp 16-mixed" and section.spec["root"] == str(tmp_path / "ddp_16-mixed")
+    assert section.spec["synthetic_dir"] == str(tmp_path / "synthetic_320") and section.spec["size"] == 320
+    if util.find_spec("tensorrt") is None:
+        assert section.skip.startswith("skipped: tensorrt not installed")
+    smoke = {s.name: s for s in _sections(tmp_path, smoke=True, cuda=False)}["tensorrt"]
+    assert smoke.skip == "skipped: a TensorRT engine needs a CUDA GPU"
+    record = gpu.run_section(smoke, time.monotonic() + 100, tmp_path)
+    assert record["status"] == smoke.skip
+    report = {"machine": gpu.machine(), "sections": [record], "cpu_smoke": True, "commit": "-", "budget_s": 240.0,
+              "wall_s": 0.0, "started": "-"}  # fmt: skip
+    last = gpu.render(report).strip().splitlines()[-1]
+    assert [cell.strip() for cell in last.strip("|").split("|")] == ["-"] * 6 + [smoke.skip]
+
+
+def test_tensorrt_engines_are_built_from_fixed_size_onnx_files_with_metadata(tmp_path: Path) -> None:
+    """What the section hands TensorRT's parser: fp32 and fp16-weight ONNX files of the checkpoint at its size,
+    batch axis free (the engine's profile spans 1 to the batch), with the metadata the engine's runtime reads."""
+    onnx = pytest.importorskip("onnx")
+    import tensorrt_engine
+
+    from yolo11_lightning.tasks import create_model
+
+    model = create_model("n", 3, task="pose", kpt_shape=(4, 3)).eval()
+    files = tensorrt_engine.onnx_for_tensorrt(model, tmp_path, 64)
+    assert sorted(files) == ["fp16", "fp32"]
+    for precision, path in files.items():
+        proto = onnx.load(str(path))
+        dims = proto.graph.input[0].type.tensor_type.shape.dim
+        assert [d.dim_param or d.dim_value for d in dims][1:] == [3, 64, 64] and dims[0].dim_param
+        meta = {p.key: p.value for p in proto.metadata_props}
+        assert (meta["task"], meta["imgsz"], meta["kpt_shape"]) == ("pose", "[64, 64]", "[4, 3]")
+        halves = sum(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)
+        assert (halves > 0) == (precision == "fp16"), precision

@@ -4,7 +4,8 @@
 format. An optional runtime comes with an extra (``pyproject.toml``): ``onnx`` (onnx, onnxruntime) for the
 ONNX formats (``onnx``, ``onnx-fp16``, ``onnx-int8``), their checks and running an ``.onnx`` file; ``openvino``
 for ``openvino`` / ``openvino-fp16`` and running an ``_openvino_model`` folder; ``int8`` (nncf) for
-``openvino-int8``; ``tensorboard`` for TensorBoard event files (the loggers add it only when installed).
+``openvino-int8``; ``executorch`` for ``executorch`` and running a ``.pte`` program; ``tensorboard`` for
+TensorBoard event files (the loggers add it only when installed).
 ``require`` imports one or raises ``MissingExtraError``, whose one line names the extra to install. Imports nothing else: every layer may call it.
 """
 

@@ -32,6 +32,10 @@ at most) are the checks no CPU can make, the rest are figures a budget cut may d
                   metrics.csv finite, the backend and the number of ranks as asked;
   resume          the 16-mixed fit stopped after epoch 1 and resumed (``--ckpt_path last``) under bf16-mixed
                   to epoch 3, beside the uninterrupted 16-mixed fit;
+  tensorrt        the ``ddp 16-mixed`` checkpoint exported to ONNX (fp32, fp16), each built into a TensorRT
+                  engine, scored by the checkpoint's validator on the fit's val split and timed at batch 1
+                  (``tensorrt_engine.py``); a row naming why when tensorrt is not installed (the lent
+                  machine's case: its libraries are not wheels on PyPI) or there is no GPU;
   prepare         512 COCO-like JPEGs (``data_speed.make_dataset``, 80 classes) and real training batches
                   from them (mosaic on), saved once for the throughput sections;
   yolo11{n,s} *   training images/s through ``fit`` (the CLI's default callbacks: EMA, checkpoints,
@@ -73,7 +77,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import metadata
+from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
@@ -518,9 +522,16 @@ def work_resume(spec: dict[str, Any]) -> dict[str, Any]:
     return {"resumed": resumed[last], "uninterrupted": reference.get(last, {}), "difference": diff}
 
 
+def work_tensorrt(spec: dict[str, Any]) -> dict[str, Any]:
+    """TensorRT engines (fp32, fp16) of the ``ddp 16-mixed`` checkpoint: scored and timed (tensorrt_engine.py)."""
+    import tensorrt_engine  # benchmarks/device/, this script's folder
+
+    return tensorrt_engine.work_tensorrt(spec)
+
+
 WORKERS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "tf32-probe": work_tf32_probe, "prepare": work_prepare, "throughput": work_throughput, "data": work_data,
-    "memory": work_memory, "sync-sites": work_sync_sites, "resume": work_resume,
+    "memory": work_memory, "sync-sites": work_sync_sites, "resume": work_resume, "tensorrt": work_tensorrt,
 }  # fmt: skip
 
 
@@ -599,6 +610,22 @@ def resume_section(s: Settings, work: Path, cuda: bool) -> Section:
     )
 
 
+def tensorrt_section(s: Settings, work: Path, cuda: bool) -> Section:
+    """Engines of the ``ddp 16-mixed`` checkpoint on its synthetic set; a row naming why when it cannot run."""
+    d = s.ddp
+    spec = {"root": str(work / "ddp_16-mixed"), "synthetic_dir": str(work / f"synthetic_{d['size']}"),
+            "train": d["train"], "val": d["val"], "size": d["size"], "batch": d["batch"], "workers": d["workers"],
+            "runs": 50, "workdir": str(work / "tensorrt")}  # fmt: skip
+    skip = ""
+    if not cuda:
+        skip = "skipped: a TensorRT engine needs a CUDA GPU"
+    elif util.find_spec("tensorrt") is None:
+        skip = ("skipped: tensorrt not installed (its libraries are not wheels on PyPI, so gpu_wheels.sh cannot "
+                "bring them)")  # fmt: skip
+    return worker_section("tensorrt", "tensorrt", "tensorrt", spec, timeout=150, need=60, needs="ddp 16-mixed",
+                          skip=skip)  # fmt: skip
+
+
 def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool) -> list[Section]:
     """Every section in order of value: a budget cut drops the last ones."""
     smoke = "skipped: CPU smoke (same code path as {})"
@@ -615,6 +642,7 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
         two_rank_section(s, work, cuda),
         ddp_section("16-mixed", s, work, cuda),
         resume_section(s, work, cuda),
+        tensorrt_section(s, work, cuda),
         ddp_section("bf16-mixed", s, work, cuda),
         worker_section("prepare", "prepare", "prepare", {
             "root": str(jpeg_root), "jpegs": s.jpegs, "size": s.size, "held": held, "count": s.held,
@@ -622,7 +650,7 @@ def build_sections(args: argparse.Namespace, s: Settings, work: Path, cuda: bool
         }, timeout=120, need=20),
     ]  # fmt: skip
     if args.cpu_smoke:
-        sections[5].skip = smoke.format("bf16-mixed: 16-mixed is bf16 on a CPU")
+        sections[6].skip = smoke.format("bf16-mixed: 16-mixed is bf16 on a CPU")
 
     def throughput(scale: str, variant: str, timeout: float, need: float, **kwargs: Any) -> Section:
         batch = s.batches[scale]
@@ -818,7 +846,7 @@ def read_ddp(section: Section, output: str, returncode: int) -> tuple[str, dict[
 READERS: dict[str, Callable[[Section, str, int], tuple[str, dict[str, Any]]]] = {
     "tf32-probe": read_worker, "resume": read_worker, "audit": read_pytest, "ddp": read_ddp,
     "prepare": read_worker, "throughput": read_worker,
-    "data": read_worker, "memory": read_worker, "sync-sites": read_worker,
+    "data": read_worker, "memory": read_worker, "sync-sites": read_worker, "tensorrt": read_worker,
 }  # fmt: skip
 
 
@@ -920,6 +948,16 @@ def render(report: dict[str, Any]) -> str:
                  fmt(f.get("difference", {}).get(c), "+.4f")] for c in (*LOSS_COLUMNS, MAP_COLUMN)]  # fmt: skip
         table(f"A 16-mixed fit resumed after epoch 1 under bf16-mixed, against the uninterrupted 16-mixed fit, "
               f"last epoch: {r['status']}", ["value", "resumed", "uninterrupted", "difference"], rows)  # fmt: skip
+
+    for r in by_group.get("tensorrt", []):
+        f = figures(r)
+        rows = [[x["precision"], fmt(x.get("engine_mb"), ".2f"), fmt(x.get("build_s")), fmt(x.get("ms_b1"), ".2f"),
+                 fmt(x.get("value"), ".4f"), fmt(x.get("difference"), "+.4f"), x.get("note", "")]
+                for x in f.get("rows", [])] or [["-", "-", "-", "-", "-", "-", r["status"]]]  # fmt: skip
+        table(f"TensorRT {f.get('tensorrt', '')} engines of the ddp 16-mixed checkpoint ({f.get('size', '-')} px, its "
+              f"synthetic val split, the checkpoint's validator; ms: engine only at batch 1): {r['status']}",
+              ["engine", "MB", "build s", "ms b1", f"{(f.get('rows') or [{}])[0].get('metric', 'metric')}",
+               "difference", "note"], rows)  # fmt: skip
 
     for r in by_group.get("tf32-probe", []):
         f = figures(r)

@@ -2,7 +2,7 @@
 
 ``yolo11-lightning export --ckpt_path best.ckpt --format onnx --check-data data.yaml`` calls ``compare`` after
 writing the file and prints both mAPs (any ``--format``). The checkpoint's detector runs in PyTorch, the file
-through its runtime (``model_files.exported_files.open_exported``: ONNX Runtime, TorchScript, OpenVINO), each in its own ``Trainer.validate`` over the dataset's val split with
+through its runtime (``model_files.exported_files.open_exported``: ONNX Runtime, TorchScript, OpenVINO, ExecuTorch), each in its own ``Trainer.validate`` over the dataset's val split with
 the same ``YOLODataModule`` settings. A fixed-shape export is scored with square letterboxing at its size (the
 only shape it takes), on both sides; a ``--dynamic`` export with the data module's default batching.
 A segmentation file is checked the same way with the segmentation data and metric: box and mask mAP.

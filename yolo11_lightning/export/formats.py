@@ -1,7 +1,8 @@
 """The export formats: each one's name, file suffix, precision, the extra that installs it and what runs it.
 
 ``yolo11-lightning export --format F`` and ``benchmark`` take these names. A format's file is written by its own
-module (``export.onnx``, ``export.onnx_precision``, ``export.torchscript``, ``export.openvino``) and run by its
+module (``export.onnx``, ``export.onnx_precision``, ``export.torchscript``, ``export.openvino``,
+``export.executorch``) and run by its
 runtime in ``model_files`` (``exported_files.open_exported`` picks it from the file name). ``export_file`` writes
 one; an INT8 format needs calibration images (``export.calibration``).
 """
@@ -16,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from yolo11_lightning.errors import UserInputError
+from yolo11_lightning.export.executorch import export_executorch
 from yolo11_lightning.export.onnx import export_onnx
 from yolo11_lightning.export.onnx_precision import export_onnx_fp16, export_onnx_int8
 from yolo11_lightning.export.openvino import export_openvino
@@ -70,6 +72,12 @@ def _torchscript(
     return export_torchscript(model, path, size)
 
 
+def _executorch(
+    model: YOLO11, path: Path, size: tuple[int, int], opset: int, dynamic: bool, calibration
+) -> Path:
+    return export_executorch(model, path, size)
+
+
 def _openvino(half: bool) -> Callable[..., Path]:
     def write(
         model: YOLO11, path: Path, size: tuple[int, int], opset: int, dynamic: bool, calibration
@@ -96,6 +104,9 @@ FORMATS: dict[str, ExportFormat] = {
         ExportFormat(
             "openvino-int8", "_int8_openvino_model", "int8", "OpenVINO", "int8", ("onnx", "openvino", "nncf"),
             _openvino(False),
+        ),
+        ExportFormat(
+            "executorch", ".pte", "fp32", "ExecuTorch (XNNPACK)", "executorch", ("executorch",), _executorch
         ),
     )
 }  # fmt: skip

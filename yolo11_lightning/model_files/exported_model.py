@@ -5,7 +5,7 @@
 segmenter's ``(predictions, protos)``), on the device the images came from. It checks what the file says about
 itself (metadata: ``model_files.onnx_metadata.read_metadata``) against its outputs and the caller's task and class
 count. A runtime subclass (``onnx_runtime.OnnxDetector``, ``torchscript_runtime.TorchScriptModel``,
-``openvino_runtime.OpenVinoModel``) opens the file and runs one batch (``_run``). Imports torch; never Lightning.
+``openvino_runtime.OpenVinoModel``, ``executorch_runtime.ExecuTorchModel``) opens the file and runs one batch (``_run``). Imports torch; never Lightning.
 """
 
 from __future__ import annotations

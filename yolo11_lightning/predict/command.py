@@ -157,7 +157,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ckpt_path", "--ckpt-path", "--weights", "--model", dest="ckpt_path", required=True,
                    help="Lightning .ckpt (its EMA weights), weights file from `export`, reference .pt, or an "
-                   "exported model (.onnx, .torchscript, an _openvino_model folder)")  # fmt: skip
+                   "exported model (.onnx, .torchscript, an _openvino_model folder, .pte)")  # fmt: skip
     p.add_argument("--source", required=True, help="image, video, or folder of them (not recursive)")
     p.add_argument("--out", default="runs/predict", help="output folder (default runs/predict)")
     p.add_argument("--conf", type=float, default=0.25, help="minimum class score (default 0.25)")

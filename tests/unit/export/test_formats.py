@@ -116,7 +116,7 @@ def test_unknown_format_lists_the_known_ones(tmp_path: Path, capsys: pytest.Capt
     err = capsys.readouterr().err
     assert err == (
         "error: unknown export format 'coreml'; known: onnx, onnx-fp16, onnx-int8, torchscript, openvino, "
-        "openvino-fp16, openvino-int8, weights\n"
+        "openvino-fp16, openvino-int8, executorch, weights\n"
     )
 
 
@@ -138,11 +138,24 @@ def test_a_missing_runtime_names_its_extra(
         == 'export needs openvino: pip install "yolo11_lightning[int8]"'
     )
     assert missing_extra(FORMATS["torchscript"]) is None
+    monkeypatch.setitem(sys.modules, "executorch", None)
+    assert main(["export", "--ckpt_path", str(weights), "--format", "executorch"]) == 1
+    assert (
+        capsys.readouterr().err
+        == 'error: export needs executorch: pip install "yolo11_lightning[executorch]"\n'
+    )
+    assert not (tmp_path / "m.pte").exists()
     with pytest.raises(
         ImportError,
         match=r'running .*m_openvino_model needs openvino: pip install "yolo11_lightning\[openvino\]"',
     ):
         open_exported(tmp_path / "m_openvino_model")
+    (tmp_path / "m.pte").write_bytes(b"")
+    with pytest.raises(
+        ImportError,
+        match=r'running .*m\.pte needs executorch: pip install "yolo11_lightning\[executorch\]"',
+    ):
+        open_exported(tmp_path / "m.pte")
 
 
 def test_int8_calibration_without_a_readable_image_names_the_split(tmp_path: Path, capsys) -> None:
@@ -192,11 +205,15 @@ def test_benchmark_row_of_a_missing_runtime_names_the_extra(
 
     weights = save_weights(_model("detect"), tmp_path / "m.pth", image_size=SIZE)
     monkeypatch.setitem(sys.modules, "openvino", None)
-    args = ["benchmark", "--model", str(weights), "--data", "unused.yaml", "--formats", "openvino,openvino-int8",
-            "--runs", "1", "--out", str(tmp_path / "bench")]  # fmt: skip
+    monkeypatch.setitem(sys.modules, "executorch", None)
+    args = ["benchmark", "--model", str(weights), "--data", "unused.yaml", "--formats",
+            "openvino,openvino-int8,executorch", "--runs", "1", "--out", str(tmp_path / "bench")]  # fmt: skip
     assert main(args) == 0
     rows = (tmp_path / "bench" / "benchmark.csv").read_text().splitlines()
     assert rows[0].startswith("format,size_mb,latency_ms_b1,latency_ms_b8,metric,value,difference,note")
     assert rows[2] == 'openvino,,,,,,,"export needs openvino: pip install ""yolo11_lightning[openvino]"""'
     assert rows[3].startswith("openvino-int8,") and "yolo11_lightning[int8]" in rows[3]
+    assert (
+        rows[4] == 'executorch,,,,,,,"export needs executorch: pip install ""yolo11_lightning[executorch]"""'
+    )
     assert (tmp_path / "bench" / "benchmark.png").is_file() and "Traceback" not in capsys.readouterr().err
