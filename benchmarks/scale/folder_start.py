@@ -52,11 +52,12 @@ def run_side(side: str, workers: int | None, argv: list[str]) -> None:
         backward(self, *args, **kwargs)
         print(STAMP + repr(time.time()), flush=True)
         for child in multiprocessing.active_children():  # DataLoader workers
-            child.terminate()
+            child.kill()  # ours ignore SIGTERM
         os._exit(0)
 
     torch.Tensor.backward = first_backward
-    sys.argv = ["yolo11-lightning" if side == "ours" else "yolo", *argv]  # before the import: ultralytics reads it then
+    # Before the import: ultralytics reads sys.argv when imported.
+    sys.argv = ["yolo11-lightning" if side == "ours" else "yolo", *argv]
     if side == "ours":
         from yolo11_lightning.cli.main import main as cli
     else:
@@ -192,11 +193,15 @@ def main() -> None:
                     delete_caches(yaml)
                 res = measure(side, yaml, setting, args, workdir)
                 load = C.load_average()
-                print(f"workers {setting} {side} {kind} (round {r}, load {load}): {json.dumps(res)}", flush=True)
+                print(
+                    f"workers {setting} {side} {kind} (round {r}, load {load}): {json.dumps(res)}", flush=True
+                )
                 results.setdefault((setting, side, kind), []).append(res)
     rows = []
     for (setting, side, kind), runs in results.items():
-        workers = f"{setting}" if setting is not None else ("2 (default)" if side == "ours" else "0 (CPU default)")
+        workers = (
+            f"{setting}" if setting is not None else ("2 (default)" if side == "ours" else "0 (CPU default)")
+        )
         rows.append([
             workers, side, kind, *(C.median([r[k] for r in runs]) for k in
                                    ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib")),
@@ -205,7 +210,7 @@ def main() -> None:
     C.print_table(
         f"{args.images} images, imgsz {args.imgsz}, batch {args.batch}: median of {args.rounds} (load "
         f"{C.load_average()})",
-        ["workers", "side", "start", "to first batch s", "CPU s", "peak RSS MiB", "peak PSS MiB", "processes"],
+        ["workers", "side", "start", "first batch s", "CPU s", "peak RSS MiB", "peak PSS MiB", "processes"],
         rows,
     )
 
