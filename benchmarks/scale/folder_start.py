@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ def run_side(side: str, workers: int | None, argv: list[str]) -> None:
     def first_backward(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         backward(self, *args, **kwargs)
         print(STAMP + repr(time.time()), flush=True)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # torch's handler would raise on the workers' ends
         for child in multiprocessing.active_children():  # DataLoader workers
             child.kill()  # ours ignore SIGTERM
         os._exit(0)
