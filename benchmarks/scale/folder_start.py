@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,6 +129,8 @@ def measure(side: str, yaml: Path, workers: int | None, args, workdir: Path) -> 
     command = [sys.executable, __file__, "--worker", side, "--keep-workers", keep, "--", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.update(YOLO_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
+    for folder in ("ours", "reference"):  # a fresh run folder: no earlier versions to list
+        shutil.rmtree(workdir / folder, ignore_errors=True)
     out = workdir / f"{side}.log"
     peak_rss = peak_pss = 0
     cpu: dict[int, float] = {}
