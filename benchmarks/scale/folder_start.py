@@ -132,18 +132,21 @@ def measure(side: str, yaml: Path, workers: int | None, args, workdir: Path) -> 
     for folder in ("ours", "reference"):  # a fresh run folder: no earlier versions to list
         shutil.rmtree(workdir / folder, ignore_errors=True)
     out = workdir / f"{side}.log"
-    peak_rss = peak_pss = 0
+    peak_rss = peak_pss = peak_main_pss = 0
     cpu: dict[int, float] = {}
     with open(out, "w") as log:
         start = time.time()
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
         while proc.poll() is None:
-            rss = pss = 0
+            rss = pss = main_pss = 0
             for pid in _tree(proc.pid):
                 got = _sample(pid)
                 if got is not None:
                     rss, pss, cpu[pid] = rss + got[0], pss + got[1], got[2]
-            peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+                    main_pss = got[1] if pid == proc.pid else main_pss
+            peak_rss = max(peak_rss, rss)
+            if pss > peak_pss:
+                peak_pss, peak_main_pss = pss, main_pss
             time.sleep(0.05)
     text = out.read_text()
     stamps = [line for line in text.splitlines() if line.startswith(STAMP)]
@@ -155,6 +158,7 @@ def measure(side: str, yaml: Path, workers: int | None, args, workdir: Path) -> 
         "processes": len(cpu),
         "peak_rss_mib": peak_rss / MIB,
         "peak_pss_mib": peak_pss / MIB,
+        "main_pss_mib": peak_main_pss / MIB,  # the training process's share at the PSS peak
     }
 
 
@@ -209,15 +213,12 @@ def main() -> None:
         )
         rows.append([
             workers, side, kind, *(C.median([r[k] for r in runs]) for k in
-                                   ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib")),
+                                   ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib", "main_pss_mib")),
             max(r["processes"] for r in runs),
         ])  # fmt: skip
-    C.print_table(
-        f"{args.images} images, imgsz {args.imgsz}, batch {args.batch}: median of {args.rounds} (load "
-        f"{C.load_average()})",
-        ["workers", "side", "start", "first batch s", "CPU s", "peak RSS MiB", "peak PSS MiB", "processes"],
-        rows,
-    )
+    headers = ["workers", "side", "start", "first batch s", "CPU s", "peak RSS MiB", "peak PSS MiB"]
+    caption = f"{args.images} images, imgsz {args.imgsz}, batch {args.batch}: median of {args.rounds}"
+    C.print_table(f"{caption} (load {C.load_average()})", [*headers, "main PSS MiB", "processes"], rows)
 
 
 if __name__ == "__main__":
