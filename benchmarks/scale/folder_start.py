@@ -10,7 +10,7 @@ Data (``_scale_data``, as ``scale.py``): tiny JPEGs in folders of 10,000, 1-3 bo
 ``yolo11-lightning fit`` and the reference's ``yolo train`` (YOLO_OFFLINE=1), with the same model (yolo11n from
 its yaml), image size, batch, loader workers and image cache (off); one torch thread (OMP_NUM_THREADS=1).
 The reference's trainer sets ``workers=0`` on a CPU device; here its ``workers`` is set back to the value asked
-for (as ``scale.py`` does), unless ``--reference-cpu-default`` leaves it at 0 (its default run on a CPU).
+for (as ``scale.py`` does): at 0 it is its default CPU run, at 2 ours is (``data.num_workers`` defaults to 2).
 
 Cold: both sides' label caches deleted first; warm: the cache the cold run wrote. Time: from the process's
 start (just before ``Popen``) to the end of the first training batch's backward pass (``torch.Tensor.backward``,
@@ -41,7 +41,7 @@ SIDES = ("ours", "reference")
 
 
 # ------------------------------------------------------------------------------------ in the measured process
-def run_side(side: str, workers: int | None, argv: list[str]) -> None:
+def run_side(side: str, workers: int, argv: list[str]) -> None:
     """Run ``side``'s command line (``argv``) in this process; print a stamp and end at the first backward."""
     import multiprocessing
 
@@ -67,14 +67,13 @@ def run_side(side: str, workers: int | None, argv: list[str]) -> None:
         import ultralytics.engine.trainer as engine
         from ultralytics.cfg import entrypoint as cli
 
-        if workers is not None:  # undo its CPU override (workers=0): the workers asked for
-            init = engine.BaseTrainer.__init__
+        init = engine.BaseTrainer.__init__
 
-            def keep_workers(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-                init(self, *args, **kwargs)
-                self.args.workers = workers
+        def keep_workers(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            init(self, *args, **kwargs)
+            self.args.workers = workers  # undo its CPU override (workers=0): the workers asked for
 
-            engine.BaseTrainer.__init__ = keep_workers
+        engine.BaseTrainer.__init__ = keep_workers
     sys.exit(cli())
 
 
@@ -109,24 +108,22 @@ def _sample(pid: int) -> tuple[int, int, float] | None:
     return rss, pss, cpu
 
 
-def measure(side: str, yaml: Path, workers: int | None, args, workdir: Path) -> dict:
+def measure(side: str, yaml: Path, workers: int, args, workdir: Path) -> dict:
     """One start of ``side`` in a fresh process: seconds to the first batch, peak RSS / PSS, CPU seconds."""
-    common_workers = 2 if workers is None else workers
     if side == "ours":
         argv = [
             "fit", "--data.dataset", str(yaml), "--data.image_size", str(args.imgsz),
-            "--data.batch_size", str(args.batch), "--data.num_workers", str(common_workers),
+            "--data.batch_size", str(args.batch), "--data.num_workers", str(workers),
             "--data.cache_images", "false", "--model.scale", "n", "--trainer.max_epochs", "1",
             "--trainer.default_root_dir", str(workdir / "ours"),
         ]  # fmt: skip
     else:
         argv = [
             "train", f"data={yaml}", "model=yolo11n.yaml", f"imgsz={args.imgsz}", f"batch={args.batch}",
-            f"workers={common_workers}", "cache=False", "epochs=1", "plots=False", "device=cpu",
+            f"workers={workers}", "cache=False", "epochs=1", "plots=False", "device=cpu",
             f"project={workdir}", "name=reference", "exist_ok=True",
         ]  # fmt: skip
-    keep = "none" if workers is None else str(workers)
-    command = [sys.executable, __file__, "--worker", side, "--keep-workers", keep, "--", *argv]
+    command = [sys.executable, __file__, "--worker", side, "--keep-workers", str(workers), "--", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.update(YOLO_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     for folder in ("ours", "reference"):  # a fresh run folder: no earlier versions to list
@@ -171,8 +168,7 @@ def delete_caches(yaml: Path) -> None:
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--worker":  # the measured process: side, workers, --, argv
-        keep = sys.argv[4]
-        run_side(sys.argv[2], None if keep == "none" else int(keep), sys.argv[6:])
+        run_side(sys.argv[2], int(sys.argv[4]), sys.argv[6:])
         return
     sys.path.insert(0, str(BENCHMARKS))  # the shared helpers (_common, _scale_data)
     import _common as C
@@ -182,8 +178,6 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=100_000)
     ap.add_argument("--data", default=None, help="where the generated images go (default: $BENCH_DIR)")
     ap.add_argument("--workers", type=int, nargs="+", default=[2, 0], help="loader workers of both sides")
-    ap.add_argument("--reference-cpu-default", action="store_true", help="also: the reference at workers=0 "
-                    "by its CPU override, ours at its default (2)")  # fmt: skip
     ap.add_argument("--imgsz", type=int, default=64)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2, help="cold + warm starts per side and setting")
@@ -193,9 +187,8 @@ def main() -> None:
     workdir = C.default_workdir() / "folder_start_runs"
     workdir.mkdir(parents=True, exist_ok=True)
     C.print_machine_info(1)
-    settings: list[int | None] = [*args.workers, *([None] if args.reference_cpu_default else [])]
     results: dict[tuple, list[dict]] = {}
-    for setting in settings:
+    for setting in args.workers:
         for r, side in C.rounds(args.sides, args.rounds):
             for kind in ("cold", "warm"):
                 if kind == "cold":
@@ -208,11 +201,8 @@ def main() -> None:
                 results.setdefault((setting, side, kind), []).append(res)
     rows = []
     for (setting, side, kind), runs in results.items():
-        workers = (
-            f"{setting}" if setting is not None else ("2 (default)" if side == "ours" else "0 (CPU default)")
-        )
         rows.append([
-            workers, side, kind, *(C.median([r[k] for r in runs]) for k in
+            setting, side, kind, *(C.median([r[k] for r in runs]) for k in
                                    ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib", "main_pss_mib")),
             max(r["processes"] for r in runs),
         ])  # fmt: skip
