@@ -89,6 +89,40 @@ def test_label_path_mapping() -> None:
     assert label_path_for(f"{sep}d{sep}pics{sep}a.png") == f"{sep}d{sep}pics{sep}a.txt"
 
 
+def test_a_yolo_split_of_subfolders_is_told_from_an_image_folder_without_walking_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``images/train/000/...`` looks like class folders until its first image's label rows are read: that one
+    image decides, not a walk of every image (at 100k images two walks and 100k ``relpath`` calls, before the
+    YOLO reader walked them again). An unlabelled first image leaves the decision to the walk, as before."""
+    from yolo11_lightning.data.sources import imagefolder
+    from yolo11_lightning.data.sources.listing import ImageListing
+
+    train = tmp_path / "images" / "train"
+    for sub, name in (("000", "a"), ("000", "b"), ("001", "c")):
+        write_image(train / sub / f"{name}.jpg", pattern(16, 16))
+        write_labels(Path(label_path_for(str(train / sub / f"{name}.jpg"))), ["0 0.5 0.5 0.2 0.2"])
+    walk = ImageListing.walk
+    with monkeypatch.context() as m:
+        m.setattr(ImageListing, "walk", lambda self, top: pytest.fail(f"walked {top}"))
+        assert imagefolder.class_folders(train) is None
+        assert imagefolder.open_entry(str(train), set()) is None
+    assert ImageListing.walk is walk
+    config = write_yaml(tmp_path / "d.yaml", {"path": str(tmp_path), "train": "images/train", "names": ["x"]})
+    records, _ = load_split(load_dataset_config(config), "train", use_cache=False, verbose=False)
+    assert [Path(r.path).name for r in records] == ["a.jpg", "b.jpg", "c.jpg"]
+    # The first image of 000 without labels, a later class's with rows: still no ImageFolder (the walk decides).
+    (tmp_path / "labels" / "train" / "000" / "a.txt").unlink()
+    (tmp_path / "labels" / "train" / "000" / "b.txt").unlink()
+    assert imagefolder.class_folders(train) is None
+    # Without any label file it is an ImageFolder whose classes are the subfolders, links and all.
+    for sub in ("000", "001"):
+        for f in (tmp_path / "labels" / "train" / sub).iterdir():
+            f.unlink()
+    os.symlink(train / "001", train / "000" / "0link")  # a folder link sorted before 000's images
+    assert imagefolder.class_folders(train) == ["000", "001"]
+
+
 # ----------------------------------------------------------------------------------- YOLO vs COCO
 def test_same_images_as_yolo_txt_and_coco_json_give_same_records(tmp_path: Path) -> None:
     coco_yaml = make_synthetic_coco(

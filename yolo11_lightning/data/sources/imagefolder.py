@@ -29,7 +29,7 @@ from yolo11_lightning.data.images.limits import ImageReadError, ImageTooLargeErr
 from yolo11_lightning.data.sources.cache import hash_files
 from yolo11_lightning.data.sources.checks import DataReport
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
-from yolo11_lightning.data.sources.listing import ImageListing, loops_back
+from yolo11_lightning.data.sources.listing import ImageListing, is_image_name, loops_back
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.yolo import has_label_rows
 
@@ -59,13 +59,54 @@ def _by_class(folder: str, names: list[str], images: list[str]) -> dict[str, lis
     return groups
 
 
+def _first_image(folder: str) -> str | None:
+    """The first image a walk of ``folder`` lists (``listing.ImageListing``: sorted, files before subfolders,
+    depth first), found without walking the rest; None when there is none before a folder link (a link is walked
+    after the whole tree, so the walk decides) or a folder cannot be read."""
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        subfolders = []
+        for entry in entries:
+            if entry.name.startswith("."):
+                continue
+            if entry.is_dir():
+                if entry.is_symlink():
+                    return None
+                subfolders.append(entry.path)
+            elif is_image_name(entry.name):
+                return entry.path
+    except OSError:
+        return None
+    for sub in subfolders:
+        if (first := _first_image(sub)) is not None:
+            return first
+    return None
+
+
+def _labelled_yolo_split(folder: str, names: list[str]) -> bool:
+    """Whether ``folder`` is no ImageFolder split by ``_read_split``'s rule, known from its first image with
+    files: one directly in it, or the first image of the first class folder holding one beside a YOLO label file
+    of rows. A YOLO split of subfolders (``images/train/000/...``) is told apart without walking all its images."""
+    with os.scandir(folder) as it:
+        if any(not e.is_dir() and is_image_name(e.name) for e in it):
+            return True
+    for name in names:
+        path = os.path.join(folder, name)
+        if os.path.islink(path):
+            return False  # a class folder that is a link is walked after the tree: the walk decides
+        first = _first_image(path)
+        if first is not None:
+            return has_label_rows(first)
+    return False
+
+
 def _read_split(folder: str) -> tuple[list[str], dict[str, list[str]], ImageListing] | None:
     """(class names, their images, the walk) of a split folder of class folders, or None (``class_folders``)."""
     try:
         names = _class_names(folder)
+        if not names or _labelled_yolo_split(folder, names):
+            return None
     except OSError:
-        return None
-    if not names:
         return None
     listing = ImageListing()
     images = listing.walk(folder)
