@@ -225,10 +225,12 @@ class ShardImages:
                 self.cache().touch(shard)
             return held[0]
         try:
-            path = self.cache().path(shard)
+            try:
+                file = io.FileIO(self.cache().path(shard), "r")
+            except FileNotFoundError:  # evicted by another process between the cache's answer and the open
+                file = io.FileIO(self.cache().path(shard), "r")
         except ShardFetchError as e:
             raise ImageReadError(self.name(index, member), str(e)) from e
-        file = io.FileIO(path, "r")
         self._open[shard] = (file, now)
         if len(self._open) > OPEN_SHARDS:
             self._open.popitem(last=False)[1][0].close()
