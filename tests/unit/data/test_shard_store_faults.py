@@ -3,17 +3,19 @@ proxy (``fault_proxy``) between s3fs and moto (``object_store``).
 
 The shards are written to the server directly; the reader reaches it through the proxy, named by the user's
 fsspec configuration of s3 (``fsspec.config.conf``, where ``~/.config/fsspec`` and ``FSSPEC_S3`` land), which also
-shortens the read timeout to 0.5 s. One image per shard, so each fault hits one sample.
+shortens the read timeout to 1 s. One image per shard, so each fault hits one sample.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import fsspec.config
 import pytest
+from doc_pages import REPO
 from fault_proxy import FaultProxy, fault_proxy
 from object_store import s3_server
 
@@ -26,6 +28,7 @@ from yolo11_lightning.data.shards.writer import write_shards
 from yolo11_lightning.data.sources.split import dataset_config
 
 BUCKET = "fault-shards"
+READ_TIMEOUT_S = 1.0  # long enough for a healthy answer of the in-process server on a busy machine
 HANG_GUARD_S = 60  # a read still running after this is a hang: the test fails instead of waiting on it
 
 
@@ -42,7 +45,7 @@ def proxy(served: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[FaultProxy]:
     """The proxy in front of the server, set as the s3 endpoint in the user's fsspec configuration."""
     monkeypatch.setattr(cache_module, "FETCH_BACKOFF_S", 0.001)
     with fault_proxy(served) as proxy:
-        user = {"endpoint_url": proxy.endpoint, "config_kwargs": {"read_timeout": 0.5}}
+        user = {"endpoint_url": proxy.endpoint, "config_kwargs": {"read_timeout": READ_TIMEOUT_S}}
         monkeypatch.setitem(fsspec.config.conf, "s3", user)
         yield proxy
 
@@ -70,9 +73,29 @@ def _left_behind(images: ShardImages) -> list[str]:
 def test_the_store_is_opened_with_timeouts_one_retry_layer_and_the_users_configuration(proxy: FaultProxy):
     fs, root = open_store(f"s3://{BUCKET}/tiny")
     assert root == f"{BUCKET}/tiny" and fs.endpoint_url == proxy.endpoint  # the user's key kept
-    assert fs.config_kwargs["connect_timeout"] == 5.0 and fs.config_kwargs["read_timeout"] == 0.5  # merged
+    assert fs.config_kwargs["connect_timeout"] == 5.0 and fs.config_kwargs["read_timeout"] == READ_TIMEOUT_S
     assert fs.config_kwargs["retries"] == {"total_max_attempts": 1} and fs.retries == 1
     assert fs.max_concurrency == 1  # one GET streamed to the file, not parts held in memory
+
+
+def test_the_documented_configuration_changes_the_timeouts_and_retries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/object-storage.md's fsspec configuration file and environment variable, as fsspec reads them."""
+    page = (REPO / "docs" / "object-storage.md").read_text()
+    (tmp_path / "s3.json").write_text(re.search(r"```json\n(.*?)```", page, re.S).group(1))
+    conf: dict = {}
+    fsspec.config.set_conf_files(str(tmp_path), conf)
+    monkeypatch.setattr(fsspec.config, "conf", conf)
+    fs, _ = open_store("s3://bucket/prefix")
+    assert fs.config_kwargs == {
+        "connect_timeout": 5.0, "read_timeout": 30, "retries": {"mode": "adaptive", "max_attempts": 5},
+    }  # fmt: skip
+    conf.clear()
+    fsspec.config.set_conf_env(conf, {"FSSPEC_S3": re.search(r"`FSSPEC_S3='(.*?)'`", page).group(1)})
+    assert conf == {"s3": {"config_kwargs": {"read_timeout": 30}}}
+    fs, _ = open_store("s3://bucket/prefix")
+    assert fs.config_kwargs["read_timeout"] == 30 and fs.config_kwargs["retries"] == {"total_max_attempts": 1}
 
 
 def test_5xx_answers_are_retried_then_the_shard_named_and_its_samples_substituted(
@@ -106,7 +129,7 @@ def test_a_connection_dropped_mid_body_is_retried(proxy: FaultProxy, tmp_path: P
 
 
 def test_a_stalled_server_becomes_a_retry_then_the_shard_is_named(proxy: FaultProxy, tmp_path: Path) -> None:
-    """No answer at all, or headers and half the body then silence: each GET fails after the read timeout (0.5 s
+    """No answer at all, or headers and half the body then silence: each GET fails after the read timeout (1 s
     here), is retried, and a shard that stalls on every attempt is named; nothing hangs."""
     images, dataset = _reader(tmp_path)
     proxy.stall(_object(images, 3), 1)
