@@ -2,9 +2,9 @@
 
 Every request is forwarded to the server on a connection of its own (``Connection: close`` both ways, so each
 request is seen), except the GETs of an object told to fail: the next ``times`` of them get an S3 error status
-(``fail``), the headers and half the body then a closed connection (``drop``), or no answer at all / the headers
-and half the body then nothing (``stall``: the connection stays open until the proxy stops). ``gets`` counts the
-GETs of each object path (``/bucket/key``), faulted or not.
+(``fail``), the headers and half the body then a closed connection (``drop``), or no answer at all / the
+headers and half the body then nothing (``stall``: the connection stays open until the proxy stops). ``gets``
+counts the GETs of each object path (``/bucket/key``), faulted or not.
 """
 
 from __future__ import annotations
@@ -75,12 +75,12 @@ class FaultProxy:
         self._add(path, [("status", status)] * times)
 
     def drop(self, path: str, times: int) -> None:
-        """The next ``times`` GETs of ``path`` send the headers and half the body, then close the connection."""
+        """The next ``times`` GETs of ``path`` get the headers and half the body, then a closed connection."""
         self._add(path, [("drop", 0)] * times)
 
     def stall(self, path: str, times: int, after_headers: bool = False) -> None:
-        """The next ``times`` GETs of ``path`` get no answer, or (``after_headers``) the headers and half the body,
-        then nothing more while the connection stays open."""
+        """The next ``times`` GETs of ``path`` get no answer, or (``after_headers``) the headers and half the
+        body, then nothing more while the connection stays open."""
         self._add(path, [("stall-body" if after_headers else "stall", 0)] * times)
 
     def close(self) -> None:

@@ -2,8 +2,8 @@
 proxy (``fault_proxy``) between s3fs and moto (``object_store``).
 
 The shards are written to the server directly; the reader reaches it through the proxy, named by the user's
-fsspec configuration of s3 (``fsspec.config.conf``, where ``~/.config/fsspec`` and ``FSSPEC_S3`` land), which also
-shortens the read timeout to 1 s. One image per shard, so each fault hits one sample.
+fsspec configuration of s3 (``fsspec.config.conf``, where ``~/.config/fsspec`` and ``FSSPEC_S3`` land), which
+also shortens the read timeout to 1 s. One image per shard, so each fault hits one sample.
 """
 
 from __future__ import annotations

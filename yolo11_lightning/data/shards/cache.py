@@ -10,9 +10,10 @@ refresh its modification time; after a download the oldest shards go until the f
 Fetching retries with doubling pauses (a store answering 5xx, a dropped connection, a stalled read, a short
 download); an object that does not exist or that the credentials may not read fails at once. Either way the
 error is one line naming the object (``ShardFetchError``), and the process gives the same error for that shard
-without asking the store for ``retry_failed_s`` (its threads included: a prefetch's failure is the read's
-that waited on it; a store's outage may end, so it asks again after that). The store's timeouts (``store.open_store``) turn a
-stalled server into such an error, so a fetch ends within ``attempts`` x the read timeout plus the pauses.
+without asking the store for ``retry_failed_s`` (its threads included: a prefetch's failure is the read's that
+waited on it; a store's outage may end, so it asks again after that). The store's timeouts
+(``store.open_store``) turn a stalled server into such an error, so a fetch ends within ``attempts`` x the
+read timeout plus the pauses.
 """
 
 from __future__ import annotations
@@ -30,9 +31,7 @@ __all__ = ["ShardCache", "ShardFetchError", "default_cache_folder", "fetch_failu
 
 FETCH_ATTEMPTS = 4
 FETCH_BACKOFF_S = 0.25  # pauses of 0.25, 0.5, 1 s between the attempts
-RETRY_FAILED_SHARD_S = (
-    60.0  # a shard that could not be fetched is not asked for again by the process for this long
-)
+RETRY_FAILED_SHARD_S = 60.0  # a shard that could not be fetched is not asked for again this long
 T = TypeVar("T")
 
 
@@ -133,6 +132,7 @@ class ShardCache:
         return local
 
     def _check_failed(self, name: str) -> None:
+        """Raise this process's last failure of shard ``name`` again if it is recent."""
         failed = self._failed.get(name)
         if failed is not None and time.monotonic() - failed[1] < self.retry_failed_s:
             raise ShardFetchError(failed[0])

@@ -135,10 +135,10 @@ def shard_config(location: str) -> DatasetConfig:
 class ShardImages:
     """The image bytes of a split's samples, read from their shards through the node-local cache.
 
-    Picklable (DataLoader workers): the filesystem, the cache and the shard files are opened in each process on
-    first use; a sample is one ``pread`` of its shard's open file (``OPEN_SHARDS`` per process). The samples of
-    a shard that cannot be fetched fail with the cache's one line (remembered for ``cache.RETRY_FAILED_SHARD_S``,
-    then the shard is asked for again).
+    Picklable (DataLoader workers): the filesystem, the cache and the shard files are opened in each process
+    on first use; a sample is one ``pread`` of its shard's open file (``OPEN_SHARDS`` per process). The samples
+    of a shard that cannot be fetched fail with the cache's one line (remembered for
+    ``cache.RETRY_FAILED_SHARD_S``, then the shard is asked for again).
     """
 
     def __init__(

@@ -1,12 +1,12 @@
 """Opening a shard folder's store through fsspec, with timeouts and one retry layer: ours.
 
 An ``s3://`` store is opened with connect and read timeouts (``STORE_TIMEOUTS_S``), so a server that accepts a
-request and never answers, or stops sending a body, fails that request within the read timeout instead of holding
-a loader worker; botocore's and s3fs's own retries are off, so a request is tried exactly as often as
+request and never answers, or stops sending a body, fails that request within the read timeout instead of
+holding a loader worker; botocore's and s3fs's own retries are off, so a request is tried exactly as often as
 ``cache.fetch_retrying`` says (with the timeouts: a bounded time before the object is named); downloads stream
-(one GET read in 64 KB pieces, not ``max_concurrency`` parts held in memory). The user's fsspec configuration of
-the protocol (``~/.config/fsspec/*.json``, ``FSSPEC_S3='{...}'``) wins key by key, its ``config_kwargs`` merged
-into ours. Other stores (``gs://``, ``az://``, a folder) open with their own defaults.
+(one GET read in 64 KB pieces, not ``max_concurrency`` parts held in memory). The user's fsspec configuration
+of the protocol (``~/.config/fsspec/*.json``, ``FSSPEC_S3='{...}'``) wins key by key, its ``config_kwargs``
+merged into ours. Other stores (``gs://``, ``az://``, a folder) open with their own defaults.
 """
 
 from __future__ import annotations
