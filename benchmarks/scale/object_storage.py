@@ -9,7 +9,8 @@
    epoch's order, from: the folder (files in the page cache), the shards cold (an empty node cache, fetched from a
    local S3 server: moto on 127.0.0.1), the shards warm (the node cache filled). The folder's order is the global
    permutation; the shards' the shard-aware one (``--data.shard_window`` 16). The "bytes" rows read the image
-   bytes only (no decode, the best epoch of 2 s of them): where the reader's own cost per sample shows.
+   bytes only (no decode, the best epoch of 2 s of them); the last row reads small samples (64 px PNGs), where
+   the reader's own cost per sample shows (the JPEGs' bytes are mostly a memory copy).
 2. Start-up at ``--index-samples`` (a synthetic index: records of 1 box each in shards of 1,000 samples, uploaded to
    the server; no image is read): a fresh process reads the index and the train split's records
    (``open_index`` + ``load_shard_split``), from the server and from a local folder: seconds and RSS growth.
@@ -102,6 +103,25 @@ def read_speed(root: Path, url: str, count: int) -> dict[str, float]:
     out["bytes per image"] = float(np.mean(images.size))
     out["shards"] = float(len(images.shards))
     return out
+
+
+def small_reads(root: Path) -> tuple[float, float]:
+    """Reads/s of small samples (512 synthetic 64 px PNGs in shards of 256 KB, a local shard folder) from a warm
+    node cache, bytes only: the reader's own cost per sample, which the JPEGs' copy hides; and their mean size."""
+    from yolo11_lightning.data.sampling.sampler import epoch_order
+    from yolo11_lightning.data.sampling.shard_windows import ShardWindows
+    from yolo11_lightning.data.shards.reader import load_shard_split, open_index
+    from yolo11_lightning.data.shards.writer import write_shards
+    from yolo11_lightning.data.sources.split import dataset_config
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+
+    made = make_synthetic_dataset(root / "small", num_train=512, num_val=2, image_size=64, seed=1)
+    write_shards(dataset_config(made), str(root / "small-shards"), "detect", shard_mb=0.25)
+    records, images = load_shard_split(open_index(str(root / "small-shards")), "train", root / "small-cache")
+    order = epoch_order(len(records), 0, 0, 64, ShardWindows(images.shard, 16))
+    members = [records.path(i) for i in range(len(records))]
+    images_per_s(lambda i: images.read(i, members[i]), order)  # into the node cache
+    return best_rate(lambda i: images.read(i, members[i]), order), float(np.mean(images.size))
 
 
 def write_index(url: str, samples: int, per_shard: int = 1000) -> None:
@@ -224,6 +244,8 @@ def main() -> None:
             print("| source | images/s |\n|---|---|")
             for name in ("folder", "shards warm", "shards cold", "folder bytes", "shards warm bytes"):
                 print(f"| {name} | {speed[name]:.0f} |")
+            rate, size = small_reads(root)
+            print(f"| shards warm bytes, 64 px PNGs of {size / 1e3:.1f} KB | {rate:.0f} |")
         if args.speed_only:
             return
         print(
