@@ -168,7 +168,7 @@ class ShardImages:
 
     def prefetch(self, epoch: int, shard_numbers: Iterable[int]) -> None:
         """Fetch these shards into the node cache in the background (each once per epoch and process); a failure
-        is left for ``read`` to report."""
+        is remembered by the cache for ``read`` to report."""
         if self._asked[0] != epoch:
             self._asked = (epoch, set())
         for number in shard_numbers:
@@ -176,6 +176,7 @@ class ShardImages:
             if name not in self._asked[1]:
                 self._asked[1].add(name)
                 if self._fetcher is None:
+                    self.cache()  # made here, before any thread: one cache (and its memory of failures) a process
                     self._fetcher = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="shard-prefetch")
                 self._fetcher.submit(self._fetch_quietly, name)
 
