@@ -20,7 +20,9 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def s3_server(*buckets: str) -> Iterator[str]:
     """Start a moto S3 server with ``buckets``, the ``AWS_*`` variables pointing at it (subprocesses inherit them);
-    yields its endpoint url."""
+    yields its endpoint url. s3fs's cached filesystems are dropped at start and end: they keep the endpoint they
+    were made with, and each server has a port of its own."""
+    import s3fs
     from moto.server import ThreadedMotoServer
 
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # not a line per request in a failing test's log
@@ -28,6 +30,7 @@ def s3_server(*buckets: str) -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     endpoint = f"http://127.0.0.1:{port}"
+    s3fs.S3FileSystem.clear_instance_cache()
     try:
         with pytest.MonkeyPatch.context() as env:
             for key, value in {
@@ -42,4 +45,5 @@ def s3_server(*buckets: str) -> Iterator[str]:
                 client.create_bucket(Bucket=bucket)
             yield endpoint
     finally:
+        s3fs.S3FileSystem.clear_instance_cache()
         server.stop()

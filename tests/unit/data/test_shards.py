@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import tarfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sampling.shard_windows import ShardWindows
+from yolo11_lightning.data.shards import reader
 from yolo11_lightning.data.shards.cache import ShardCache, ShardFetchError
 from yolo11_lightning.data.shards.reader import load_shard_split, open_index
 from yolo11_lightning.data.shards.writer import write_shards
@@ -139,14 +141,15 @@ class _Store:
     def __init__(self, objects: dict[str, bytes], failures: int = 0) -> None:
         self.objects, self.failures, self.calls = objects, failures, 0
 
-    def fetch(self, name: str) -> bytes:
+    def fetch(self, name: str, path: Path) -> None:
         self.calls += 1
         if self.failures:
             self.failures -= 1
+            path.write_bytes(b"half a body")  # a download cut short: the next attempt starts over
             raise ConnectionError("503 Slow Down")
         if name not in self.objects:
             raise FileNotFoundError(name)
-        return self.objects[name]
+        path.write_bytes(self.objects[name])
 
 
 def test_shard_cache_fetches_once_keeps_the_recent_and_retries(tmp_path: Path) -> None:
@@ -173,7 +176,8 @@ def test_shard_cache_fetches_once_keeps_the_recent_and_retries(tmp_path: Path) -
     with pytest.raises(
         ShardFetchError, match=r"s.tar: cannot fetch the shard after 4 attempts .*10 bytes, the index says 20"
     ):
-        short.path("s.tar")
+        short.path("s.tar")  # a short body streamed to the .part file fails the size check
+    assert [p.name for p in (tmp_path / "t").iterdir()] == [".s.tar.lock"]  # no .part, no shard
 
 
 def test_an_unfetchable_shard_makes_its_samples_unreadable(tiny_dataset: Path, tmp_path: Path) -> None:
@@ -184,6 +188,39 @@ def test_an_unfetchable_shard_makes_its_samples_unreadable(tiny_dataset: Path, t
     with pytest.raises(ImageReadError, match=rf"sh/{gone}#000000000.png: .*cannot fetch the shard"):
         images.read(0, records.path(0))
     assert images.read(len(records) - 1, records.path(len(records) - 1))  # another shard reads
+
+
+def test_a_shard_is_opened_once_per_process_and_touched_at_most_every_second(
+    tiny_dataset: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Samples are ``pread`` from the process's open file of their shard: the cache is asked (and the shard's
+    place in its order refreshed) when the shard is opened, then at most every ``TOUCH_EVERY_S``; the least
+    recently read of ``OPEN_SHARDS`` files is closed; an open shard evicted from the cache still reads."""
+    write_shards(
+        dataset_config(tiny_dataset), str(tmp_path / "sh"), "detect", shard_mb=0.005
+    )  # 1 image a shard
+    records, images = load_shard_split(open_index(str(tmp_path / "sh")), "train", tmp_path / "cache")
+    monkeypatch.setattr(reader, "OPEN_SHARDS", 2)
+    monkeypatch.setattr(reader, "TOUCH_EVERY_S", 3600.0)
+    asked = []
+    path = images.cache().path
+    monkeypatch.setattr(images.cache(), "path", lambda name: asked.append(name) or path(name))
+    expected = [Path(records.path(i)).name for i in range(3)]
+    first = images.read(0, expected[0])
+    held = images._open[images.shards[0]][0]
+    cached = Path(images.cache_folder) / images.shards[0]
+    os.utime(cached, ns=(0, 0))
+    assert images.read(0, expected[0]) == first and cached.stat().st_mtime_ns == 0  # not touched again
+    monkeypatch.setattr(reader, "TOUCH_EVERY_S", 0.0)
+    images.read(0, expected[0])
+    assert cached.stat().st_mtime_ns > 0 and asked == [images.shards[0]]  # touched, still one ask
+    cached.unlink()  # evicted by another process: the open file reads on
+    assert images.read(0, expected[0]) == first and asked == [images.shards[0]]
+    images.read(1, expected[1]), images.read(2, expected[2])
+    assert held.closed and list(images._open) == images.shards[1:3]  # 2 open at most, the oldest closed
+    assert (
+        images.read(0, expected[0]) == first and asked == images.shards[:3] + images.shards[:1]
+    )  # fetched again
 
 
 def test_shard_command_writes_what_the_source_says_of_its_task(tmp_path: Path, capsys) -> None:

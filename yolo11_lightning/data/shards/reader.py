@@ -19,13 +19,13 @@ import os
 import shutil
 import tempfile
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 
 from yolo11_lightning.data.images.limits import ImageReadError
@@ -37,6 +37,7 @@ from yolo11_lightning.data.shards.cache import (
     fetch_failure,
     fetch_retrying,
 )
+from yolo11_lightning.data.shards.store import open_store
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
@@ -44,7 +45,8 @@ from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
 __all__ = ["ShardImages", "ShardIndex", "is_shard_location", "load_shard_split", "open_index", "shard_config"]
 
 DEFAULT_CACHE_GB = 64.0
-RETRY_FAILED_SHARD_S = 60.0
+OPEN_SHARDS = 32  # per process: shard files kept open for reading (twice the default shard window)
+TOUCH_EVERY_S = 1.0  # how often a shard in use refreshes its place in the node cache's LRU order
 PREFETCH_THREADS = 2  # per process: shards fetched ahead of use while the samples of the current ones decode
 DEFAULT_SHARD_WINDOW = (
     16  # shards whose samples the training order shuffles together (sampling.shard_windows)
@@ -58,18 +60,10 @@ def is_shard_location(dataset: str) -> bool:
     return os.path.isfile(os.path.join(os.path.expanduser(dataset), layout.TOP_INDEX))
 
 
-def _filesystem(location: str) -> tuple[Any, str]:
-    try:
-        fs, root = fsspec.core.url_to_fs(os.path.expanduser(location))
-    except (ImportError, ValueError) as e:  # an unknown scheme, or its package is not installed
-        raise DatasetError(f"{location}: cannot open this store ({e})") from e
-    return fs, root.rstrip("/")
-
-
 def read_object(location: str, name: str) -> bytes:
     """Object ``name`` of the shard folder ``location``, retried as shards are (``cache.fetch_retrying``);
     DatasetError naming it when it cannot be read."""
-    fs, root = _filesystem(location)
+    fs, root = open_store(location)
     try:
         return fetch_retrying(lambda: fs.cat_file(f"{root}/{name}"))
     except Exception as e:  # botocore's and aiohttp's errors are not all OSErrors
@@ -141,9 +135,10 @@ def shard_config(location: str) -> DatasetConfig:
 class ShardImages:
     """The image bytes of a split's samples, read from their shards through the node-local cache.
 
-    Picklable (DataLoader workers): the filesystem and the cache are opened in each process on first use. A
-    shard that cannot be fetched is remembered by the process: its samples fail at once for
-    ``RETRY_FAILED_SHARD_S``, then the shard is asked for again (a store's outage may end).
+    Picklable (DataLoader workers): the filesystem, the cache and the shard files are opened in each process
+    on first use; a sample is one ``pread`` of its shard's open file (``OPEN_SHARDS`` per process). The samples
+    of a shard that cannot be fetched fail with the cache's one line (remembered for
+    ``cache.RETRY_FAILED_SHARD_S``, then the shard is asked for again).
     """
 
     def __init__(
@@ -161,14 +156,19 @@ class ShardImages:
         self._cache: ShardCache | None = None
         self._fetcher: ThreadPoolExecutor | None = None
         self._asked: tuple[int | None, set[str]] = (None, set())  # (epoch, shards asked for in it)
-        self._failed: dict[str, tuple[str, float]] = {}  # shard -> (why, when): not asked again for a while
+        self._open: OrderedDict[str, tuple[io.FileIO, float]] = OrderedDict()  # shard -> (file, touched when)
 
     def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__ | {"_cache": None, "_fetcher": None, "_asked": (None, set())}
+        return self.__dict__ | {
+            "_cache": None,
+            "_fetcher": None,
+            "_asked": (None, set()),
+            "_open": OrderedDict(),
+        }
 
     def prefetch(self, epoch: int, shard_numbers: Iterable[int]) -> None:
         """Fetch these shards into the node cache in the background (each once per epoch and process); a failure
-        is left for ``read`` to report."""
+        is remembered by the cache for ``read`` to report."""
         if self._asked[0] != epoch:
             self._asked = (epoch, set())
         for number in shard_numbers:
@@ -176,6 +176,7 @@ class ShardImages:
             if name not in self._asked[1]:
                 self._asked[1].add(name)
                 if self._fetcher is None:
+                    self.cache()  # made here, before any thread: one cache (and its memory of failures) a process
                     self._fetcher = ThreadPoolExecutor(PREFETCH_THREADS, thread_name_prefix="shard-prefetch")
                 self._fetcher.submit(self._fetch_quietly, name)
 
@@ -186,11 +187,11 @@ class ShardImages:
     def cache(self) -> ShardCache:
         """This process's view of the node-local cache."""
         if self._cache is None:
-            fs, root = _filesystem(self.location)
+            fs, root = open_store(self.location)
             self._cache = ShardCache(
                 self.cache_folder,
                 self.cache_bytes,
-                lambda name: fs.cat_file(f"{root}/{name}"),
+                lambda name, path: fs.get_file(f"{root}/{name}", str(path)),
                 self.sizes,
                 where=self.location,
             )
@@ -203,24 +204,38 @@ class ShardImages:
     def read(self, index: int, member: str) -> bytes:
         """The image bytes of sample ``index``; ImageReadError naming the shard and member when unreadable."""
         shard = self.shards[self.shard[index]]
-        failed = self._failed.get(shard)
-        if failed is not None and time.monotonic() - failed[1] < RETRY_FAILED_SHARD_S:
-            raise ImageReadError(self.name(index, member), failed[0])
-        try:
-            path = self.cache().path(shard)
-        except ShardFetchError as e:
-            self._failed[shard] = (str(e), time.monotonic())
-            raise ImageReadError(self.name(index, member), str(e)) from e
         offset, size = int(self.offset[index]), int(self.size[index])
         try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read(size)
+            data = os.pread(self._shard_file(shard, index, member).fileno(), size, offset)
         except OSError as e:
             raise ImageReadError(self.name(index, member), f"cannot read the cached shard ({e})") from e
         if len(data) != size:
             raise ImageReadError(self.name(index, member), f"the shard ends {size - len(data)} bytes early")
         return data
+
+    def _shard_file(self, shard: str, index: int, member: str) -> io.FileIO:
+        """This process's open file of ``shard``, fetched into the node cache and opened on first use (the least
+        recently read of ``OPEN_SHARDS`` closed); a shard in use refreshes its place in the cache's order at most
+        every ``TOUCH_EVERY_S``. An open file reads on if another process evicts the shard meanwhile."""
+        now = time.monotonic()
+        held = self._open.get(shard)
+        if held is not None:
+            self._open.move_to_end(shard)
+            if now - held[1] >= TOUCH_EVERY_S:
+                self._open[shard] = (held[0], now)
+                self.cache().touch(shard)
+            return held[0]
+        try:
+            try:
+                file = io.FileIO(self.cache().path(shard), "r")
+            except FileNotFoundError:  # evicted by another process between the cache's answer and the open
+                file = io.FileIO(self.cache().path(shard), "r")
+        except ShardFetchError as e:
+            raise ImageReadError(self.name(index, member), str(e)) from e
+        self._open[shard] = (file, now)
+        if len(self._open) > OPEN_SHARDS:
+            self._open.popitem(last=False)[1][0].close()
+        return file
 
 
 def _node_records(location: str, name: str, digest: str, folder: Path) -> dict[str, np.ndarray]:
