@@ -107,7 +107,10 @@ def test_faults_of_the_store_are_named_and_the_samples_substituted(
         assert sample["substitute"] not in (-1, index) and sample["image"].shape[1:] == (64, 64)
         ((where, why),) = sample["unreadable"][:1]
         reasons[index] = f"{where}: {why}"
-    assert reasons[0].startswith(f"{url}/{short}#000000000.") and "after 4 attempts" in reasons[0]
+    assert (
+        reasons[0].startswith(f"{url}/{short}#000000000.")
+        and f"after {cache_module.FETCH_ATTEMPTS} attempts" in reasons[0]
+    )
     assert "bytes, the index says" in reasons[0]
     assert (
         reasons[1].startswith(f"{url}/{gone}#000000001.")

@@ -17,7 +17,7 @@ from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.sampling.sampler import ElasticDistributedSampler, epoch_order
 from yolo11_lightning.data.sampling.shard_windows import ShardWindows
 from yolo11_lightning.data.shards import reader
-from yolo11_lightning.data.shards.cache import ShardCache, ShardFetchError
+from yolo11_lightning.data.shards.cache import FETCH_ATTEMPTS, ShardCache, ShardFetchError
 from yolo11_lightning.data.shards.reader import load_shard_split, open_index
 from yolo11_lightning.data.shards.writer import write_shards
 from yolo11_lightning.data.sources.config import DatasetError
@@ -174,7 +174,8 @@ def test_shard_cache_fetches_once_keeps_the_recent_and_retries(tmp_path: Path) -
         tmp_path / "t", 1000, _Store({"s.tar": b"x" * 10}).fetch, {"s.tar": 20}, backoff_s=0.001
     )
     with pytest.raises(
-        ShardFetchError, match=r"s.tar: cannot fetch the shard after 4 attempts .*10 bytes, the index says 20"
+        ShardFetchError,
+        match=rf"s.tar: cannot fetch the shard after {FETCH_ATTEMPTS} attempts .*10 bytes, the index says 20",
     ):
         short.path("s.tar")  # a short body streamed to the .part file fails the size check
     assert [p.name for p in (tmp_path / "t").iterdir()] == [".s.tar.lock"]  # no .part, no shard

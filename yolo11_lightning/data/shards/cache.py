@@ -22,6 +22,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import random
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -29,8 +30,11 @@ from typing import TypeVar
 
 __all__ = ["ShardCache", "ShardFetchError", "default_cache_folder", "fetch_failure", "fetch_retrying"]
 
-FETCH_ATTEMPTS = 4
-FETCH_BACKOFF_S = 0.25  # pauses of 0.25, 0.5, 1 s between the attempts
+# An object store sheds load with 503 SlowDown for seconds at a time: 6 attempts with doubling, jittered pauses
+# (about 0.5, 1, 2, 4, 8 s, each drawn from half to all of it) ride that out, and ranks that failed together do
+# not retry together.
+FETCH_ATTEMPTS = 6
+FETCH_BACKOFF_S = 0.5
 RETRY_FAILED_SHARD_S = 60.0  # a shard that could not be fetched is not asked for again this long
 T = TypeVar("T")
 
@@ -63,8 +67,8 @@ def _permanent(error: BaseException) -> bool:
 
 def fetch_retrying(fetch: Callable[[], T], attempts: int | None = None, backoff_s: float | None = None) -> T:
     """``fetch()`` tried ``attempts`` times (default ``FETCH_ATTEMPTS``) with doubling pauses from ``backoff_s``
-    (default ``FETCH_BACKOFF_S``); a missing object, refused or missing credentials (``_permanent``) are raised at
-    once, the last error after the attempts."""
+    (default ``FETCH_BACKOFF_S``), each drawn from half to all of its value; a missing object, refused or missing
+    credentials (``_permanent``) are raised at once, the last error after the attempts."""
     attempts = FETCH_ATTEMPTS if attempts is None else attempts
     backoff_s = FETCH_BACKOFF_S if backoff_s is None else backoff_s
     for attempt in range(attempts):
@@ -73,7 +77,7 @@ def fetch_retrying(fetch: Callable[[], T], attempts: int | None = None, backoff_
         except Exception as e:  # the store's errors are of many kinds (botocore, aiohttp, OSError)
             if _permanent(e) or attempt + 1 >= attempts:
                 raise
-            time.sleep(backoff_s * 2**attempt)
+            time.sleep(backoff_s * 2**attempt * random.uniform(0.5, 1.0))
     raise ValueError(f"attempts must be >= 1, got {attempts}")
 
 
