@@ -28,11 +28,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import fsspec
 import numpy as np
 
 from yolo11_lightning.data.images.limits import DEFAULT_MAX_IMAGE_PIXELS
 from yolo11_lightning.data.shards import layout
+from yolo11_lightning.data.shards.cache import fetch_failure, fetch_retrying
+from yolo11_lightning.data.shards.store import open_store
 from yolo11_lightning.data.sources.config import SPLITS, DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.packed_records import PackedRecords
 from yolo11_lightning.data.sources.split import load_split
@@ -217,13 +218,14 @@ def write_shards(
     if shard_mb <= 0:
         raise DatasetError(f"--shard-size must be positive, got {shard_mb}")
     limit = int(shard_mb * 2**20)
-    fs, root = fsspec.core.url_to_fs(os.path.expanduser(out))
+    fs, root = open_store(out)  # the reader's timeouts; writes retried as its fetches are
 
     def put(name: str, data: bytes) -> None:
         try:
-            fs.pipe_file(f"{root.rstrip('/')}/{name}", data)
-        except OSError as e:
-            raise DatasetError(f"{out}/{name}: cannot write ({e.strerror or e})") from e
+            fetch_retrying(lambda: fs.pipe_file(f"{root}/{name}", data))
+        except Exception as e:  # the store's errors are of many kinds (botocore, aiohttp, OSError)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else fetch_failure(e)
+            raise DatasetError(f"{out}/{name}: cannot write ({why})") from e
 
     try:
         fs.makedirs(root, exist_ok=True)
