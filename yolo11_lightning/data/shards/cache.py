@@ -31,10 +31,10 @@ from typing import TypeVar
 __all__ = ["ShardCache", "ShardFetchError", "default_cache_folder", "fetch_failure", "fetch_retrying"]
 
 # An object store sheds load with 503 SlowDown for seconds at a time: 6 attempts with doubling, jittered pauses
-# (about 0.5, 1, 2, 4, 8 s, each drawn from half to all of it) ride that out, and ranks that failed together do
+# (about 0.25, 0.5, 1, 2, 4 s, each drawn from half to all of it) ride that out, and ranks that failed together do
 # not retry together.
 FETCH_ATTEMPTS = 6
-FETCH_BACKOFF_S = 0.5
+FETCH_BACKOFF_S = 0.25
 RETRY_FAILED_SHARD_S = 60.0  # a shard that could not be fetched is not asked for again this long
 T = TypeVar("T")
 
