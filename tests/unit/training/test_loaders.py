@@ -35,6 +35,9 @@ def test_a_workers_garbage_collection_leaves_the_parents_objects_shared() -> Non
     """A full collection in a forked worker writes to every object it examines, copying the pages of all the
     parent's objects (here 400k small lists, ~40 MiB; in training the modules and the model); objects frozen
     before the fork stay shared. A plain DataLoader's worker copies them."""
+    # Garbage of earlier tests in this process goes here, not in a worker: a forked child that frees an
+    # onnxruntime session joins its thread pool, whose threads the child does not have, and hangs.
+    gc.collect()
     parents = [[i] for i in range(400_000)]
     sampler = torch.utils.data.SequentialSampler(range(1))
     ours = _worker_uss(make_loader(_WorkerUSS(), sampler, 1, 1, False, False, lambda batch: batch))
