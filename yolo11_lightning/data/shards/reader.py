@@ -48,9 +48,6 @@ DEFAULT_CACHE_GB = 64.0
 OPEN_SHARDS = 32  # per process: shard files kept open for reading (twice the default shard window)
 TOUCH_EVERY_S = 1.0  # how often a shard in use refreshes its place in the node cache's LRU order
 PREFETCH_THREADS = 2  # per process: shards fetched ahead of use while the samples of the current ones decode
-DEFAULT_SHARD_WINDOW = (
-    16  # shards whose samples the training order shuffles together (sampling.shard_windows)
-)
 
 
 def is_shard_location(dataset: str) -> bool:
