@@ -22,24 +22,19 @@ def on_accelerator(trainer: L.Trainer | None) -> bool:
     return bool(accelerator.is_available()) if accelerator is not None else torch.cuda.is_available()
 
 
-class _FrozenForkLoader(DataLoader):
-    """A DataLoader whose workers start with the training process's objects frozen (``gc.freeze``).
+def _start_worker(worker_id: int) -> None:
+    """DataLoader ``worker_init_fn``: stop signals left to the training process
+    (``ignore_stop_signals_in_worker``), and the objects inherited from it frozen (``gc.freeze``).
 
     A forked worker shares the parent's memory pages until it writes to them, and the cyclic garbage collector
-    writes to the header of every object it examines: its first full collection in a worker copies every page
-    holding one of the parent's objects (the modules of torch, Lightning and the rest, the model: about 100 MiB of
-    a CPU run's training process). Frozen objects are skipped by the collector, so they stay shared; the parent
-    unfreezes right after the fork and collects as before.
+    writes to the header of every object it examines: a worker's first full collection would copy every page
+    holding one of the parent's objects (the modules of torch, Lightning and the rest, the model: about 100 MiB
+    of a CPU run's training process). Frozen objects are skipped by the collector, so they stay shared, and
+    garbage the parent left is never freed in the worker (freeing an onnxruntime session there would join
+    threads the fork did not copy).
     """
-
-    def _get_iterator(self):  # type: ignore[no-untyped-def]
-        if self.num_workers == 0:
-            return super()._get_iterator()
-        gc.freeze()
-        try:
-            return super()._get_iterator()
-        finally:
-            gc.unfreeze()
+    ignore_stop_signals_in_worker(worker_id)
+    gc.freeze()
 
 
 def make_loader(
@@ -52,10 +47,10 @@ def make_loader(
     collate_fn: Callable[[list[Any]], Any],
 ) -> DataLoader:
     """A DataLoader over ``dataset`` in ``sampler``'s order; workers ignore stop signals, run OpenCV on one
-    thread and start with the training process's objects frozen (``_FrozenForkLoader``)."""
+    thread and keep the training process's objects frozen (``_start_worker``)."""
     if num_workers > 0:
         single_threaded_opencv()
-    return _FrozenForkLoader(
+    return DataLoader(
         dataset,
         batch_size=batch_size,
         sampler=sampler,  # a DistributedSampler: Lightning keeps it instead of injecting its own
@@ -64,5 +59,5 @@ def make_loader(
         persistent_workers=persistent_workers and num_workers > 0,
         collate_fn=collate_fn,
         # Stop signals are the training process's to handle (it saves, then the workers end with it).
-        worker_init_fn=ignore_stop_signals_in_worker if num_workers > 0 else None,
+        worker_init_fn=_start_worker if num_workers > 0 else None,
     )
