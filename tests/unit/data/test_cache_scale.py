@@ -9,6 +9,8 @@ import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import cv2
@@ -217,3 +219,35 @@ def test_two_nodes_one_build_each_without_a_shared_cache(monkeypatch: pytest.Mon
         if not fail:
             assert answers == ["built", "built", "read", "read"]
     assert done == ["rank 0 built", "rank 2 built", "rank 1 read", "rank 3 read"]
+
+
+def test_cache_key_stats_go_to_threads_only_when_each_stat_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem whose stat waits (a network mount, here 200 us a call) has the key's stats overlapped in threads;
+    a fast one keeps them in the calling thread, where threads would only fight over the GIL. Same hash either way,
+    and a change to any file's size changes it."""
+    from yolo11_lightning.data.sources import cache
+
+    monkeypatch.setattr(cache, "STAT_CHUNK", 16)
+    paths = []
+    for i in range(100):
+        (tmp_path / f"{i}.txt").write_text("x" * i)
+        paths.append(str(tmp_path / f"{i}.txt"))
+    paths.append(str(tmp_path / "missing.txt"))
+    local_stat, threads = os.stat, set()
+
+    def waiting_stat(path, *args, **kwargs):  # type: ignore[no-untyped-def]
+        threads.add(threading.current_thread().name)
+        time.sleep(200e-6)
+        return local_stat(path, *args, **kwargs)
+
+    fast = cache.hash_files(paths).hexdigest()
+    monkeypatch.setattr(cache.os, "stat", waiting_stat)
+    slow = cache.hash_files(paths).hexdigest()
+    assert slow == fast
+    assert threading.current_thread().name in threads  # the first chunk, which measured the wait
+    assert any(name.startswith("stat") for name in threads), threads
+    monkeypatch.setattr(cache.os, "stat", local_stat)
+    (tmp_path / "57.txt").write_text("changed")
+    assert cache.hash_files(paths).hexdigest() != fast
