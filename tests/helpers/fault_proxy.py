@@ -3,8 +3,9 @@
 Every request is forwarded to the server on a connection of its own (``Connection: close`` both ways, so each
 request is seen), except the GETs of an object told to fail: the next ``times`` of them get an S3 error status
 (``fail``), the headers and half the body then a closed connection (``drop``), or no answer at all / the
-headers and half the body then nothing (``stall``: the connection stays open until the proxy stops). ``gets``
-counts the GETs of each object path (``/bucket/key``), faulted or not.
+headers and half the body then nothing (``stall``: the connection stays open until the proxy stops), or the headers
+then the body a byte at a time (``trickle``: never silent long enough for a read timeout). ``gets`` counts the GETs
+of each object path (``/bucket/key``), faulted or not.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class FaultProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.endpoint = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._open: set[socket.socket] = set()
+        self.trickle_interval_s = 0.1
         threading.Thread(target=self._serve, daemon=True, name="fault-proxy").start()
 
     def fail(self, path: str, times: int, status: int = 503) -> None:
@@ -82,6 +84,11 @@ class FaultProxy:
         """The next ``times`` GETs of ``path`` get no answer, or (``after_headers``) the headers and half the
         body, then nothing more while the connection stays open."""
         self._add(path, [("stall-body" if after_headers else "stall", 0)] * times)
+
+    def trickle(self, path: str, times: int, interval_s: float = 0.1) -> None:
+        """The next ``times`` GETs of ``path`` get the headers, then one byte of the body every ``interval_s``."""
+        self._add(path, [("trickle", 0)] * times)
+        self.trickle_interval_s = interval_s
 
     def close(self) -> None:
         """Stop: stalled connections are closed, the port is freed."""
@@ -151,6 +158,13 @@ class FaultProxy:
             length = _content_length(reply)
             while len(body) < length and (chunk := server.recv(65536)):
                 body += chunk
+            if fault[0] == "trickle":
+                client.sendall(_closing(reply))
+                for i in range(len(body)):
+                    if self._stopped.wait(self.trickle_interval_s):
+                        return
+                    client.sendall(body[i : i + 1])
+                return
             client.sendall(_closing(reply) + body[: length // 2])
             if fault[0] == "stall-body":
                 self._stopped.wait()

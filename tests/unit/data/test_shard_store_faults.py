@@ -22,6 +22,7 @@ from object_store import s3_server
 from yolo11_lightning.data.dataset import BoxDataset
 from yolo11_lightning.data.images.limits import ImageReadError
 from yolo11_lightning.data.shards import cache as cache_module
+from yolo11_lightning.data.shards import store as store_module
 from yolo11_lightning.data.shards.reader import ShardImages, load_shard_split, open_index
 from yolo11_lightning.data.shards.store import open_store
 from yolo11_lightning.data.shards.writer import write_shards
@@ -143,3 +144,25 @@ def test_a_stalled_server_becomes_a_retry_then_the_shard_is_named(proxy: FaultPr
     assert sample["substitute"] not in (-1, 4) and where.endswith("#000000004.png")
     assert f"cannot fetch the shard after {cache_module.FETCH_ATTEMPTS} attempts" in why and "Timeout" in why
     assert proxy.gets[_object(images, 4)] == cache_module.FETCH_ATTEMPTS and not _left_behind(images)
+
+
+def test_a_trickling_server_is_cut_at_the_rate_floor_then_the_shard_is_named(
+    proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A byte every 0.1 s never leaves the connection silent for the read timeout (1 s here); the rate floor (here
+    1 KiB in 1 s) ends each such download, which is retried, and a shard that trickles on every attempt is named."""
+    monkeypatch.setattr(store_module, "MIN_RATE_BYTES", 1024)
+    monkeypatch.setattr(store_module, "MIN_RATE_WINDOW_S", 1.0)
+    images, dataset = _reader(tmp_path)
+    proxy.trickle(_object(images, 5), 1)
+    assert _guarded(images.read, 5, "000000005.png")[:4] == b"\x89PNG"
+    assert proxy.gets[_object(images, 5)] == 2
+
+    proxy.trickle(_object(images, 6), cache_module.FETCH_ATTEMPTS)
+    sample = _guarded(dataset.__getitem__, (0, 6))
+    ((where, why),) = sample["unreadable"]
+    assert sample["substitute"] not in (-1, 6) and where.endswith("#000000006.png")
+    assert (
+        f"after {cache_module.FETCH_ATTEMPTS} attempts (SlowFetchError: " in why and "under the floor" in why
+    )
+    assert proxy.gets[_object(images, 6)] == cache_module.FETCH_ATTEMPTS and not _left_behind(images)

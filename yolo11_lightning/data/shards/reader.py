@@ -37,7 +37,7 @@ from yolo11_lightning.data.shards.cache import (
     fetch_failure,
     fetch_retrying,
 )
-from yolo11_lightning.data.shards.store import open_store
+from yolo11_lightning.data.shards.store import fetch_file, open_store
 from yolo11_lightning.data.sources.config import DatasetConfig, DatasetError
 from yolo11_lightning.data.sources.label_options import LabelOptions
 from yolo11_lightning.data.sources.packed_records import FIELDS, PackedRecords
@@ -188,7 +188,7 @@ class ShardImages:
             self._cache = ShardCache(
                 self.cache_folder,
                 self.cache_bytes,
-                lambda name, path: fs.get_file(f"{root}/{name}", str(path)),
+                lambda name, path: fetch_file(fs, f"{root}/{name}", str(path)),
                 self.sizes,
                 where=self.location,
             )
