@@ -4,6 +4,12 @@ warm, and the peak memory of the whole process tree (summed RSS and summed PSS),
     python benchmarks/scale/folder_start.py                          # 100k images, workers 2 and 0, 2 rounds
     python benchmarks/scale/folder_start.py --workers 2 --rounds 1   # one setting
     python benchmarks/scale/folder_start.py --images 10000 --sides ours
+    python benchmarks/scale/folder_start.py --own-install VENV/bin/python   # + ours in its own install
+
+``--own-install``: the interpreter of an environment holding only this package and its dependencies (``python -m venv
+VENV && VENV/bin/pip install -e .``), measured as a third side, "ours-own". The development install also holds the
+oracle's and the extras' packages, and Lightning imports some of them whenever they are installed: torchmetrics
+imports ``scipy.signal`` (~0.8 CPU s), the CSV logger's storage check imports ``s3fs`` (~0.3 CPU s).
 
 Data (``_scale_data``, as ``scale.py``): tiny JPEGs in folders of 10,000, 1-3 boxes each, generated once under
 ``--data`` (default: $BENCH_DIR) and reused. Both sides run as separate processes through their command lines,
@@ -18,7 +24,10 @@ wrapped in the child process, which then ends the run). Memory: every 50 ms this
 of the tree (the run and all its children: DataLoader workers, label check processes): RSS from
 ``/proc/<pid>/statm`` and PSS from ``/proc/<pid>/smaps_rollup``; the peak of each sum is reported. RSS counts a
 page shared by N processes N times (forked DataLoader workers share the parent's pages until written), PSS
-counts it once in total. CPU seconds: user + system of every process of the tree, last seen.
+counts it once in total. "anon PSS": the PSS of anonymous and shared memory alone (``Pss_Anon`` + ``Pss_Shmem``):
+the memory the run allocated, without the library files it maps, whose PSS also depends on which other processes
+of the machine map the same files (this script's own process maps torch: a side run from another install shares
+none of its libraries with it). CPU seconds: user + system of every process of the tree, last seen.
 """
 
 from __future__ import annotations
@@ -92,25 +101,27 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _sample(pid: int) -> tuple[int, int, float] | None:
-    """RSS bytes, PSS bytes and CPU seconds of one process; None once it ended."""
+def _sample(pid: int) -> tuple[int, int, int, float] | None:
+    """RSS bytes, PSS bytes, anonymous and shared-memory PSS bytes and CPU seconds of one process; None once it
+    ended."""
     try:
         rss = int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * PAGE
-        pss = 0
+        pss = owned = 0
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
             if line.startswith("Pss:"):
                 pss = int(line.split()[1]) * 1024
-                break
+            elif line.startswith(("Pss_Anon:", "Pss_Shmem:")):
+                owned += int(line.split()[1]) * 1024
         stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         cpu = (int(stat[11]) + int(stat[12])) / TICK  # utime, stime
     except (OSError, IndexError, ValueError):
         return None
-    return rss, pss, cpu
+    return rss, pss, owned, cpu
 
 
 def measure(side: str, yaml: Path, workers: int, args, workdir: Path) -> dict:
     """One start of ``side`` in a fresh process: seconds to the first batch, peak RSS / PSS, CPU seconds."""
-    if side == "ours":
+    if side.startswith("ours"):
         argv = [
             "fit", "--data.dataset", str(yaml), "--data.image_size", str(args.imgsz),
             "--data.batch_size", str(args.batch), "--data.num_workers", str(workers),
@@ -123,25 +134,28 @@ def measure(side: str, yaml: Path, workers: int, args, workdir: Path) -> dict:
             f"workers={workers}", "cache=False", "epochs=1", "plots=False", "device=cpu",
             f"project={workdir}", "name=reference", "exist_ok=True",
         ]  # fmt: skip
-    command = [sys.executable, __file__, "--worker", side, "--keep-workers", str(workers), "--", *argv]
+    python = args.own_install if side == "ours-own" else sys.executable
+    worker_side = "ours" if side.startswith("ours") else side
+    command = [python, __file__, "--worker", worker_side, "--keep-workers", str(workers), "--", *argv]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     env.update(YOLO_OFFLINE="1", WANDB_MODE="offline", PYTHONUNBUFFERED="1")
     for folder in ("ours", "reference"):  # a fresh run folder: no earlier versions to list
         shutil.rmtree(workdir / folder, ignore_errors=True)
     out = workdir / f"{side}.log"
-    peak_rss = peak_pss = peak_main_pss = 0
+    peak_rss = peak_pss = peak_owned = peak_main_pss = 0
     cpu: dict[int, float] = {}
     with open(out, "w") as log:
         start = time.time()
         proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=workdir)
         while proc.poll() is None:
-            rss = pss = main_pss = 0
+            rss = pss = owned = main_pss = 0
             for pid in _tree(proc.pid):
                 got = _sample(pid)
                 if got is not None:
-                    rss, pss, cpu[pid] = rss + got[0], pss + got[1], got[2]
+                    rss, pss, owned, cpu[pid] = rss + got[0], pss + got[1], owned + got[2], got[3]
                     main_pss = got[1] if pid == proc.pid else main_pss
             peak_rss = max(peak_rss, rss)
+            peak_owned = max(peak_owned, owned)
             if pss > peak_pss:
                 peak_pss, peak_main_pss = pss, main_pss
             time.sleep(0.05)
@@ -155,6 +169,7 @@ def measure(side: str, yaml: Path, workers: int, args, workdir: Path) -> dict:
         "processes": len(cpu),
         "peak_rss_mib": peak_rss / MIB,
         "peak_pss_mib": peak_pss / MIB,
+        "peak_anon_pss_mib": peak_owned / MIB,
         "main_pss_mib": peak_main_pss / MIB,  # the training process's share at the PSS peak
     }
 
@@ -182,7 +197,12 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--rounds", type=int, default=2, help="cold + warm starts per side and setting")
     ap.add_argument("--sides", nargs="+", default=list(SIDES), choices=SIDES)
+    ap.add_argument(
+        "--own-install", default=None, help="python of an install of only this package: side ours-own"
+    )
     args = ap.parse_args()
+    if args.own_install:
+        args.sides.insert(args.sides.index("ours") + 1 if "ours" in args.sides else 0, "ours-own")
     yaml = _scale_data.scale_dataset(Path(args.data) if args.data else C.default_workdir(), args.images)
     workdir = C.default_workdir() / "folder_start_runs"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -203,10 +223,20 @@ def main() -> None:
     for (setting, side, kind), runs in results.items():
         rows.append([
             setting, side, kind, *(C.median([r[k] for r in runs]) for k in
-                                   ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib", "main_pss_mib")),
+                                   ("first_batch_s", "cpu_s", "peak_rss_mib", "peak_pss_mib", "peak_anon_pss_mib",
+                                    "main_pss_mib")),
             max(r["processes"] for r in runs),
         ])  # fmt: skip
-    headers = ["workers", "side", "start", "first batch s", "CPU s", "peak RSS MiB", "peak PSS MiB"]
+    headers = [
+        "workers",
+        "side",
+        "start",
+        "first batch s",
+        "CPU s",
+        "peak RSS MiB",
+        "peak PSS MiB",
+        "anon PSS MiB",
+    ]
     caption = f"{args.images} images, imgsz {args.imgsz}, batch {args.batch}: median of {args.rounds}"
     C.print_table(f"{caption} (load {C.load_average()})", [*headers, "main PSS MiB", "processes"], rows)
 
