@@ -50,7 +50,11 @@ from yolo11_lightning.training.loggers import (
     evaluation_folder,
 )
 from yolo11_lightning.training.module import YOLO11Module
-from yolo11_lightning.training.preemption import TrainingPreempted
+from yolo11_lightning.training.preemption import (
+    StoppedBeforeTraining,
+    TrainingPreempted,
+    stop_signals_end_startup,
+)
 from yolo11_lightning.training.pretrained import weights_task_claim
 
 # Trainer defaults of the CLI that differ from Lightning's own: the reference trainer's 100 epochs.
@@ -168,11 +172,13 @@ class YOLOLightningCLI(LightningCLI):
 
     def _run_guarded(self, name: str, **kwargs: Any) -> Any:
         try:
-            with warnings.catch_warnings():
+            with warnings.catch_warnings(), stop_signals_end_startup():
                 _ignore_false_alarms(name, kwargs.get("ckpt_path"))
                 return getattr(self.trainer, name)(**kwargs)
         except BaseException as error:
             end_loader_workers()  # the run is over: its persistent workers must not hold the process at exit
+            if isinstance(error, StoppedBeforeTraining):
+                sys.stderr.write(f"[rank pid {os.getpid()}] {error}\n")
             if isinstance(error, TrainingPreempted):
                 if error.checkpoint and self.trainer.is_global_zero:
                     command = resume_command(getattr(self, "given_args", []), error.checkpoint)

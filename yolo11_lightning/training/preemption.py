@@ -15,6 +15,12 @@ Ctrl-C (SIGINT) is a stop request like SIGTERM while a fit trains: Lightning wou
 ``KeyboardInterrupt`` that loses the partial epoch and exits 1. A second Ctrl-C stops the process at once, without
 saving (``last.ckpt`` keeps its previous state: files are written atomically).
 
+Before a fit's ``StopRequest`` takes the signals over (while the ranks start, meet and read their data), a SIGTERM
+would kill the launching process where it stands, and the ranks Lightning launched beside it would wait for it: a
+rank still connecting to the process group's store waits out the group's timeout (30 minutes by default).
+``stop_signals_end_startup`` makes such a SIGTERM raise ``StoppedBeforeTraining`` instead (exit 143, nothing to
+save), so the CLI can end those ranks as it does after any failure.
+
 DataLoader workers ignore these signals (``data.loader_workers.ignore_stop_signals_in_worker``): a scheduler that
 signals the whole process group (or Ctrl-C in a terminal) would otherwise kill them, and the main process would
 fail on its next batch before it could save. Workers still end with their parent: PyTorch's watch it, and the CLI
@@ -23,11 +29,13 @@ ends them when a run stops or fails (``data.loader_workers.end_loader_workers``)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import threading
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any
 
@@ -57,6 +65,46 @@ class TrainingPreempted(SystemExit):
         name = signal_name(self.signum)
         where = f"; resume with --ckpt_path last ({self.checkpoint})" if self.checkpoint else ""
         return f"training stopped by {name} at an optimiser-step boundary{where}"
+
+
+class StoppedBeforeTraining(SystemExit):
+    """A stop signal that arrived before training started: nothing to save. Exit code ``128 + signal``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(128 + signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"stopped by {signal_name(self.signum)} before training started: nothing to save"
+
+
+@contextlib.contextmanager
+def stop_signals_end_startup(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
+    """While the block runs, each of ``signals`` still at its default action (which ends the process where it
+    stands) raises ``StoppedBeforeTraining`` in the main thread instead, until something else takes it over: a
+    fit's ``StopRequest`` does at its sanity check or first batch. Afterwards the default comes back.
+
+    A handler set by the caller is left alone, and so is SIGINT (Lightning turns Ctrl-C into its own stop).
+    Off the main thread nothing changes.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        raise StoppedBeforeTraining(signum)
+
+    taken = [s for s in signals if signal.getsignal(s) == signal.SIG_DFL]
+    for signum in taken:
+        signal.signal(signum, stop)
+    try:
+        yield
+    finally:
+        for signum in taken:
+            if (
+                signal.getsignal(signum) is stop
+            ):  # Lightning's teardown puts back the handler it found: this one
+                signal.signal(signum, signal.SIG_DFL)
 
 
 def signal_name(signum: int) -> str:
