@@ -150,9 +150,9 @@ def test_a_trickling_server_is_cut_at_the_rate_floor_then_the_shard_is_named(
     proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A byte every 0.1 s never leaves the connection silent for the read timeout (1 s here); the rate floor (here
-    1 KiB in 1 s) ends each such download, which is retried, and a shard that trickles on every attempt is named."""
-    monkeypatch.setattr(store_module, "MIN_RATE_BYTES", 1024)
-    monkeypatch.setattr(store_module, "MIN_RATE_WINDOW_S", 1.0)
+    512 bytes in 0.5 s) ends each such download, which is retried, and a shard that trickles on every attempt is named."""
+    monkeypatch.setattr(store_module, "MIN_RATE_BYTES", 512)
+    monkeypatch.setattr(store_module, "MIN_RATE_WINDOW_S", 0.5)
     images, dataset = _reader(tmp_path)
     proxy.trickle(_object(images, 5), 1)
     assert _guarded(images.read, 5, "000000005.png")[:4] == b"\x89PNG"
