@@ -3,6 +3,7 @@
     python benchmarks/scale/object_storage.py                      # 384 JPEGs of 640x480, 1M-sample index; ~2 min
     python benchmarks/scale/object_storage.py --images 1024 --index-samples 100000
     python benchmarks/scale/object_storage.py --speed-only                          # part 1 only; ~30 s
+    python benchmarks/scale/object_storage.py --faults-only                         # part 4 only; ~5 min
 
 1. Images/s per worker (one process, one thread): each training image read, decoded (reduced JPEG decode) and
    resized to 640 (``BoxDataset.load_resized``, the part of a sample that depends on where the image lives), in the
@@ -15,6 +16,10 @@
    the server; no image is read): a fresh process reads the index and the train split's records
    (``open_index`` + ``load_shard_split``), from the server and from a local folder: seconds and RSS growth.
 3. On paper: 100M images on 64 nodes of 8 GPUs (printed with the figures it uses).
+4. ``--faults``: a failing store, with the default timeouts, attempts and rate floor. A fault proxy
+   (``tests/helpers/fault_proxy.py``) between the reader and the server faults every GET of one shard (one image
+   of 64 px) in one way; the table gives the GETs and seconds until that shard is named (or read, where the
+   fault ends).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -222,20 +228,80 @@ def paper(bytes_per_image: float, record_bytes: float) -> list[str]:
     ]
 
 
+FAULTS = (  # (row, FaultProxy method, its arguments after the path and count; None: every attempt)
+    ("503 on every GET", "fail", {"status": 503}),
+    ("500 on every GET", "fail", {"status": 500}),
+    ("connection dropped mid-body", "drop", {}),
+    ("headers and half the body, then silence", "stall", {"after_headers": True}),
+    ("no answer at all", "stall", {}),
+    ("a byte every 0.1 s (a trickle)", "trickle", {"interval_s": 0.1}),
+)
+
+
+def faults(root: Path, endpoint: str, bucket: str) -> list[tuple[str, int, float, str]]:
+    """Each of ``FAULTS`` on every GET of one shard, then a stall on the first 3 GETs only: (row, GETs, seconds
+    until the read ended, how it ended)."""
+    import fsspec.config
+    from fault_proxy import fault_proxy
+
+    from yolo11_lightning.data.images.limits import ImageReadError
+    from yolo11_lightning.data.shards import cache as cache_module
+    from yolo11_lightning.data.shards.reader import load_shard_split, open_index
+    from yolo11_lightning.data.shards.writer import write_shards
+    from yolo11_lightning.data.sources.split import dataset_config
+    from yolo11_lightning.synthetic.shapes import make_synthetic_dataset
+
+    made = make_synthetic_dataset(
+        root / "faulty", num_train=len(FAULTS) + 1, num_val=1, image_size=64, seed=2
+    )
+    url = f"s3://{bucket}/faulty"
+    write_shards(dataset_config(made), url, "detect", shard_mb=0.005)  # one image per shard
+    rows = []
+    with fault_proxy(endpoint) as proxy:
+        before = dict(fsspec.config.conf.get("s3", {}))
+        fsspec.config.conf["s3"] = {**before, "endpoint_url": proxy.endpoint}
+        try:
+            records, images = load_shard_split(open_index(url), "train", root / "faulty-cache")
+            cases = [(row, method, {**kw}, cache_module.FETCH_ATTEMPTS) for row, method, kw in FAULTS]
+            cases.append(("no answer 3 times, then served", "stall", {}, 3))
+            for index, (row, method, kw, times) in enumerate(cases):
+                path = f"/{bucket}/faulty/{images.shards[int(images.shard[index])]}"
+                getattr(proxy, method)(path, times, **kw)
+                start = time.monotonic()
+                try:
+                    images.read(index, records.path(index))
+                    ended = "read"
+                except ImageReadError as error:  # the shard named: why, in its own words
+                    kind = re.search(r"cannot fetch the shard[^(]*\((\w+)", str(error))
+                    ended = f"named ({kind[1] if kind else error})"
+                rows.append((row, proxy.gets[path], time.monotonic() - start, ended))
+                print(f"{row}: {rows[-1][1:]}", flush=True)
+        finally:
+            fsspec.config.conf["s3"] = before
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--images", type=int, default=384)
     p.add_argument("--index-samples", type=int, default=1_000_000)
     p.add_argument("--no-speed", action="store_true", help="skip the read speed (part 1)")
     p.add_argument("--speed-only", action="store_true", help="the read speed (part 1) only")
+    p.add_argument("--faults-only", action="store_true", help="the failing store (part 4) only")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     C.print_machine_info(1)
     from object_store import s3_server
 
     bucket = "bench-shards"
-    with tempfile.TemporaryDirectory() as tmp, s3_server(bucket):
+    with tempfile.TemporaryDirectory() as tmp, s3_server(bucket) as endpoint:
         root = Path(tmp)
+        if args.faults_only:
+            print("\n## A failing store: one shard faulted on every GET, default timeouts, attempts, floor\n")
+            print("| fault | GETs | seconds | ended |\n|---|---|---|---|")
+            for row, gets, seconds, ended in faults(root, endpoint, bucket):
+                print(f"| {row} | {gets} | {seconds:.1f} | {ended} |")
+            return
         speed = {"bytes per image": 87e3}  # the default run's mean image size, for part 3
         if not args.no_speed:
             speed = read_speed(root, f"s3://{bucket}/jpegs", args.images)
