@@ -262,7 +262,7 @@ def faults(root: Path, endpoint: str, bucket: str) -> list[tuple[str, int, float
         fsspec.config.conf["s3"] = {**before, "endpoint_url": proxy.endpoint}
         try:
             records, images = load_shard_split(open_index(url), "train", root / "faulty-cache")
-            cases = [(row, method, {**kw}, cache_module.FETCH_ATTEMPTS) for row, method, kw in FAULTS]
+            cases = [(row, method, kw, cache_module.FETCH_ATTEMPTS) for row, method, kw in FAULTS]
             cases.append(("no answer 3 times, then served", "stall", {}, 3))
             for index, (row, method, kw, times) in enumerate(cases):
                 path = f"/{bucket}/faulty/{images.shards[int(images.shard[index])]}"

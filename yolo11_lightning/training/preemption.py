@@ -79,32 +79,31 @@ class StoppedBeforeTraining(SystemExit):
 
 
 @contextlib.contextmanager
-def stop_signals_end_startup(signals: tuple[int, ...] = (signal.SIGTERM,)) -> Iterator[None]:
-    """While the block runs, each of ``signals`` still at its default action (which ends the process where it
-    stands) raises ``StoppedBeforeTraining`` in the main thread instead, until something else takes it over: a
-    fit's ``StopRequest`` does at its sanity check or first batch. Afterwards the default comes back.
+def stop_signals_end_startup() -> Iterator[None]:
+    """While the block runs, a SIGTERM still at its default action (which ends the process where it stands) raises
+    ``StoppedBeforeTraining`` in the main thread instead, until something else takes it over: a fit's
+    ``StopRequest`` does at its sanity check or first batch. Afterwards the default comes back.
 
     A handler set by the caller is left alone, and so is SIGINT (Lightning turns Ctrl-C into its own stop).
     Off the main thread nothing changes.
     """
-    if threading.current_thread() is not threading.main_thread():
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+    ):
         yield
         return
 
     def stop(signum: int, frame: FrameType | None) -> None:
         raise StoppedBeforeTraining(signum)
 
-    taken = [s for s in signals if signal.getsignal(s) == signal.SIG_DFL]
-    for signum in taken:
-        signal.signal(signum, stop)
+    signal.signal(signal.SIGTERM, stop)
     try:
         yield
     finally:
-        for signum in taken:
-            if (
-                signal.getsignal(signum) is stop
-            ):  # Lightning's teardown puts back the handler it found: this one
-                signal.signal(signum, signal.SIG_DFL)
+        # Lightning's teardown puts back the handler it found, this one; a handler set since then stays.
+        if signal.getsignal(signal.SIGTERM) is stop:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def signal_name(signum: int) -> str:
